@@ -1,0 +1,3 @@
+from ktforge.cli import main
+
+main()

@@ -1,0 +1,110 @@
+"""The ``kt`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ktforge import __version__
+
+app = typer.Typer(
+    name="kt",
+    help="ktforge: build, verify and install the fastest correct MoE kernels for this machine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DOCTOR_SCHEMA_VERSION = 1
+EXIT_DOCTOR_FAILED = 2
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"ktforge {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """ktforge command line."""
+
+
+def doctor_document(report: dict[str, Any], findings: list[Any]) -> dict[str, Any]:
+    from ktforge.doctor import summarize
+
+    return {
+        "schema_version": DOCTOR_SCHEMA_VERSION,
+        "ktforge_version": __version__,
+        "recommended_backend": report["backend"]["recommended"],
+        "summary": summarize(findings),
+        "checks": [f.to_json() for f in findings],
+        "report": report,
+    }
+
+
+@app.command()
+def doctor(
+    json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+    list_checks: Annotated[bool, typer.Option("--list-checks", help="List the check ids and exit.")] = False,
+    check: Annotated[list[str] | None, typer.Option("--check", help="Run only this check (repeatable).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
+    snapshot: Annotated[Path | None, typer.Option("--snapshot", help="Write everything seen to FILE.")] = None,
+    from_file: Annotated[Path | None, typer.Option(
+        "--from", help="Replay a snapshot, /proc/cpuinfo, lscpu (text or -J), CPUID or sysctl dump.")] = None,
+) -> None:
+    """Check every gate between this machine and fast, correct kernels.
+
+    Exit codes: 0 no errors, 1 at least one error (or warning with --strict), 2 doctor failed.
+    """
+    from ktforge import doctor as doctor_checks
+
+    if list_checks:
+        for cid, category, title in doctor_checks.list_checks():
+            typer.echo(f"{cid:28} {category:10} {title}")
+        raise typer.Exit(0)
+    try:
+        from ktforge import evidence as evidence_mod
+        from ktforge.dumps import DumpFormatError
+        from ktforge.render import render, use_color
+        from ktforge.report import build_report
+
+        try:
+            ev = evidence_mod.from_file(from_file) if from_file else evidence_mod.collect_live()
+        except DumpFormatError as exc:
+            typer.echo(f"kt doctor: cannot read {from_file}: {exc}", err=True)
+            raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
+        report = build_report(ev)
+        try:
+            findings = doctor_checks.run_checks(report, check or None)
+        except KeyError as exc:
+            typer.echo(f"kt doctor: {exc.args[0]}", err=True)
+            raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
+        if snapshot is not None:
+            document = ev.to_snapshot()
+            document["report"] = report
+            snapshot.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+        if json_output:
+            typer.echo(json.dumps(doctor_document(report, findings), indent=1, sort_keys=True))
+        else:
+            render(report, findings, sys.stdout, use_color(sys.stdout))
+            if snapshot is not None:
+                typer.echo(f"snapshot written to {snapshot}")
+        raise typer.Exit(doctor_checks.exit_code(findings, strict))
+    except typer.Exit:
+        raise
+    except Exception as exc:  # the doctor must say what broke, not dump a traceback
+        typer.echo(f"kt doctor failed: {type(exc).__name__}: {exc}", err=True)
+        typer.echo("please report this with the output of `kt doctor --snapshot FILE`", err=True)
+        raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
+
+
+def main() -> None:
+    app()

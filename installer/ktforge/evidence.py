@@ -1,0 +1,122 @@
+"""Evidence: everything ktforge saw of a machine, raw, before any interpretation.
+
+Live collection fills every field; ``kt doctor --from`` fills what a text dump
+holds. The machine report is computed from evidence alone, so a snapshot written
+by ``kt doctor --snapshot`` replays into exactly the same report.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ktforge import dumps
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass
+class Evidence:
+    source: str  # live, snapshot, cpuinfo, lscpu, lscpu-json, cpuid-dump, sysctl
+    origin: str | None = None  # the file it came from
+    cpu_probe: dict[str, Any] | None = None  # ProbeOutcome JSON of probes/cpu.c
+    amx_probe: dict[str, Any] | None = None  # ProbeOutcome JSON of probes/amx_permission.c
+    blis: dict[str, Any] | None = None  # {"searched": [...], "candidates": [...]}
+    cpuinfo_text: str | None = None
+    lscpu_text: str | None = None
+    lscpu_json: dict[str, Any] | None = None
+    sysctl_text: str | None = None
+    cpuid_rows: list[list[int]] | None = None
+    system: dict[str, Any] | None = None
+    toolchain: dict[str, Any] | None = None
+    extension: dict[str, Any] | None = None
+
+    def to_snapshot(self) -> dict[str, Any]:
+        return {"ktforge_snapshot": SNAPSHOT_VERSION, "evidence": asdict(self)}
+
+    @staticmethod
+    def from_snapshot(document: dict[str, Any], origin: str | None = None) -> Evidence:
+        version = document.get("ktforge_snapshot")
+        if version != SNAPSHOT_VERSION:
+            raise dumps.DumpFormatError(
+                f"snapshot format {version!r} is not supported (this ktforge reads {SNAPSHOT_VERSION})"
+            )
+        raw = document.get("evidence")
+        if not isinstance(raw, dict):
+            raise dumps.DumpFormatError('a snapshot holds an "evidence" object')
+        known = {f.name for f in fields(Evidence)}
+        evidence = Evidence(**{k: v for k, v in raw.items() if k in known})
+        evidence.origin = origin or evidence.origin
+        return evidence
+
+
+def from_text(text: str, origin: str | None = None) -> Evidence:
+    """Evidence from a file given to ``kt doctor --from`` (format recognised by content)."""
+    kind = dumps.sniff(text)
+    if kind == "snapshot":
+        return Evidence.from_snapshot(json.loads(text), origin)
+    if kind == "lscpu-json":
+        return Evidence(source=kind, origin=origin, lscpu_json=json.loads(text))
+    if kind == "cpuid-dump":
+        return Evidence(source=kind, origin=origin, cpuid_rows=dumps.parse_cpuid_rows(text))
+    if kind == "sysctl":
+        return Evidence(source=kind, origin=origin, sysctl_text=text)
+    if kind == "cpuinfo":
+        return Evidence(source=kind, origin=origin, cpuinfo_text=text)
+    return Evidence(source="lscpu", origin=origin, lscpu_text=text)
+
+
+def from_file(path: str | Path) -> Evidence:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise dumps.DumpFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return from_text(text, str(path))
+
+
+def _command_output(command: list[str]) -> str | None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def collect_live(with_blis: bool = True) -> Evidence:
+    """Run every probe and read every source on this machine."""
+    from ktforge import blis, extension, system, toolchain
+    from ktforge.cpuid import decode, leaves_from_rows
+    from ktforge.probe_runner import run_probe
+
+    cpu = run_probe("cpu")
+    amx_args: list[str] = []
+    if cpu.ok and cpu.data:
+        facts = decode(leaves_from_rows(cpu.data.get("leaves", [])), cpu.data.get("xcr0"))
+        # The execution proof is attempted only when CPUID and XCR0 both say AMX is there.
+        if "amx_tile" in facts.cpu_features and facts.os_state.amx:
+            amx_args = ["--prove"]
+    amx = run_probe("amx_permission", amx_args)
+    lscpu_json_text = _command_output(["lscpu", "-J"])
+    try:
+        lscpu_json = json.loads(lscpu_json_text) if lscpu_json_text else None
+    except json.JSONDecodeError:
+        lscpu_json = None
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = None
+    return Evidence(
+        source="live",
+        cpu_probe=cpu.to_json(),
+        amx_probe=amx.to_json(),
+        blis=blis.discover() if with_blis else None,
+        cpuinfo_text=cpuinfo,
+        lscpu_text=_command_output(["lscpu"]),
+        lscpu_json=lscpu_json,
+        system=system.collect(),
+        toolchain=toolchain.collect(),
+        extension=extension.inspect(),
+    )

@@ -1,0 +1,116 @@
+"""Recipes (``recipes/*.toml``) and the choice of backend, with why each other one was not chosen.
+
+Each precondition ("gate") evaluates to pass, fail or unknown. Unknown happens when
+the evidence cannot tell (a text dump carries no XCR0 or permission answer). A CPU or
+OS gate that is unknown leaves the recipe eligible but *provisional*; a library gate
+needs positive evidence, since "maybe installed" cannot be built against.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+from ktforge.resources import data_path
+
+LIBRARY_GATES = frozenset({"blis_addon"})
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    priority: int
+    summary: str
+    compiler_must_accept: tuple[str, ...]
+    requires: dict[str, Any]
+
+
+@functools.cache
+def load_recipes() -> tuple[Recipe, ...]:
+    recipes = []
+    for path in sorted(data_path("recipes").glob("*.toml")):
+        raw = tomllib.loads(path.read_text())
+        recipes.append(Recipe(raw["name"], int(raw["priority"]), raw.get("summary", ""),
+                              tuple(raw.get("compiler_must_accept", ())),
+                              dict(raw.get("requires", {}))))
+    return tuple(sorted(recipes, key=lambda r: -r.priority))
+
+
+def _gate(gate: str, status: str, detail: str) -> dict[str, str]:
+    return {"gate": gate, "status": status, "detail": detail}
+
+
+def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
+    """Gates of ``recipe`` against report facts (see report.recipe_facts)."""
+    req = recipe.requires
+    gates: list[dict[str, str]] = []
+    if "system" in req:
+        system = facts.get("system")
+        status = "unknown" if system is None else "pass" if system == req["system"] else "fail"
+        gates.append(_gate("system", status, f"needs {req['system']}, machine runs {system or 'unknown'}"))
+    if "arch" in req:
+        arch = facts.get("arch")
+        status = "unknown" if arch is None else "pass" if arch == req["arch"] else "fail"
+        gates.append(_gate("arch", status, f"needs {req['arch']}, machine is {arch or 'unknown'}"))
+    if "vendor" in req:
+        vendor = facts.get("vendor")
+        status = "unknown" if vendor is None else "pass" if vendor in req["vendor"] else "fail"
+        gates.append(_gate("vendor", status, f"needs {' or '.join(req['vendor'])}, CPU is {vendor or 'unknown'}"))
+    if "cpu_features" in req:
+        have = facts.get("features")
+        if have is None:
+            gates.append(_gate("cpu_features", "unknown", "CPU features unknown"))
+        else:
+            missing = [f for f in req["cpu_features"] if f not in have]
+            gates.append(_gate("cpu_features", "fail" if missing else "pass",
+                               f"missing {', '.join(missing)}" if missing else "all present"))
+    for state in req.get("os_state", []):
+        value = facts.get("os_state", {}).get(state)
+        status = "unknown" if value is None else "pass" if value else "fail"
+        detail = {"pass": f"XCR0 enables {state} state", "fail": f"XCR0 does not enable {state} state",
+                  "unknown": f"{state} OS state not read (implied by the kernel's flags)"}[status]
+        gates.append(_gate(f"os_state.{state}", status, detail))
+    if req.get("amx_permission"):
+        permitted = facts.get("amx_permitted")
+        status = "unknown" if permitted is None else "pass" if permitted else "fail"
+        gates.append(_gate("amx_permission", status, facts.get("amx_explanation", "")))
+    if req.get("amx_execution"):
+        execution = facts.get("amx_execution")
+        status = "pass" if execution == "ok" else "unknown" if execution in (None, "not-attempted") else "fail"
+        gates.append(_gate("amx_execution", status, f"tile execution proof: {execution or 'not run'}"))
+    if req.get("blis_addon"):
+        blis = facts.get("blis")
+        if blis is None:
+            gates.append(_gate("blis_addon", "unknown", "no evidence of a BLIS library (none was searched)"))
+        elif blis.get("selected"):
+            gates.append(_gate("blis_addon", "pass", f"aocl_gemm works in {blis['selected']}"))
+        else:
+            gates.append(_gate("blis_addon", "fail", "no BLIS library with a working aocl_gemm add-on"))
+
+    failed = [g for g in gates if g["status"] == "fail"
+              or (g["status"] == "unknown" and g["gate"] in LIBRARY_GATES)]
+    unknown = [g for g in gates if g["status"] == "unknown" and g["gate"] not in LIBRARY_GATES]
+    return {
+        "name": recipe.name,
+        "priority": recipe.priority,
+        "summary": recipe.summary,
+        "compiler_must_accept": list(recipe.compiler_must_accept),
+        "eligible": not failed,
+        "provisional": not failed and bool(unknown),
+        "why_not": [f"{g['gate']}: {g['detail']}" for g in failed],
+        "unverified": [f"{g['gate']}: {g['detail']}" for g in unknown],
+        "gates": gates,
+    }
+
+
+def choose(facts: dict[str, Any]) -> dict[str, Any]:
+    """The recommended backend: the highest-priority eligible recipe, or ``none``."""
+    evaluated = [evaluate(r, facts) for r in load_recipes()]
+    chosen = next((e for e in evaluated if e["eligible"]), None)
+    return {
+        "recommended": chosen["name"] if chosen else "none",
+        "provisional": bool(chosen and chosen["provisional"]),
+        "recipes": evaluated,
+    }

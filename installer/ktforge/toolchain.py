@@ -1,0 +1,147 @@
+"""Compilers and build tools: what is installed and what each compiler really accepts.
+
+Flag support is established by compiling an empty translation unit with the flag
+(a compile probe), not by a version table. Answers are cached per compiler binary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from ktforge.resources import cache_dir
+
+# Flags the recipes rely on; doctor reports each compiler's answer for all of them.
+PROBED_FLAGS = (
+    "-march=native",
+    "-mavx512f",
+    "-mavx512bf16",
+    "-mavx512vnni",
+    "-mamx-tile",
+    "-mamx-int8",
+    "-mamx-bf16",
+    "-march=sapphirerapids",
+    "-march=znver4",
+)
+COMPILER_NAMES = ("g++", "clang++", "gcc", "clang")
+
+
+def _run(command: list[str], timeout: float = 30.0, stdin: str | None = None) -> tuple[int, str]:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, input=stdin)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def _identity(path: str) -> str:
+    real = Path(path).resolve()
+    stat = real.stat()
+    return f"{real}:{stat.st_size}:{int(stat.st_mtime)}"
+
+
+def _version(path: str) -> tuple[str, str]:
+    """(family, version) of a compiler binary."""
+    _, text = _run([path, "--version"])
+    first = text.splitlines()[0] if text else ""
+    family = "clang" if "clang" in first.lower() else "gcc" if re.search(r"gcc|g\+\+|GCC", first) else "unknown"
+    if family == "gcc":
+        code, full = _run([path, "-dumpfullversion"])
+        if code == 0 and full:
+            return family, full.splitlines()[0]
+    match = re.search(r"(\d+\.\d+(\.\d+)?)", first)
+    return family, match.group(1) if match else "unknown"
+
+
+def _accepts(path: str, flag: str) -> bool:
+    is_cxx = path.endswith("++")
+    code, _ = _run(
+        [path, "-x", "c++" if is_cxx else "c", flag, "-Werror", "-c", "-", "-o", os.devnull],
+        stdin="int ktforge_probe(void) { return 0; }\n",
+    )
+    return code == 0
+
+
+def _load_cache() -> dict[str, Any]:
+    path = cache_dir() / "toolchain.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_cache(data: dict[str, Any]) -> None:
+    path = cache_dir() / "toolchain.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs time
+
+
+def describe_compiler(path: str, cache: dict[str, Any]) -> dict[str, Any]:
+    key = _identity(path)
+    cached = cache.get(key)
+    if isinstance(cached, dict):
+        return {**cached, "path": path}
+    family, version = _version(path)
+    info = {
+        "name": Path(path).name,
+        "path": path,
+        "family": family,
+        "version": version,
+        "language": "c++" if path.endswith("++") else "c",
+        "accepts": {flag: _accepts(path, flag) for flag in PROBED_FLAGS},
+    }
+    cache[key] = info
+    return info
+
+
+def _tool_version(name: str, cache: dict[str, Any]) -> dict[str, Any]:
+    path = shutil.which(name)
+    if path is None:
+        return {"name": name, "path": None, "version": None}
+    key = f"tool:{_identity(path)}"
+    cached = cache.get(key)
+    if isinstance(cached, dict):
+        return cached
+    _, text = _run([path, "--version"])
+    match = re.search(r"(\d+\.\d+(\.\d+)?)", text)
+    info = {"name": name, "path": path, "version": match.group(1) if match else None}
+    cache[key] = info
+    return info
+
+
+def collect() -> dict[str, Any]:
+    cache = _load_cache()
+    before = json.dumps(cache, sort_keys=True)
+    paths: list[str] = []
+    for var in ("CXX", "CC"):
+        if os.environ.get(var):
+            found = shutil.which(os.environ[var].split()[0])
+            if found:
+                paths.append(found)
+    paths += [p for p in (shutil.which(n) for n in COMPILER_NAMES) if p]
+    compilers = [describe_compiler(p, cache) for p in dict.fromkeys(paths)]
+    include = sysconfig.get_paths().get("include", "")
+    result = {
+        "compilers": compilers,
+        "cmake": _tool_version("cmake", cache),
+        "ninja": _tool_version("ninja", cache),
+        "python_headers": {
+            "include_dir": include,
+            "present": bool(include) and Path(include, "Python.h").is_file(),
+        },
+    }
+    if json.dumps(cache, sort_keys=True) != before:
+        _save_cache(cache)
+    return result
