@@ -7,6 +7,7 @@ header proves nothing.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import site
@@ -27,10 +28,8 @@ REQUIRED_LPGEMM = (
 
 def _site_dirs() -> list[str]:
     dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    try:
+    with contextlib.suppress(AttributeError):  # some virtualenv builds lack it
         dirs.extend(site.getsitepackages())
-    except AttributeError:  # some virtualenv builds lack it
-        pass
     return list(dict.fromkeys(dirs))
 
 
@@ -60,7 +59,7 @@ def find_candidates(dirs: Sequence[str]) -> list[str]:
         for pattern in LIBRARY_PATTERNS:
             for path in sorted(glob.glob(f"{directory}/{pattern}")):
                 real = os.path.realpath(path)
-                if real in seen or not os.path.isfile(real) or ".so" not in Path(path).name:
+                if real in seen or not Path(real).is_file() or ".so" not in Path(path).name:
                     continue
                 seen.add(real)
                 found.append(path)

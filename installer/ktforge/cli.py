@@ -31,8 +31,9 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """ktforge command line."""
 
@@ -57,8 +58,10 @@ def doctor(
     check: Annotated[list[str] | None, typer.Option("--check", help="Run only this check (repeatable).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
     snapshot: Annotated[Path | None, typer.Option("--snapshot", help="Write everything seen to FILE.")] = None,
-    from_file: Annotated[Path | None, typer.Option(
-        "--from", help="Replay a snapshot, /proc/cpuinfo, lscpu (text or -J), CPUID or sysctl dump.")] = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option("--from", help="Replay a snapshot, /proc/cpuinfo, lscpu (text or -J), CPUID or sysctl dump."),
+    ] = None,
 ) -> None:
     """Check every gate between this machine and fast, correct kernels.
 

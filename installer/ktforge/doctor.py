@@ -39,6 +39,7 @@ def check(check_id: str, category: str, title: str) -> Callable[[Check], Check]:
     def register(fn: Check) -> Check:
         _REGISTRY.append((check_id, category, title, fn))
         return fn
+
     return register
 
 
@@ -72,6 +73,7 @@ def _amd(r: dict[str, Any]) -> bool:
 
 # --- platform -----------------------------------------------------------------------------
 
+
 @check("platform.x86_64", "platform", "x86-64 processor")
 def _platform_arch(r: dict[str, Any]) -> Finding:
     arch = r["cpu"]["arch"]
@@ -79,8 +81,12 @@ def _platform_arch(r: dict[str, Any]) -> Finding:
         return _f("platform.x86_64", "unknown", "the architecture is not in the evidence")
     if arch == "x86_64":
         return _f("platform.x86_64", "ok", "x86-64")
-    return _f("platform.x86_64", "error", f"this is {arch}: ktforge's kernels are x86-64 only",
-              "run ktforge on an x86-64 machine (Intel Xeon or AMD EPYC)")
+    return _f(
+        "platform.x86_64",
+        "error",
+        f"this is {arch}: ktforge's kernels are x86-64 only",
+        "run ktforge on an x86-64 machine (Intel Xeon or AMD EPYC)",
+    )
 
 
 @check("platform.linux", "platform", "Linux")
@@ -92,11 +98,16 @@ def _platform_linux(r: dict[str, Any]) -> Finding:
         dist = (r["os"].get("distribution") or {}).get("name")
         release = r["os"].get("kernel_release")
         return _f("platform.linux", "ok", ", ".join(x for x in ("Linux", release, dist) if x))
-    return _f("platform.linux", "error", f"this is {system}: ktforge supports Linux only",
-              "use a Linux machine (AMX also needs Linux >= 5.16)")
+    return _f(
+        "platform.linux",
+        "error",
+        f"this is {system}: ktforge supports Linux only",
+        "use a Linux machine (AMX also needs Linux >= 5.16)",
+    )
 
 
 # --- cpu ----------------------------------------------------------------------------------
+
 
 @check("cpu.avx2_fma", "cpu", "AVX2 and FMA")
 def _cpu_avx2(r: dict[str, Any]) -> Finding:
@@ -108,9 +119,13 @@ def _cpu_avx2(r: dict[str, Any]) -> Finding:
     missing = [f for f in ("avx2", "fma", "f16c") if f not in usable]
     if not missing:
         return _f("cpu.avx2_fma", "ok", "avx2, fma, f16c")
-    return _f("cpu.avx2_fma", "error", f"missing {', '.join(missing)}: no ktforge backend can run",
-              "use a CPU from 2013 or later (Intel Haswell / AMD Zen); in a VM, expose the host CPU",
-              "qemu-system-x86_64 -cpu host ...")
+    return _f(
+        "cpu.avx2_fma",
+        "error",
+        f"missing {', '.join(missing)}: no ktforge backend can run",
+        "use a CPU from 2013 or later (Intel Haswell / AMD Zen); in a VM, expose the host CPU",
+        "qemu-system-x86_64 -cpu host ...",
+    )
 
 
 @check("cpu.avx512", "cpu", "AVX-512 subsets")
@@ -126,8 +141,7 @@ def _cpu_avx512(r: dict[str, Any]) -> Finding:
     if missing:
         cpu_has = [f for f in core if f in (r["cpu"]["features"] or [])]
         if cpu_has and r["cpu"]["os_state"]["avx512"] is False:
-            return _f("cpu.avx512", "error", "the CPU has AVX-512 but the OS has not enabled its state",
-                      "see os.xcr0")
+            return _f("cpu.avx512", "error", "the CPU has AVX-512 but the OS has not enabled its state", "see os.xcr0")
         return _f("cpu.avx512", "info", f"no AVX-512 ({', '.join(missing)} missing): the AVX2 path will be used")
     have = [f for f in extras if f in usable]
     lacking = [f for f in extras if f not in usable]
@@ -148,17 +162,28 @@ def _os_xcr0(r: dict[str, Any]) -> Finding:
     on = [name for name in ("avx", "avx512", "amx") if state[name]]
     off = [name for name in ("avx", "avx512", "amx") if state[name] is False]
     features = set(r["cpu"]["features"] or [])
-    needed_off = [n for n in off if (n == "avx512" and "avx512f" in features) or
-                  (n == "amx" and "amx_tile" in features) or (n == "avx" and "avx" in features)]
+    needed_off = [
+        n
+        for n in off
+        if (n == "avx512" and "avx512f" in features)
+        or (n == "amx" and "amx_tile" in features)
+        or (n == "avx" and "avx" in features)
+    ]
     text = f"XCR0=0x{state['xcr0']:x}: {', '.join(on) or 'nothing'} enabled"
     if needed_off:
-        return _f("os.xcr0", "error", text + f"; the CPU has {', '.join(needed_off)} but the OS left it off",
-                  "boot without 'noxsave'/'clearcpuid', use a kernel that supports the state "
-                  "(AMX: >= 5.16), and in a VM pass the host CPU through", "cat /proc/cmdline")
+        return _f(
+            "os.xcr0",
+            "error",
+            text + f"; the CPU has {', '.join(needed_off)} but the OS left it off",
+            "boot without 'noxsave'/'clearcpuid', use a kernel that supports the state "
+            "(AMX: >= 5.16), and in a VM pass the host CPU through",
+            "cat /proc/cmdline",
+        )
     return _f("os.xcr0", "ok", text)
 
 
 # --- amx ----------------------------------------------------------------------------------
+
 
 @check("amx.cpuid", "amx", "AMX in CPUID")
 def _amx_cpuid(r: dict[str, Any]) -> Finding:
@@ -170,8 +195,11 @@ def _amx_cpuid(r: dict[str, Any]) -> Finding:
     features = set(r["cpu"]["features"] or [])
     parts = [f for f in ("amx_tile", "amx_int8", "amx_bf16", "amx_fp16") if f in features]
     palette = r["cpu"].get("tile_palette")
-    geometry = (f"; palette 1: {palette['max_names']} tiles of {palette['max_rows']} rows x "
-                f"{palette['bytes_per_row']} bytes") if palette else ""
+    geometry = (
+        (f"; palette 1: {palette['max_names']} tiles of {palette['max_rows']} rows x {palette['bytes_per_row']} bytes")
+        if palette
+        else ""
+    )
     return _f("amx.cpuid", "ok", ", ".join(parts) + geometry)
 
 
@@ -184,9 +212,13 @@ def _amx_xcr0(r: dict[str, Any]) -> Finding:
         return _f("amx.xcr0", "unknown", "XCR0 was not read")
     if amx_state:
         return _f("amx.xcr0", "ok", "XTILECFG and XTILEDATA enabled")
-    return _f("amx.xcr0", "error", "the CPU has AMX but the kernel did not enable tile state",
-              "use Linux >= 5.16 built with AMX support; in a VM, pass the host CPU through",
-              "uname -r")
+    return _f(
+        "amx.xcr0",
+        "error",
+        "the CPU has AMX but the kernel did not enable tile state",
+        "use Linux >= 5.16 built with AMX support; in a VM, pass the host CPU through",
+        "uname -r",
+    )
 
 
 @check("amx.kernel", "amx", "kernel AMX support (>= 5.16, ARCH_GET_XCOMP_SUPP)")
@@ -203,13 +235,20 @@ def _amx_kernel(r: dict[str, Any]) -> Finding:
     if has is False:
         return _f("amx.kernel", "info", f"Linux {release}; not needed: no AMX on this CPU")
     if old or amx_info["verdict"] == "kernel-unsupported":
-        return _f("amx.kernel", "error", f"Linux {release} cannot hand out AMX tile state",
-                  "upgrade to Linux 5.16 or newer (distribution kernels: Ubuntu 22.04 HWE, RHEL 9, Debian 12)")
+        return _f(
+            "amx.kernel",
+            "error",
+            f"Linux {release} cannot hand out AMX tile state",
+            "upgrade to Linux 5.16 or newer (distribution kernels: Ubuntu 22.04 HWE, RHEL 9, Debian 12)",
+        )
     if supp is None:
         return _f("amx.kernel", "unknown", f"Linux {release}; ARCH_GET_XCOMP_SUPP was not asked")
-    return _f("amx.kernel", "ok" if offers else "error",
-              f"Linux {release}; supported xfeatures 0x{supp:x}" + ("" if offers else " (no XTILEDATA)"),
-              "" if offers else "use a kernel built with AMX support (CONFIG_X86_64, >= 5.16)")
+    return _f(
+        "amx.kernel",
+        "ok" if offers else "error",
+        f"Linux {release}; supported xfeatures 0x{supp:x}" + ("" if offers else " (no XTILEDATA)"),
+        "" if offers else "use a kernel built with AMX support (CONFIG_X86_64, >= 5.16)",
+    )
 
 
 @check("amx.permission", "amx", "AMX permission (ARCH_REQ_XCOMP_PERM)")
@@ -220,12 +259,19 @@ def _amx_permission(r: dict[str, Any]) -> Finding:
     if a["verdict"] == "probe-failed":
         return _f("amx.permission", "warn", a["explanation"], "run `kt doctor --json` and report the probe detail")
     if a["permitted"]:
-        return _f("amx.permission", "ok", "granted: XTILEDATA permitted "
-                  f"(0x{a['permitted_before'] or 0:x} -> 0x{a['permitted_after'] or 0:x})")
+        return _f(
+            "amx.permission",
+            "ok",
+            f"granted: XTILEDATA permitted (0x{a['permitted_before'] or 0:x} -> 0x{a['permitted_after'] or 0:x})",
+        )
     if _has_amx_cpu(r) is False:
         return _f("amx.permission", "info", a["explanation"])
-    return _f("amx.permission", "error", a["explanation"],
-              "AMX needs the permission; check seccomp profiles (containers) and the kernel version")
+    return _f(
+        "amx.permission",
+        "error",
+        a["explanation"],
+        "AMX needs the permission; check seccomp profiles (containers) and the kernel version",
+    )
 
 
 @check("amx.execution", "amx", "AMX execution proof")
@@ -238,8 +284,12 @@ def _amx_execution(r: dict[str, Any]) -> Finding:
         return _f("amx.execution", "ok", "ldtilecfg, tilezero, tilestored, tilerelease ran and stored zeros")
     if execution in (None, "not-attempted"):
         return _f("amx.execution", "unknown", "not attempted: " + a["explanation"])
-    return _f("amx.execution", "error", f"tile instructions failed: {execution}",
-              "the CPU or hypervisor advertises AMX it cannot execute; in a VM pass the host CPU through")
+    return _f(
+        "amx.execution",
+        "error",
+        f"tile instructions failed: {execution}",
+        "the CPU or hypervisor advertises AMX it cannot execute; in a VM pass the host CPU through",
+    )
 
 
 # --- blis ---------------------------------------------------------------------------------
@@ -256,15 +306,24 @@ def _blis_found(r: dict[str, Any]) -> Finding:
     libs = b["libraries"]
     if not libs:
         status = "warn" if _amd(r) else "info"
-        return _f("blis.found", status, f"no BLIS library in {len(b['searched'])} searched directories"
-                  + (": the amd-blis backend is unavailable" if _amd(r) else ""),
-                  _BLIS_REMEDY + " or set BLIS_ROOT/AOCL_ROOT", _BLIS_COMMAND)
-    described = "; ".join(f"{lib['path']} ({lib['version'] or 'version unknown'}, {lib['threading']})"
-                          for lib in libs)
+        return _f(
+            "blis.found",
+            status,
+            f"no BLIS library in {len(b['searched'])} searched directories"
+            + (": the amd-blis backend is unavailable" if _amd(r) else ""),
+            _BLIS_REMEDY + " or set BLIS_ROOT/AOCL_ROOT",
+            _BLIS_COMMAND,
+        )
+    described = "; ".join(f"{lib['path']} ({lib['version'] or 'version unknown'}, {lib['threading']})" for lib in libs)
     broken = [lib for lib in libs if not lib["loaded"]]
     if len(broken) == len(libs):
-        return _f("blis.found", "warn", f"found but none loads: {broken[0]['load_error']}",
-                  "reinstall the library or fix its dependencies", f"ldd {broken[0]['path']}")
+        return _f(
+            "blis.found",
+            "warn",
+            f"found but none loads: {broken[0]['load_error']}",
+            "reinstall the library or fix its dependencies",
+            f"ldd {broken[0]['path']}",
+        )
     return _f("blis.found", "ok", described)
 
 
@@ -277,14 +336,23 @@ def _blis_addon(r: dict[str, Any]) -> Finding:
     if with_addon:
         lib = with_addon[0]
         extra = [s for s in ("aocl_gemm_bf16bf16f32of32", "aocl_gemm_bf16s4f32of32") if lib["symbols"].get(s)]
-        return _f("blis.addon", "ok", f"{lib['path']} exports aocl_gemm_s8s8s32os32 and its reorder API"
-                  + (f"; also {', '.join(extra)}" if extra else "")
-                  + ("" if lib["header"] else "; no blis.h (ktforge declares the API itself)"))
+        return _f(
+            "blis.addon",
+            "ok",
+            f"{lib['path']} exports aocl_gemm_s8s8s32os32 and its reorder API"
+            + (f"; also {', '.join(extra)}" if extra else "")
+            + ("" if lib["header"] else "; no blis.h (ktforge declares the API itself)"),
+        )
     status = "warn" if _amd(r) else "info"
     if b["libraries"]:
         names = ", ".join(lib["path"] for lib in b["libraries"])
-        return _f("blis.addon", status, f"{names}: upstream BLIS without the aocl_gemm add-on "
-                  "(Debian's libblis is built this way)", _BLIS_REMEDY, _BLIS_COMMAND)
+        return _f(
+            "blis.addon",
+            status,
+            f"{names}: upstream BLIS without the aocl_gemm add-on (Debian's libblis is built this way)",
+            _BLIS_REMEDY,
+            _BLIS_COMMAND,
+        )
     return _f("blis.addon", status, "no BLIS library, so no add-on", _BLIS_REMEDY, _BLIS_COMMAND)
 
 
@@ -298,14 +366,21 @@ def _blis_gemm(r: dict[str, Any]) -> Finding:
         return _f("blis.gemm", "info", "not run: no library with the add-on")
     good = [lib for lib in with_addon if lib["gemm_s8s8s32"] == "ok"]
     if good:
-        return _f("blis.gemm", "ok", f"3x5x7 s8s8s32 GEMM (plain and reordered B) matches the reference "
-                  f"in {good[0]['path']}")
+        return _f(
+            "blis.gemm", "ok", f"3x5x7 s8s8s32 GEMM (plain and reordered B) matches the reference in {good[0]['path']}"
+        )
     lib = with_addon[0]
-    return _f("blis.gemm", "error", f"{lib['path']}: GEMM {lib['gemm_s8s8s32']} {lib['probe_detail']}".strip(),
-              "this AOCL-BLAS build is unusable here; install another (e.g. the aoclda wheel)", _BLIS_COMMAND)
+    return _f(
+        "blis.gemm",
+        "error",
+        f"{lib['path']}: GEMM {lib['gemm_s8s8s32']} {lib['probe_detail']}".strip(),
+        "this AOCL-BLAS build is unusable here; install another (e.g. the aoclda wheel)",
+        _BLIS_COMMAND,
+    )
 
 
 # --- toolchain ----------------------------------------------------------------------------
+
 
 def _cxx(r: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in (r["toolchain"] or {}).get("compilers", []) if c.get("language") == "c++"]
@@ -317,9 +392,14 @@ def _tc_compiler(r: dict[str, Any]) -> Finding:
         return _f("toolchain.compiler", "unknown", "the toolchain is not in the evidence")
     cxx = _cxx(r)
     if not cxx:
-        return _f("toolchain.compiler", "error", "no C++ compiler (g++ or clang++) on PATH",
-                  "install a C++ compiler", "sudo apt-get install -y g++   # Debian/Ubuntu",
-                  "sudo dnf install -y gcc-c++   # Fedora/RHEL")
+        return _f(
+            "toolchain.compiler",
+            "error",
+            "no C++ compiler (g++ or clang++) on PATH",
+            "install a C++ compiler",
+            "sudo apt-get install -y g++   # Debian/Ubuntu",
+            "sudo dnf install -y gcc-c++   # Fedora/RHEL",
+        )
     return _f("toolchain.compiler", "ok", "; ".join(f"{c['name']} {c['version']} ({c['path']})" for c in cxx))
 
 
@@ -337,11 +417,18 @@ def _tc_flags(r: dict[str, Any]) -> Finding:
     also = [f for f in ("-march=sapphirerapids", "-march=znver4") if not compiler["accepts"].get(f, False)]
     note = f" (cannot target {', '.join(a.split('=')[1] for a in also)} by name)" if also else ""
     if rejected:
-        return _f("toolchain.backend_flags", "error",
-                  f"{compiler['name']} {compiler['version']} rejects {' '.join(rejected)} needed by {backend}",
-                  "install a newer compiler (gcc >= 11 or clang >= 12 for AMX)", "sudo apt-get install -y g++-12")
-    return _f("toolchain.backend_flags", "ok",
-              f"{compiler['name']} {compiler['version']} accepts {' '.join(recipe['compiler_must_accept'])}{note}")
+        return _f(
+            "toolchain.backend_flags",
+            "error",
+            f"{compiler['name']} {compiler['version']} rejects {' '.join(rejected)} needed by {backend}",
+            "install a newer compiler (gcc >= 11 or clang >= 12 for AMX)",
+            "sudo apt-get install -y g++-12",
+        )
+    return _f(
+        "toolchain.backend_flags",
+        "ok",
+        f"{compiler['name']} {compiler['version']} accepts {' '.join(recipe['compiler_must_accept'])}{note}",
+    )
 
 
 def _tool(r: dict[str, Any], cid: str, name: str, minimum: tuple[int, ...]) -> Finding:
@@ -351,10 +438,15 @@ def _tool(r: dict[str, Any], cid: str, name: str, minimum: tuple[int, ...]) -> F
     if not tool.get("path"):
         return _f(cid, "warn", f"{name} is not on PATH", f"install {name}", f"python -m pip install {name}")
     version = tool.get("version") or "unknown"
-    parts = tuple(int(p) for p in version.split(".")[:len(minimum)] if p.isdigit())
+    parts = tuple(int(p) for p in version.split(".")[: len(minimum)] if p.isdigit())
     if parts and parts < minimum:
-        return _f(cid, "warn", f"{name} {version} is older than {'.'.join(map(str, minimum))}",
-                  f"install a newer {name}", f"python -m pip install -U {name}")
+        return _f(
+            cid,
+            "warn",
+            f"{name} {version} is older than {'.'.join(map(str, minimum))}",
+            f"install a newer {name}",
+            f"python -m pip install -U {name}",
+        )
     return _f(cid, "ok", f"{name} {version} ({tool['path']})")
 
 
@@ -375,12 +467,18 @@ def _tc_headers(r: dict[str, Any]) -> Finding:
     headers = r["toolchain"]["python_headers"]
     if headers["present"]:
         return _f("toolchain.python_headers", "ok", f"Python.h in {headers['include_dir']}")
-    return _f("toolchain.python_headers", "error", f"no Python.h in {headers['include_dir']}",
-              "install the Python development headers", "sudo apt-get install -y python3-dev   # Debian/Ubuntu",
-              "sudo dnf install -y python3-devel   # Fedora/RHEL")
+    return _f(
+        "toolchain.python_headers",
+        "error",
+        f"no Python.h in {headers['include_dir']}",
+        "install the Python development headers",
+        "sudo apt-get install -y python3-dev   # Debian/Ubuntu",
+        "sudo dnf install -y python3-devel   # Fedora/RHEL",
+    )
 
 
 # --- extension ----------------------------------------------------------------------------
+
 
 @check("extension.installed", "extension", "native extension installed, importable, built for this CPU")
 def _extension(r: dict[str, Any]) -> Finding:
@@ -389,23 +487,38 @@ def _extension(r: dict[str, Any]) -> Finding:
         return _f("extension.installed", "unknown", "the extension was not inspected (text dump)")
     status = ext.get("status")
     if status == "missing":
-        return _f("extension.installed", "warn", "ktforge._native is not built",
-                  "build the kernels for this machine", "./install.sh build")
+        return _f(
+            "extension.installed",
+            "warn",
+            "ktforge._native is not built",
+            "build the kernels for this machine",
+            "./install.sh build",
+        )
     if status == "broken":
-        return _f("extension.installed", "error", f"{ext.get('path') or 'ktforge._native'}: {ext.get('error')}",
-                  "rebuild the kernels for this machine", "./install.sh build")
+        return _f(
+            "extension.installed",
+            "error",
+            f"{ext.get('path') or 'ktforge._native'}: {ext.get('error')}",
+            "rebuild the kernels for this machine",
+            "./install.sh build",
+        )
     if status == "stale":
         return _f("extension.installed", "error", str(ext.get("error")), "rebuild", "./install.sh build")
     info = ext.get("build_info") or {}
     missing = ext.get("missing_cpu_features") or []
     if missing:
-        return _f("extension.installed", "error",
-                  f"built with {info.get('arch_flags')} for a CPU with {', '.join(missing)}, which this CPU lacks",
-                  "rebuild on this machine", "./install.sh build")
+        return _f(
+            "extension.installed",
+            "error",
+            f"built with {info.get('arch_flags')} for a CPU with {', '.join(missing)}, which this CPU lacks",
+            "rebuild on this machine",
+            "./install.sh build",
+        )
     return _f("extension.installed", "ok", f"{ext.get('path')} ({info.get('compiler')}, {info.get('arch_flags')})")
 
 
 # --- system -------------------------------------------------------------------------------
+
 
 @check("system.numa", "system", "NUMA nodes and CPUs")
 def _numa(r: dict[str, Any]) -> Finding:
@@ -423,8 +536,13 @@ def _numa(r: dict[str, Any]) -> Finding:
     if empty:
         return _f("system.numa", "info", text + f"; node(s) {', '.join(empty)} have memory but no CPUs (CXL/HBM)")
     if len(nodes) > 1:
-        return _f("system.numa", "info", text + ": bind one ktforge pool per node for full bandwidth",
-                  "", "numactl --hardware")
+        return _f(
+            "system.numa",
+            "info",
+            text + ": bind one ktforge pool per node for full bandwidth",
+            "",
+            "numactl --hardware",
+        )
     return _f("system.numa", "ok", text)
 
 
@@ -434,12 +552,18 @@ def _memory(r: dict[str, Any]) -> Finding:
     if mem is None:
         return _f("system.memory", "unknown", "memory is not in the evidence")
     total, avail = mem["total_bytes"] or 0, mem["available_bytes"] or 0
-    text = (f"{total / GIB:.1f} GiB total, {avail / GIB:.1f} GiB available; "
-            f"huge pages {mem['hugepages_total'] or 0} x {(mem['hugepage_size_bytes'] or 0) >> 20} MiB; "
-            f"THP {mem['transparent_hugepages'] or 'unknown'}")
+    text = (
+        f"{total / GIB:.1f} GiB total, {avail / GIB:.1f} GiB available; "
+        f"huge pages {mem['hugepages_total'] or 0} x {(mem['hugepage_size_bytes'] or 0) >> 20} MiB; "
+        f"THP {mem['transparent_hugepages'] or 'unknown'}"
+    )
     if avail < 4 * GIB:
-        return _f("system.memory", "warn", text + ": under 4 GiB available, too little to build and test",
-                  "free memory or use a larger machine")
+        return _f(
+            "system.memory",
+            "warn",
+            text + ": under 4 GiB available, too little to build and test",
+            "free memory or use a larger machine",
+        )
     return _f("system.memory", "ok", text)
 
 
@@ -451,19 +575,29 @@ def _hypervisor(r: dict[str, Any]) -> Finding:
     hidden = table.get("missing_expected") or []
     if hv is None:
         if hidden:
-            return _f("system.hypervisor", "warn",
-                      f"a {table['name']} should have {', '.join(hidden)} but they are missing",
-                      "check BIOS settings and kernel boot parameters (clearcpuid)", "cat /proc/cmdline")
+            return _f(
+                "system.hypervisor",
+                "warn",
+                f"a {table['name']} should have {', '.join(hidden)} but they are missing",
+                "check BIOS settings and kernel boot parameters (clearcpuid)",
+                "cat /proc/cmdline",
+            )
         return _f("system.hypervisor", "ok", "bare metal (no hypervisor bit)")
     if hidden:
-        return _f("system.hypervisor", "warn",
-                  f"{hv} guest: a {table['name']} has {', '.join(hidden)}, which this guest does not see",
-                  "give the guest the host's CPU model",
-                  "qemu-system-x86_64 -cpu host ...   # QEMU/KVM",
-                  "virsh edit VM  # <cpu mode='host-passthrough'/>   # libvirt")
+        return _f(
+            "system.hypervisor",
+            "warn",
+            f"{hv} guest: a {table['name']} has {', '.join(hidden)}, which this guest does not see",
+            "give the guest the host's CPU model",
+            "qemu-system-x86_64 -cpu host ...   # QEMU/KVM",
+            "virsh edit VM  # <cpu mode='host-passthrough'/>   # libvirt",
+        )
     closest = cpu["microarchitecture"].get("closest_newer")
-    note = (f"; features match {closest['name']} except {', '.join(closest['missing'])} "
-            "(not used by the kernels)") if closest else ""
+    note = (
+        (f"; features match {closest['name']} except {', '.join(closest['missing'])} (not used by the kernels)")
+        if closest
+        else ""
+    )
     return _f("system.hypervisor", "ok", f"{hv} guest; every kernel-relevant feature is visible{note}")
 
 
@@ -486,8 +620,13 @@ def _probes(r: dict[str, Any]) -> Finding:
         return _f("probes.ran", "unknown", f"no probe ran (evidence from a {r['source']['kind']} dump)")
     bad = {k: v for k, v in probes.items() if v["status"] != "ok"}
     if bad:
-        return _f("probes.ran", "warn", "; ".join(f"{k}: {v['status']} {v['detail']}" for k, v in bad.items()),
-                  "install a C compiler (probes are compiled on the spot)", "sudo apt-get install -y gcc")
+        return _f(
+            "probes.ran",
+            "warn",
+            "; ".join(f"{k}: {v['status']} {v['detail']}" for k, v in bad.items()),
+            "install a C compiler (probes are compiled on the spot)",
+            "sudo apt-get install -y gcc",
+        )
     return _f("probes.ran", "ok", ", ".join(sorted(probes)))
 
 
@@ -495,21 +634,30 @@ def _probes(r: dict[str, Any]) -> Finding:
 def _backend(r: dict[str, Any]) -> Finding:
     b = r["backend"]
     name = b["recommended"]
-    rejected = [f"{x['name']}: {'; '.join(x['why_not'])}" for x in b["recipes"]
-                if not x["eligible"] and x["priority"] > next(
-                    (y["priority"] for y in b["recipes"] if y["name"] == name), -1)]
+    rejected = [
+        f"{x['name']}: {'; '.join(x['why_not'])}"
+        for x in b["recipes"]
+        if not x["eligible"] and x["priority"] > next((y["priority"] for y in b["recipes"] if y["name"] == name), -1)
+    ]
     why = f" (not {' / '.join(rejected)})" if rejected else ""
     if name == "none":
         # The lowest recipe is the lowest bar: its reasons say what is missing.
         lowest = min(b["recipes"], key=lambda x: x["priority"])
-        return _f("backend.recommended", "error",
-                  f"no backend can run here ({lowest['name']}: {'; '.join(lowest['why_not'])})",
-                  "ktforge needs Linux on an x86-64 CPU with at least AVX2 and FMA")
+        return _f(
+            "backend.recommended",
+            "error",
+            f"no backend can run here ({lowest['name']}: {'; '.join(lowest['why_not'])})",
+            "ktforge needs Linux on an x86-64 CPU with at least AVX2 and FMA",
+        )
     chosen = next(x for x in b["recipes"] if x["name"] == name)
     if b["provisional"]:
-        return _f("backend.recommended", "info",
-                  f"{name}, provisionally: unverified {'; '.join(chosen['unverified'])}{why}",
-                  "run `kt doctor` on the machine itself to verify every gate", "kt doctor")
+        return _f(
+            "backend.recommended",
+            "info",
+            f"{name}, provisionally: unverified {'; '.join(chosen['unverified'])}{why}",
+            "run `kt doctor` on the machine itself to verify every gate",
+            "kt doctor",
+        )
     return _f("backend.recommended", "ok", f"{name}: {chosen['summary']}{why}")
 
 

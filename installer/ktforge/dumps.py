@@ -63,6 +63,7 @@ def parse_cpu_list(text: str) -> list[int]:
 
 # --- /proc/cpuinfo ------------------------------------------------------------------------
 
+
 def parse_cpuinfo(text: str) -> TextCpu:
     first: dict[str, str] = {}
     processors = 0
@@ -189,6 +190,7 @@ def parse_lscpu_text(text: str) -> TextCpu:
 
 # --- lscpu -J -----------------------------------------------------------------------------
 
+
 def _walk_lscpu_json(entries: list[Any], fields: dict[str, str]) -> None:
     for entry in entries:
         if not isinstance(entry, dict):
@@ -229,6 +231,7 @@ def parse_cpuid_rows(text: str) -> list[list[int]]:
 
 # --- macOS sysctl -------------------------------------------------------------------------
 
+
 def parse_sysctl(text: str) -> TextCpu:
     values: dict[str, str] = {}
     for line in text.splitlines():
@@ -236,8 +239,7 @@ def parse_sysctl(text: str) -> TextCpu:
         if sep:
             values[key.strip()] = value.strip()
     words = " ".join(
-        values.get(k, "")
-        for k in ("machdep.cpu.features", "machdep.cpu.leaf7_features", "machdep.cpu.extfeatures")
+        values.get(k, "") for k in ("machdep.cpu.features", "machdep.cpu.leaf7_features", "machdep.cpu.extfeatures")
     ).split()
     flags = frozenset(SYSCTL_WORDS[w] for w in words if w in SYSCTL_WORDS)
     is_arm = values.get("hw.optional.arm64") == "1" or any(k.startswith("hw.optional.arm.") for k in values)
@@ -255,6 +257,7 @@ def parse_sysctl(text: str) -> TextCpu:
 
 
 # --- format recognition ------------------------------------------------------------------
+
 
 def sniff(text: str) -> str:
     """Name the format of ``text``: snapshot, lscpu-json, cpuid-dump, sysctl, cpuinfo or lscpu."""

@@ -41,9 +41,7 @@ print(json.dumps({"status": "importable", "path": origin, "build_info": dict(inf
 def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float = 30.0) -> dict[str, Any]:
     """Status of the extension: missing, broken, stale or ok, with what was learnt."""
     try:
-        done = subprocess.run(
-            [python, "-c", _CHILD, module], capture_output=True, text=True, timeout=timeout_s
-        )
+        done = subprocess.run([python, "-c", _CHILD, module], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"status": "broken", "error": f"importing {module} hung for {timeout_s:.0f} s"}
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -64,9 +62,11 @@ def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float
     if last.get("status") == "importable":
         info = last.get("build_info", {})
         if info.get("version") != last.get("package_version"):
-            return {**last, "status": "stale",
-                    "error": f"extension built for ktforge {info.get('version')}, "
-                             f"package is {last.get('package_version')}"}
+            return {
+                **last,
+                "status": "stale",
+                "error": f"extension built for ktforge {info.get('version')}, package is {last.get('package_version')}",
+            }
         return {**last, "status": "ok"}
     if last.get("status") == "located":
         return {**last, "status": "broken", "error": (done.stderr or "no output").strip()[-1000:]}

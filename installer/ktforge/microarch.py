@@ -9,12 +9,11 @@ features or mask the model number.
 from __future__ import annotations
 
 import functools
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ktforge.resources import data_path
+from ktforge.resources import data_path, load_toml
 
 
 @dataclass(frozen=True)
@@ -29,8 +28,7 @@ class ModelEntry:
     min_stepping: int | None
     max_stepping: int | None
 
-    def matches(self, vendor: str | None, family: int | None, model: int | None,
-                stepping: int | None) -> bool:
+    def matches(self, vendor: str | None, family: int | None, model: int | None, stepping: int | None) -> bool:
         if vendor != self.vendor or family != self.family or model is None:
             return False
         if not any(lo <= model <= hi for lo, hi in self.models):
@@ -45,23 +43,28 @@ class ModelEntry:
 
 @functools.cache
 def model_table() -> tuple[ModelEntry, ...]:
-    raw = tomllib.loads(data_path("cpu_models.toml").read_text())
+    raw = load_toml(data_path("cpu_models.toml"))
     entries = []
     for item in raw["model"]:
         ranges = [(m, m) for m in item.get("models", [])]
         ranges += [(lo, hi) for lo, hi in item.get("model_ranges", [])]
-        entries.append(ModelEntry(
-            vendor=item["vendor"], family=item["family"], name=item["name"],
-            archspec=item.get("archspec", item["name"]),
-            expects=frozenset(item.get("expects", [])), lacks=frozenset(item.get("lacks", [])),
-            models=tuple(ranges), min_stepping=item.get("min_stepping"),
-            max_stepping=item.get("max_stepping"),
-        ))
+        entries.append(
+            ModelEntry(
+                vendor=item["vendor"],
+                family=item["family"],
+                name=item["name"],
+                archspec=item.get("archspec", item["name"]),
+                expects=frozenset(item.get("expects", [])),
+                lacks=frozenset(item.get("lacks", [])),
+                models=tuple(ranges),
+                min_stepping=item.get("min_stepping"),
+                max_stepping=item.get("max_stepping"),
+            )
+        )
     return tuple(entries)
 
 
-def lookup_model(vendor: str | None, family: int | None, model: int | None,
-                 stepping: int | None) -> ModelEntry | None:
+def lookup_model(vendor: str | None, family: int | None, model: int | None, stepping: int | None) -> ModelEntry | None:
     return next((e for e in model_table() if e.matches(vendor, family, model, stepping)), None)
 
 
@@ -80,8 +83,7 @@ def from_features(arch: str | None, vendor: str | None, features: Iterable[str])
     if have & {"pni", "ssse3"}:
         have.add("sse3")  # archspec's name for what Linux calls pni
     targets = _archspec_targets()
-    x86 = [t for t in targets.values()
-           if t.family.name == "x86_64" and t.vendor in (vendor, "generic")]
+    x86 = [t for t in targets.values() if t.family.name == "x86_64" and t.vendor in (vendor, "generic")]
     compatible = [t for t in x86 if set(t.features) <= have]
     if not compatible:
         return {"name": "x86_64", "closest_newer": None}
@@ -96,8 +98,14 @@ def from_features(arch: str | None, vendor: str | None, features: Iterable[str])
     return {"name": best.name, "closest_newer": closest}
 
 
-def identify(arch: str | None, vendor: str | None, family: int | None, model: int | None,
-             stepping: int | None, features: Iterable[str]) -> dict[str, Any]:
+def identify(
+    arch: str | None,
+    vendor: str | None,
+    family: int | None,
+    model: int | None,
+    stepping: int | None,
+    features: Iterable[str],
+) -> dict[str, Any]:
     features = frozenset(features)
     result = from_features(arch, vendor, features)
     entry = lookup_model(vendor, family, model, stepping) if arch == "x86_64" else None

@@ -48,8 +48,11 @@ class ProbeOutcome:
     @staticmethod
     def from_json(doc: Mapping[str, Any]) -> ProbeOutcome:
         data = doc.get("data")
-        return ProbeOutcome(str(doc.get("status", "unknown")), str(doc.get("detail", "")),
-                            dict(data) if isinstance(data, dict) else None)
+        return ProbeOutcome(
+            str(doc.get("status", "unknown")),
+            str(doc.get("detail", "")),
+            dict(data) if isinstance(data, dict) else None,
+        )
 
 
 def find_c_compiler() -> str | None:
@@ -78,9 +81,7 @@ def compile_probe(name: str, compiler: str | None = None) -> tuple[Path | None, 
     """Return the cached binary of probe ``name``, compiling it if needed."""
     compiler = compiler or find_c_compiler()
     if compiler is None:
-        return None, ProbeOutcome(
-            "no-compiler", "no C compiler found (set CC, or install gcc: ./install.sh deps)"
-        )
+        return None, ProbeOutcome("no-compiler", "no C compiler found (set CC, or install gcc: ./install.sh deps)")
     source = data_path("probes", f"{name}.c")
     flags = (*PROBE_FLAGS, *PROBE_LIBS.get(name, ()))
     key = hashlib.sha256(
@@ -104,7 +105,7 @@ def compile_probe(name: str, compiler: str | None = None) -> tuple[Path | None, 
             return None, ProbeOutcome(
                 "compile-failed", f"{' '.join(command)}\n{(done.stderr or done.stdout).strip()[-2000:]}"
             )
-        os.replace(out, binary)  # atomic: concurrent runs never see half a binary
+        out.replace(binary)  # atomic: concurrent runs never see half a binary
     return binary, None
 
 
@@ -120,9 +121,7 @@ def run_probe(
     run_env = dict(os.environ)
     run_env.update(env or {})
     try:
-        done = subprocess.run(
-            [str(binary), *args], capture_output=True, text=True, timeout=timeout_s, env=run_env
-        )
+        done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=timeout_s, env=run_env)
     except subprocess.TimeoutExpired as exc:
         partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
         return ProbeOutcome("timeout", f"no answer within {timeout_s:.0f} s; printed: {partial[-500:]!r}")

@@ -9,11 +9,10 @@ needs positive evidence, since "maybe installed" cannot be built against.
 from __future__ import annotations
 
 import functools
-import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-from ktforge.resources import data_path
+from ktforge.resources import data_path, load_toml
 
 LIBRARY_GATES = frozenset({"blis_addon"})
 
@@ -31,10 +30,16 @@ class Recipe:
 def load_recipes() -> tuple[Recipe, ...]:
     recipes = []
     for path in sorted(data_path("recipes").glob("*.toml")):
-        raw = tomllib.loads(path.read_text())
-        recipes.append(Recipe(raw["name"], int(raw["priority"]), raw.get("summary", ""),
-                              tuple(raw.get("compiler_must_accept", ())),
-                              dict(raw.get("requires", {}))))
+        raw = load_toml(path)
+        recipes.append(
+            Recipe(
+                raw["name"],
+                int(raw["priority"]),
+                raw.get("summary", ""),
+                tuple(raw.get("compiler_must_accept", ())),
+                dict(raw.get("requires", {})),
+            )
+        )
     return tuple(sorted(recipes, key=lambda r: -r.priority))
 
 
@@ -64,13 +69,21 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
             gates.append(_gate("cpu_features", "unknown", "CPU features unknown"))
         else:
             missing = [f for f in req["cpu_features"] if f not in have]
-            gates.append(_gate("cpu_features", "fail" if missing else "pass",
-                               f"missing {', '.join(missing)}" if missing else "all present"))
+            gates.append(
+                _gate(
+                    "cpu_features",
+                    "fail" if missing else "pass",
+                    f"missing {', '.join(missing)}" if missing else "all present",
+                )
+            )
     for state in req.get("os_state", []):
         value = facts.get("os_state", {}).get(state)
         status = "unknown" if value is None else "pass" if value else "fail"
-        detail = {"pass": f"XCR0 enables {state} state", "fail": f"XCR0 does not enable {state} state",
-                  "unknown": f"{state} OS state not read (implied by the kernel's flags)"}[status]
+        detail = {
+            "pass": f"XCR0 enables {state} state",
+            "fail": f"XCR0 does not enable {state} state",
+            "unknown": f"{state} OS state not read (implied by the kernel's flags)",
+        }[status]
         gates.append(_gate(f"os_state.{state}", status, detail))
     if req.get("amx_permission"):
         permitted = facts.get("amx_permitted")
@@ -89,8 +102,7 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
         else:
             gates.append(_gate("blis_addon", "fail", "no BLIS library with a working aocl_gemm add-on"))
 
-    failed = [g for g in gates if g["status"] == "fail"
-              or (g["status"] == "unknown" and g["gate"] in LIBRARY_GATES)]
+    failed = [g for g in gates if g["status"] == "fail" or (g["status"] == "unknown" and g["gate"] in LIBRARY_GATES)]
     unknown = [g for g in gates if g["status"] == "unknown" and g["gate"] not in LIBRARY_GATES]
     return {
         "name": recipe.name,

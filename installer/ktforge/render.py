@@ -11,8 +11,7 @@ from typing import Any, TextIO
 
 from ktforge.doctor import Finding, summarize
 
-_MARKS = {"ok": ("✓", "ok"), "info": ("•", "--"), "warn": ("!", "!!"), "error": ("✗", "XX"),
-          "unknown": ("?", "??")}
+_MARKS = {"ok": ("✓", "ok"), "info": ("•", "--"), "warn": ("!", "!!"), "error": ("✗", "XX"), "unknown": ("?", "??")}
 _COLORS = {"ok": "32", "info": "36", "warn": "33", "error": "31", "unknown": "35"}
 
 
@@ -61,8 +60,10 @@ def render(report: dict[str, Any], findings: list[Finding], stream: TextIO, colo
     counts = summarize(findings)
     backend = report["backend"]
     provisional = " (provisional)" if backend["provisional"] else ""
-    summary = (f"{counts['ok']} ok, {counts['info']} info, {counts['warn']} warnings, "
-               f"{counts['error']} errors, {counts['unknown']} unknown; "
-               f"recommended backend: {backend['recommended']}{provisional}")
+    summary = (
+        f"{counts['ok']} ok, {counts['info']} info, {counts['warn']} warnings, "
+        f"{counts['error']} errors, {counts['unknown']} unknown; "
+        f"recommended backend: {backend['recommended']}{provisional}"
+    )
     worst = "error" if counts["error"] else "warn" if counts["warn"] else "ok"
     print(f"\n{paint(worst, 'Summary:')} {summary}", file=stream)

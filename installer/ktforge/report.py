@@ -6,6 +6,7 @@ else parses /proc/cpuinfo or interprets a CPUID bit.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from typing import Any
 
@@ -17,9 +18,14 @@ from ktforge.system import kernel_version, parse_meminfo
 
 REPORT_SCHEMA_VERSION = 1
 _HYPERVISOR_SIGNATURES = {
-    "KVMKVMKVM": "KVM", "Microsoft Hv": "Microsoft Hyper-V", "VMwareVMware": "VMware",
-    "XenVMMXenVMM": "Xen", "TCGTCGTCGTCG": "QEMU (TCG)", "VBoxVBoxVBox": "VirtualBox",
-    " lrpepyh  vr": "Parallels", "ACRNACRNACRN": "ACRN",
+    "KVMKVMKVM": "KVM",
+    "Microsoft Hv": "Microsoft Hyper-V",
+    "VMwareVMware": "VMware",
+    "XenVMMXenVMM": "Xen",
+    "TCGTCGTCGTCG": "QEMU (TCG)",
+    "VBoxVBoxVBox": "VirtualBox",
+    " lrpepyh  vr": "Parallels",
+    "ACRNACRNACRN": "ACRN",
 }
 
 
@@ -48,22 +54,19 @@ def _text_facts(ev: Evidence) -> dict[str, dumps.TextCpu]:
     if ev.cpuinfo_text:
         found["cpuinfo"] = dumps.parse_cpuinfo(ev.cpuinfo_text)
     if ev.lscpu_json:
-        try:
+        with contextlib.suppress(dumps.DumpFormatError):
             found["lscpu"] = dumps.parse_lscpu_json(ev.lscpu_json)
-        except dumps.DumpFormatError:
-            pass
     if "lscpu" not in found and ev.lscpu_text:
-        try:
+        with contextlib.suppress(dumps.DumpFormatError):
             found["lscpu"] = dumps.parse_lscpu_text(ev.lscpu_text)
-        except dumps.DumpFormatError:
-            pass
     if ev.sysctl_text:
         found["sysctl"] = dumps.parse_sysctl(ev.sysctl_text)
     return found
 
 
-def _hypervisor(cpuid_data: dict[str, Any] | None, texts: dict[str, dumps.TextCpu],
-                features: frozenset[str]) -> str | None:
+def _hypervisor(
+    cpuid_data: dict[str, Any] | None, texts: dict[str, dumps.TextCpu], features: frozenset[str]
+) -> str | None:
     for row in (cpuid_data or {}).get("leaves", []):
         if row[0] == 0x40000000:
             sig = struct.pack("<III", row[3], row[4], row[5]).decode("ascii", "replace").rstrip("\x00")
@@ -95,8 +98,12 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
     if facts is not None:
         features: frozenset[str] | None = facts.cpu_features
         usable: frozenset[str] | None = facts.usable_features()
-        os_state = {"xcr0": facts.os_state.xcr0, "avx": facts.os_state.avx,
-                    "avx512": facts.os_state.avx512, "amx": facts.os_state.amx}
+        os_state = {
+            "xcr0": facts.os_state.xcr0,
+            "avx": facts.os_state.avx,
+            "avx512": facts.os_state.avx512,
+            "amx": facts.os_state.amx,
+        }
     elif text is not None:
         # A text dump: Linux lists a flag only once it has enabled the state it needs.
         features = usable = text.flags
@@ -109,28 +116,45 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
         for name in REPORTED:
             in_cpuid, in_kernel = name in facts.cpu_features, name in kernel_flags
             if in_cpuid and not in_kernel:
-                disagreements.append({"topic": f"feature.{name}", "detail":
-                    f"CPUID reports {name} but the kernel does not list it in /proc/cpuinfo "
-                    "(disabled by the kernel, or a kernel too old to name it)"})
+                disagreements.append(
+                    {
+                        "topic": f"feature.{name}",
+                        "detail": f"CPUID reports {name} but the kernel does not list it in /proc/cpuinfo "
+                        "(disabled by the kernel, or a kernel too old to name it)",
+                    }
+                )
             elif in_kernel and not in_cpuid:
-                disagreements.append({"topic": f"feature.{name}", "detail":
-                    f"/proc/cpuinfo lists {name} but CPUID does not report it"})
+                disagreements.append(
+                    {"topic": f"feature.{name}", "detail": f"/proc/cpuinfo lists {name} but CPUID does not report it"}
+                )
     if facts is not None and kernel_flags is not None:
         if kernel_flags & AMX_FAMILY and os_state["amx"] is False:
-            disagreements.append({"topic": "os_state.amx", "detail":
-                "the kernel lists amx_tile but XCR0 bits 17-18 are off: tiles cannot be used"})
+            disagreements.append(
+                {
+                    "topic": "os_state.amx",
+                    "detail": "the kernel lists amx_tile but XCR0 bits 17-18 are off: tiles cannot be used",
+                }
+            )
         if kernel_flags & AVX512_FAMILY and os_state["avx512"] is False:
-            disagreements.append({"topic": "os_state.avx512", "detail":
-                "the kernel lists AVX-512 flags but XCR0 bits 5-7 are off: AVX-512 cannot be used"})
+            disagreements.append(
+                {
+                    "topic": "os_state.avx512",
+                    "detail": "the kernel lists AVX-512 flags but XCR0 bits 5-7 are off: AVX-512 cannot be used",
+                }
+            )
 
     uarch = microarch.identify(arch, vendor, family, model, stepping, usable or ())
     table = uarch.get("model_table")
     hypervisor = _hypervisor(cpuid_data, texts, features or frozenset())
     if table and table["unexpected"]:
-        disagreements.append({"topic": "cpu.model", "detail":
-            f"the model number says {table['name']} (family {family}, model {model}), which has no "
-            f"{', '.join(table['unexpected'])}; the features say otherwise"
-            + (f": the {hypervisor} hypervisor masks the model number" if hypervisor else "")})
+        disagreements.append(
+            {
+                "topic": "cpu.model",
+                "detail": f"the model number says {table['name']} (family {family}, model {model}), which has no "
+                f"{', '.join(table['unexpected'])}; the features say otherwise"
+                + (f": the {hypervisor} hypervisor masks the model number" if hypervisor else ""),
+            }
+        )
 
     cpu = {
         "arch": arch,
@@ -168,7 +192,7 @@ def _memory(ev: Evidence) -> dict[str, Any] | None:
         return None
     info = parse_meminfo(system["meminfo"])
     thp = system.get("thp") or ""
-    thp_mode = thp[thp.find("[") + 1: thp.find("]")] if "[" in thp else None
+    thp_mode = thp[thp.find("[") + 1 : thp.find("]")] if "[" in thp else None
     return {
         "total_bytes": info.get("MemTotal"),
         "available_bytes": info.get("MemAvailable"),
@@ -190,8 +214,7 @@ def _numa(ev: Evidence, cpu: dict[str, Any]) -> dict[str, Any] | None:
     texts = _text_facts(ev)
     lscpu = texts.get("lscpu")
     if lscpu and lscpu.numa_nodes:
-        return {"nodes": {str(k): v for k, v in lscpu.numa_nodes.items()},
-                "online_cpus": None, "affinity": None}
+        return {"nodes": {str(k): v for k, v in lscpu.numa_nodes.items()}, "online_cpus": None, "affinity": None}
     return None
 
 
@@ -249,8 +272,8 @@ def build_report(ev: Evidence) -> dict[str, Any]:
         "amx": amx_info,
         "blis": _blis(ev),
         "os": {
-            "system": system.get("system") or ("Darwin" if ev.sysctl_text else
-                                               "Linux" if ev.cpuinfo_text or ev.lscpu_text or ev.lscpu_json else None),
+            "system": system.get("system")
+            or ("Darwin" if ev.sysctl_text else "Linux" if ev.cpuinfo_text or ev.lscpu_text or ev.lscpu_json else None),
             "kernel_release": release,
             "kernel_version": list(kv) if (kv := kernel_version(release)) else None,
             "distribution": system.get("os_release"),
