@@ -10,8 +10,14 @@ from ktforge.features import XFEATURE_XTILEDATA
 TILEDATA = 1 << XFEATURE_XTILEDATA
 
 
+# Linux aliases ENOTSUP to EOPNOTSUPP; the kernel's AMX code (and its docs) say EOPNOTSUPP.
+_PREFERRED_NAMES = {errno.EOPNOTSUPP: "EOPNOTSUPP"}
+
+
 def _errno_name(number: int) -> str:
-    return errno.errorcode.get(number, f"errno {number}") if number else ""
+    if not number:
+        return ""
+    return _PREFERRED_NAMES.get(number) or errno.errorcode.get(number, f"errno {number}")
 
 
 def interpret(probe: dict[str, Any] | None, cpu_has_amx: bool | None, os_amx: bool | None) -> dict[str, Any]:

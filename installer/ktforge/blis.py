@@ -92,8 +92,9 @@ def probe_library(path: str) -> dict[str, Any]:
     return record
 
 
-def discover(env: Mapping[str, str] | None = None, site_dirs: Sequence[str] | None = None) -> dict[str, Any]:
-    dirs = search_dirs(env, site_dirs)
+def discover(dirs: Sequence[str] | None = None) -> dict[str, Any]:
+    """Search ``dirs`` (default: :func:`search_dirs`) and probe every library found."""
+    dirs = list(search_dirs() if dirs is None else dirs)
     return {"searched": dirs, "candidates": [probe_library(p) for p in find_candidates(dirs)]}
 
 

@@ -120,15 +120,17 @@ def _unwrap_markdown(text: str) -> list[str]:
     return [line[cut:] for line in lines]
 
 
-def _join_wrapped_flags(pieces: list[list[str]]) -> list[str]:
-    """Join the flag lines of a wrapped ``Flags:`` field, mending words cut at a wrap."""
+def _join_wrapped_flags(pieces: list[tuple[list[str], bool]]) -> list[str]:
+    """Join the flag lines of a wrapped ``Flags:`` field. A piece marked as cut continues
+    the previous word; otherwise a word split in two is mended when only the joined
+    word is a flag ktforge knows (for pastes whose line lengths were disturbed)."""
     known = known_flag_names()
     words: list[str] = []
-    for piece in pieces:
+    for piece, continues_word in pieces:
         if words and piece:
             tail, head = words[-1], piece[0]
             joined = tail + head
-            if joined in known and not (tail in known and head in known):
+            if continues_word or (joined in known and not (tail in known and head in known)):
                 words[-1] = joined
                 piece = piece[1:]
         words.extend(piece)
@@ -136,23 +138,30 @@ def _join_wrapped_flags(pieces: list[list[str]]) -> list[str]:
 
 
 def _lscpu_fields(text: str) -> dict[str, str]:
+    """lscpu's "Key: value" lines, with values that a terminal wrapped onto following lines
+    put back together. A line as long as the longest one was cut by the wrap (possibly
+    mid-word); a shorter one ended where lscpu ended it."""
+    lines = [line for line in _unwrap_markdown(text) if line.strip()]
+    width = max((len(line) for line in lines), default=0)
     fields: dict[str, str] = {}
-    flag_pieces: list[list[str]] = []
-    in_flags = False
-    for line in _unwrap_markdown(text):
-        if not line.strip():
-            in_flags = False
-            continue
-        match = _KEY_LINE.match(line.strip()) if not line[0].isspace() or ":" in line else None
-        if match and not (in_flags and ":" not in line):
+    flag_pieces: list[tuple[list[str], bool]] = []
+    key: str | None = None
+    previous_cut = False
+    for line in lines:
+        match = _KEY_LINE.match(line) if not line[0].isspace() else None
+        if match and not (key == "Flags" and ":" not in line):
             key, value = match.group(1).strip(), match.group(2).strip()
-            in_flags = key.lower() == "flags"
-            if in_flags:
-                flag_pieces.append(value.split())
+            if key.lower() == "flags":
+                key = "Flags"
+                flag_pieces.append((value.split(), False))
             else:
                 fields.setdefault(key, value)
-        elif in_flags:
-            flag_pieces.append(line.split())
+        elif key == "Flags":
+            flag_pieces.append((line.split(), previous_cut and not line[0].isspace()))
+        elif key is not None:
+            glue = "" if previous_cut and not line[0].isspace() else " "
+            fields[key] = (fields.get(key, "") + glue + line.strip()).strip()
+        previous_cut = len(line) == width
     if flag_pieces:
         fields["Flags"] = " ".join(_join_wrapped_flags(flag_pieces))
     return fields

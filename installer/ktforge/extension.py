@@ -41,7 +41,9 @@ print(json.dumps({"status": "importable", "path": origin, "build_info": dict(inf
 def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float = 30.0) -> dict[str, Any]:
     """Status of the extension: missing, broken, stale or ok, with what was learnt."""
     try:
-        done = subprocess.run([python, "-c", _CHILD, module], capture_output=True, text=True, timeout=timeout_s)
+        # The child imports the way this process does (same interpreter, same site setting).
+        flags = ["-S"] if sys.flags.no_site else []
+        done = subprocess.run([python, *flags, "-c", _CHILD, module], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"status": "broken", "error": f"importing {module} hung for {timeout_s:.0f} s"}
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CPUINFO_FIXTURES = FIXTURES / "cpuinfo"
+HOST_FIXTURES = FIXTURES / "host"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # One private probe cache for the whole run: tests never read or write the user's cache.
+    if "KTFORGE_CACHE_DIR" not in os.environ:
+        os.environ["KTFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ktforge-test-cache-")
+    os.environ.pop("NO_COLOR", None)
+
+
+def read_proc_cpuinfo_flags() -> set[str]:
+    """The kernel's own flag list, read directly: an independent witness for the probes."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    raise AssertionError("/proc/cpuinfo has no flags line: these tests need x86-64 Linux")
+
+
+@pytest.fixture(scope="session")
+def host_flags() -> set[str]:
+    return read_proc_cpuinfo_flags()
