@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# ktforge's front door: set up, build, test. Never interactive; safe to re-run.
+#
+#   ./install.sh            deps, then build
+#   ./install.sh deps       system packages (compiler, CMake, Ninja, Python headers) and the Python environment
+#   ./install.sh build      build and install ktforge (Python dependencies from pyproject.toml, native
+#                           kernels for this CPU), then run `kt doctor`
+#   ./install.sh test       install the test tools and run the test suite
+#   --dry-run               print the system-package commands instead of running them
+#   -h, --help              this help
+#
+# Python environment: the active virtualenv/conda env if any; else ./.venv if it exists; else
+# $PYTHON (default python3) unless that Python is externally managed (PEP 668, as on Debian
+# and Ubuntu), in which case ./.venv is created and used.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DRY_RUN=0
+ACTION=all
+
+usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+say() { printf '==> %s\n' "$*"; }
+die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
+
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help) usage; exit 0 ;;
+    --dry-run) DRY_RUN=1 ;;
+    deps|build|test|all) ACTION=$arg ;;
+    *) printf 'install.sh: unknown argument: %s\n\n' "$arg" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+as_root() {
+  if [ "$DRY_RUN" = 1 ]; then printf '+ %s\n' "$*"; return 0; fi
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo -n "$@" || die "could not run '$*' with sudo; run it yourself, then re-run"
+  else die "need root for: $*"
+  fi
+}
+
+distro_family() {
+  local id="" like=""
+  if [ -r /etc/os-release ]; then
+    id=$(. /etc/os-release; echo "${ID:-}"); like=$(. /etc/os-release; echo "${ID_LIKE:-}")
+  fi
+  case " $id $like " in
+    *" debian "*|*" ubuntu "*) echo debian ;;
+    *" fedora "*|*" rhel "*|*" centos "*) echo fedora ;;
+    *" arch "*) echo arch ;;
+    *" suse "*|*" opensuse "*) echo suse ;;
+    *) echo unknown ;;
+  esac
+}
+
+base_python() {
+  local py=${PYTHON:-python3}
+  command -v "$py" >/dev/null || die "no $py found; install Python 3.10 or newer"
+  "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$py is older than Python 3.10"
+  echo "$py"
+}
+
+externally_managed() {
+  "$1" -c 'import os, sys, sysconfig
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'
+}
+
+# The Python that ktforge is installed into (created if needed).
+select_python() {
+  if [ -n "${VIRTUAL_ENV:-}" ]; then echo "$VIRTUAL_ENV/bin/python"; return; fi
+  if [ -n "${CONDA_PREFIX:-}" ]; then echo "$CONDA_PREFIX/bin/python"; return; fi
+  if [ -x "$ROOT/.venv/bin/python" ]; then echo "$ROOT/.venv/bin/python"; return; fi
+  local py; py=$(base_python)
+  if externally_managed "$py"; then
+    say "$py is externally managed (PEP 668): creating $ROOT/.venv" >&2
+    "$py" -m venv "$ROOT/.venv" >&2 || die "could not create a venv; install python3-venv (./install.sh deps)"
+    echo "$ROOT/.venv/bin/python"; return
+  fi
+  command -v "$py"
+}
+
+system_deps() {
+  local py; py=$(base_python)
+  local missing=()
+  command -v g++ >/dev/null || command -v clang++ >/dev/null || missing+=(cxx)
+  command -v cc >/dev/null || missing+=(cc)
+  command -v cmake >/dev/null || missing+=(cmake)
+  command -v ninja >/dev/null || missing+=(ninja)
+  "$py" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    || missing+=(headers)
+  if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && externally_managed "$py" && ! "$py" -c 'import ensurepip' 2>/dev/null; then
+    missing+=(venv)
+  fi
+  if [ ${#missing[@]} = 0 ]; then say "system packages: all present"; return; fi
+  local family; family=$(distro_family)
+  local -A names
+  case "$family" in
+    debian) names=([cxx]=g++ [cc]=gcc [cmake]=cmake [ninja]=ninja-build [headers]=python3-dev [venv]=python3-venv) ;;
+    fedora) names=([cxx]=gcc-c++ [cc]=gcc [cmake]=cmake [ninja]=ninja-build [headers]=python3-devel [venv]=python3) ;;
+    arch)   names=([cxx]=gcc [cc]=gcc [cmake]=cmake [ninja]=ninja [headers]=python [venv]=python) ;;
+    suse)   names=([cxx]=gcc-c++ [cc]=gcc [cmake]=cmake [ninja]=ninja [headers]=python3-devel [venv]=python3) ;;
+    *) die "missing ${missing[*]}, and this distribution is not known: install a C/C++ compiler, CMake, Ninja and the Python headers" ;;
+  esac
+  local packages=()
+  for m in "${missing[@]}"; do packages+=("${names[$m]}"); done
+  say "installing system packages: ${packages[*]}"
+  case "$family" in
+    debian) as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" ;;
+    fedora) as_root dnf install -y "${packages[@]}" ;;
+    arch)   as_root pacman -S --needed --noconfirm "${packages[@]}" ;;
+    suse)   as_root zypper --non-interactive install "${packages[@]}" ;;
+  esac
+}
+
+build() {
+  local py=$1
+  say "building ktforge and its native kernels (-march=native) into $py"
+  [ "$DRY_RUN" = 1 ] && { printf '+ %s -m pip install %s\n' "$py" "$ROOT"; return; }
+  local log="$ROOT/build/install.log"
+  mkdir -p "$ROOT/build"
+  if ! "$py" -m pip install --disable-pip-version-check "$ROOT" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    die "the build failed; the full log is $log"
+  fi
+  say "installed; checking this machine:"
+  "$py" -m ktforge doctor || true  # the doctor's findings are shown, not fatal to the install
+  if [ "$py" = "$ROOT/.venv/bin/python" ] && [ "${VIRTUAL_ENV:-}" != "$ROOT/.venv" ]; then
+    say "ktforge lives in $ROOT/.venv; activate it with:  source $ROOT/.venv/bin/activate"
+  fi
+}
+
+run_tests() {
+  local py=$1
+  "$py" -c 'import ktforge' 2>/dev/null || die "ktforge is not installed in $py; run ./install.sh first"
+  say "test tools into $py"
+  "$py" -m pip install -q --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
+  cd "$ROOT"
+  set +e
+  "$py" -m pytest -p no:cacheprovider tests
+  local code=$?
+  set -e
+  [ "$code" = 5 ] && die "pytest collected no tests: that is a failure"
+  return "$code"
+}
+
+case "$ACTION" in
+  deps)  system_deps; select_python >/dev/null ;;
+  build) build "$(select_python)" ;;
+  test)  run_tests "$(select_python)" ;;
+  all)   system_deps; build "$(select_python)" ;;
+esac
