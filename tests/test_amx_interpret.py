@@ -89,3 +89,41 @@ def test_recorded_amx_machine_replays_to_amx_with_every_gate_proven() -> None:
     assert report["backend"]["provisional"] is False
     # the hypervisor reports model 167 (Rocket Lake, which has no AMX): flagged, not believed
     assert any(d["topic"] == "cpu.model" for d in report["disagreements"])
+
+
+def _host_snapshot() -> dict[str, Any]:
+    import json
+
+    document: dict[str, Any] = json.loads((HOST_FIXTURES / "kvm-sapphirerapids-masked.snapshot.json").read_text())
+    return document
+
+
+def test_kernel_lists_amx_but_xcr0_tile_bits_off_is_reported_and_blocks_amx() -> None:
+    from ktforge.doctor import run_checks
+
+    document = _host_snapshot()
+    document["evidence"]["cpu_probe"]["data"]["xcr0"] = 0xE7  # tile state off, AVX-512 on
+    report = build_report(Evidence.from_snapshot(document))
+    assert any(d["topic"] == "os_state.amx" for d in report["disagreements"])
+    assert report["backend"]["recommended"] == "avx512"
+    amx_recipe = next(r for r in report["backend"]["recipes"] if r["name"] == "amx")
+    assert "os_state.amx: XCR0 does not enable amx state" in amx_recipe["why_not"]
+    findings = {f.id: f for f in run_checks(report)}
+    assert findings["amx.xcr0"].status == "error"
+    assert findings["sources.agree"].status == "warn"
+
+
+def test_hypervisor_hiding_avx512_is_a_warning_with_the_fix() -> None:
+    from ktforge.doctor import run_checks
+    from ktforge.evidence import from_text
+
+    from .conftest import CPUINFO_FIXTURES
+
+    text = (CPUINFO_FIXTURES / "linux-rocky8.5-zen4").read_text()
+    flags_line = next(line for line in text.splitlines() if line.startswith("flags"))
+    hidden = " ".join(f for f in flags_line.split() if not f.startswith("avx512")) + " hypervisor"
+    report = build_report(from_text(text.replace(flags_line, hidden)))
+    assert report["backend"]["recommended"] == "avx2"
+    finding = next(f for f in run_checks(report) if f.id == "system.hypervisor")
+    assert finding.status == "warn" and "avx512f" in finding.finding
+    assert any("-cpu host" in command for command in finding.commands)

@@ -64,7 +64,12 @@ def test_json_is_stable_between_runs(live_json: dict[str, Any]) -> None:
     _, out = _doctor("--json")
     again = json.loads(out)
     live_json.pop("_exit", None)
-    assert again["checks"] == live_json["checks"]
+    # available memory moves between two runs; every other finding must be identical
+    volatile = {"system.memory"}
+    assert [(c["id"], c["status"]) for c in again["checks"]] == [(c["id"], c["status"]) for c in live_json["checks"]]
+    assert [c for c in again["checks"] if c["id"] not in volatile] == [
+        c for c in live_json["checks"] if c["id"] not in volatile
+    ]
     assert again["report"]["cpu"] == live_json["report"]["cpu"]
 
 
@@ -135,7 +140,7 @@ def test_snapshot_replays_to_the_same_report(tmp_path: Path) -> None:
     code_replay, out_replay = _doctor("--json", "--from", str(snap))
     live, replay = json.loads(out_live), json.loads(out_replay)
     assert code_live == code_replay
-    assert replay["checks"] == live["checks"]
+    assert replay["checks"] == live["checks"]  # same evidence, same findings (memory included)
     assert replay["report"]["cpu"] == live["report"]["cpu"]
     assert replay["report"]["source"]["origin"] == str(snap)
     saved = json.loads(snap.read_text())

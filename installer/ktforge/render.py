@@ -28,8 +28,10 @@ def _unicode_ok(stream: TextIO) -> bool:
 
 def headline(report: dict[str, Any]) -> str:
     cpu = report["cpu"]
-    uarch = cpu["microarchitecture"]["name"]
-    parts = [cpu["brand"] or cpu["vendor"] or "unknown CPU", f"[{uarch}]"]
+    uarch = cpu["microarchitecture"]
+    closest = uarch.get("closest_newer")
+    label = uarch["name"] + (f"; {closest['name']} but for {', '.join(closest['missing'])}" if closest else "")
+    parts = [cpu["brand"] or cpu["vendor"] or "unknown CPU", f"[{label}]"]
     if cpu["hypervisor"]:
         parts.append(f"under {cpu['hypervisor']}")
     source = report["source"]
