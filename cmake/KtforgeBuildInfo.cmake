@@ -1,22 +1,40 @@
-# Target ISA flags for the native extension.
+# ISA flags of the SIMD backends.
 #
-# KTFORGE_ARCH_FLAGS defaults to -march=native: the extension is built for the
-# machine it is built on. Later recipes pass explicit flags instead; whatever is
-# used is compiled into the extension (see build_info()) so that what it needs
-# can be checked against the CPU that loads it.
-set(KTFORGE_ARCH_FLAGS "-march=native" CACHE STRING "ISA flags for the native kernels")
+# KTFORGE_ARCH_FLAGS (default -march=native) is applied to every SIMD backend on top of
+# the backend's own minimum flags, so a host build uses everything the host has (VNNI,
+# BF16, ...). A backend whose minimum flags the compiler rejects stops the configure
+# step with the fix, rather than being silently dropped.
+set(KTFORGE_ARCH_FLAGS "-march=native" CACHE STRING "ISA flags for the SIMD backends")
+
+set(KTFORGE_FLAGS_avx2 -mavx2 -mfma -mf16c)
+set(KTFORGE_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c)
+set(KTFORGE_DIR_avx2 arch/x86/avx2)
+set(KTFORGE_DIR_avx512 arch/x86/avx512)
 
 include(CheckCXXCompilerFlag)
-function(ktforge_apply_arch_flags target)
-  separate_arguments(_flags UNIX_COMMAND "${KTFORGE_ARCH_FLAGS}")
-  set(CMAKE_REQUIRED_QUIET ON)
-  string(REPLACE ";" " " _joined "${_flags}")
-  check_cxx_compiler_flag("${_joined}" KTFORGE_ARCH_FLAGS_WORK)
-  if(NOT KTFORGE_ARCH_FLAGS_WORK)
-    message(FATAL_ERROR
-      "The compiler ${CMAKE_CXX_COMPILER} (${CMAKE_CXX_COMPILER_VERSION}) rejects "
-      "KTFORGE_ARCH_FLAGS='${KTFORGE_ARCH_FLAGS}'. Run `kt doctor --check toolchain.backend_flags` "
-      "to see which flags this compiler accepts, or install a newer compiler.")
+
+function(ktforge_add_backend name)
+  if(NOT DEFINED KTFORGE_FLAGS_${name})
+    message(FATAL_ERROR "Unknown backend '${name}' in KTFORGE_BACKENDS (known: avx512, avx2).")
   endif()
-  target_compile_options(${target} PRIVATE ${_flags})
+  separate_arguments(_arch UNIX_COMMAND "${KTFORGE_ARCH_FLAGS}")
+  # avx2 stays a true AVX2 build: host flags must not let the compiler emit AVX-512 there
+  if(name STREQUAL "avx2")
+    set(_flags ${KTFORGE_FLAGS_avx2} -mtune=native)
+  else()
+    set(_flags ${_arch} ${KTFORGE_FLAGS_${name}})
+  endif()
+  string(REPLACE ";" " " _joined "${_flags}")
+  set(CMAKE_REQUIRED_QUIET ON)
+  check_cxx_compiler_flag("${_joined}" KTFORGE_FLAGS_OK_${name})
+  if(NOT KTFORGE_FLAGS_OK_${name})
+    message(FATAL_ERROR
+      "The compiler ${CMAKE_CXX_COMPILER} (${CMAKE_CXX_COMPILER_VERSION}) rejects the ${name} flags "
+      "'${_joined}'. Install a newer compiler, or leave ${name} out of KTFORGE_BACKENDS. "
+      "`kt doctor --check toolchain.backend_flags` shows what this compiler accepts.")
+  endif()
+  add_library(ktforge_${name} OBJECT ${CMAKE_CURRENT_SOURCE_DIR}/src/${KTFORGE_DIR_${name}}/kernels.cpp)
+  target_include_directories(ktforge_${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+  target_compile_options(ktforge_${name} PRIVATE ${_flags} -O3 -Wall -Wextra)
+  target_sources(ktforge_core PRIVATE $<TARGET_OBJECTS:ktforge_${name}>)
 endfunction()

@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["MoE", "__version__", "build_info"]
+
+
+def __getattr__(name: str) -> Any:
+    # The kernels load on first use, so `kt doctor` works even when the extension is broken.
+    if name in ("MoE", "build_info"):
+        from ktforge import moe
+
+        return getattr(moe, name)
+    raise AttributeError(f"module 'ktforge' has no attribute {name!r}")

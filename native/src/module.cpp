@@ -1,107 +1,138 @@
-// Python entry point of the native kernels.
+// Python entry point of the native kernels (ktforge._native).
 //
-// For now it only reports what it was compiled for. The feature list comes from
-// the compiler's predefined macros, so it states what the binary may execute,
-// not what the build host happened to have.
+// This file and the runtime are compiled without ISA flags: importing the module is
+// safe on any x86-64 CPU. ISA-specific code lives in arch/*, one translation unit per
+// backend with its own flags, and runs only after select_backend() checked the CPU.
+// Arguments are validated in Python (ktforge.moe) and again here where memory safety
+// depends on them; C++ exceptions become Python ValueError/RuntimeError.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <string>
 #include <vector>
 
+#include "arch/features.hpp"
+#include "kernels/registry.hpp"
+#include "moe/layer.hpp"
+#include "runtime/cpu_features.hpp"
+
 namespace py = pybind11;
+using namespace kt;
 
 namespace {
 
-// Names follow the Linux /proc/cpuinfo flag spelling used everywhere in ktforge.
-std::vector<std::string> compiled_cpu_features() {
-  std::vector<std::string> f;
-#ifdef __SSE4_2__
-  f.emplace_back("sse4_2");
-#endif
-#ifdef __AVX__
-  f.emplace_back("avx");
-#endif
-#ifdef __AVX2__
-  f.emplace_back("avx2");
-#endif
-#ifdef __FMA__
-  f.emplace_back("fma");
-#endif
-#ifdef __F16C__
-  f.emplace_back("f16c");
-#endif
-#ifdef __AVX512F__
-  f.emplace_back("avx512f");
-#endif
-#ifdef __AVX512BW__
-  f.emplace_back("avx512bw");
-#endif
-#ifdef __AVX512VL__
-  f.emplace_back("avx512vl");
-#endif
-#ifdef __AVX512DQ__
-  f.emplace_back("avx512dq");
-#endif
-#ifdef __AVX512CD__
-  f.emplace_back("avx512cd");
-#endif
-#ifdef __AVX512VNNI__
-  f.emplace_back("avx512_vnni");
-#endif
-#ifdef __AVX512VBMI__
-  f.emplace_back("avx512vbmi");
-#endif
-#ifdef __AVX512VBMI2__
-  f.emplace_back("avx512_vbmi2");
-#endif
-#ifdef __AVX512BF16__
-  f.emplace_back("avx512_bf16");
-#endif
-#ifdef __AVX512FP16__
-  f.emplace_back("avx512_fp16");
-#endif
-#ifdef __AVXVNNI__
-  f.emplace_back("avx_vnni");
-#endif
-#ifdef __AMX_TILE__
-  f.emplace_back("amx_tile");
-#endif
-#ifdef __AMX_INT8__
-  f.emplace_back("amx_int8");
-#endif
-#ifdef __AMX_BF16__
-  f.emplace_back("amx_bf16");
-#endif
-#ifdef __AMX_FP16__
-  f.emplace_back("amx_fp16");
-#endif
-  return f;
+DType dtype_of(const py::array& a, const char* what) {
+  if (a.dtype().is(py::dtype::of<float>())) return DType::f32;
+  if (a.dtype().is(py::dtype::of<uint16_t>())) return DType::bf16;  // bfloat16 viewed as uint16
+  throw std::invalid_argument(std::string(what) + " must be float32 or bfloat16 (passed as uint16)");
 }
 
-std::string compiler_id() {
-#if defined(__clang__)
-  return std::string("clang ") + __clang_version__;
-#elif defined(__GNUC__)
-  return std::string("gcc ") + __VERSION__;
-#else
-  return "unknown";
-#endif
+void require(const py::array& a, const std::vector<py::ssize_t>& shape, const char* what) {
+  if (!(a.flags() & py::array::c_style)) throw std::invalid_argument(std::string(what) + " must be C-contiguous");
+  if (a.ndim() != static_cast<py::ssize_t>(shape.size()))
+    throw std::invalid_argument(std::string(what) + " has the wrong number of dimensions");
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (a.shape(i) != shape[i]) throw std::invalid_argument(std::string(what) + " has the wrong shape");
 }
+
+py::dict backend_info(const KernelTable& t) {
+  py::dict d;
+  d["name"] = t.name;
+  d["required_cpu_features"] = t.compiled_features();
+  d["kernels"] = py::dict(py::arg("bf16") = t.describe(Method::bf16), py::arg("int8") = t.describe(Method::int8),
+                          py::arg("int4") = t.describe(Method::int4));
+  d["runs_here"] = missing_features(t.compiled_features()).empty();
+  return d;
+}
+
+class PyMoE {
+ public:
+  PyMoE(int experts, int top_k, int hidden, int intermediate, const std::string& method, int group,
+        const std::string& backend, int threads)
+      : layer_(MoeConfig{experts, top_k, hidden, intermediate, parse_method(method), group}, backend, threads) {}
+
+  void load(const py::array& gate, const py::array& up, const py::array& down) {
+    const auto& c = layer_.config();
+    DType d = dtype_of(gate, "gate");
+    if (dtype_of(up, "up") != d || dtype_of(down, "down") != d)
+      throw std::invalid_argument("gate, up and down must share one dtype");
+    require(gate, {c.experts, c.intermediate, c.hidden}, "gate");
+    require(up, {c.experts, c.intermediate, c.hidden}, "up");
+    require(down, {c.experts, c.hidden, c.intermediate}, "down");
+    py::gil_scoped_release release;
+    layer_.load(gate.data(), up.data(), down.data(), d);
+  }
+
+  void forward(const py::array& x, const py::array& ids, const py::array& weights, py::array& out) {
+    const auto& c = layer_.config();
+    if (x.ndim() != 2) throw std::invalid_argument("x must be 2-D [tokens, hidden_size]");
+    const py::ssize_t T = x.shape(0);
+    require(x, {T, c.hidden}, "x");
+    if (!ids.dtype().is(py::dtype::of<int64_t>())) throw std::invalid_argument("ids must be int64");
+    if (!weights.dtype().is(py::dtype::of<float>())) throw std::invalid_argument("weights must be float32");
+    require(ids, {T, c.top_k}, "ids");
+    require(weights, {T, c.top_k}, "weights");
+    require(out, {T, c.hidden}, "out");
+    if (!out.writeable()) throw std::invalid_argument("out must be writeable");
+    DType xd = dtype_of(x, "x"), od = dtype_of(out, "out");
+    const void* xp = x.data();
+    const auto* idp = static_cast<const int64_t*>(ids.data());
+    const auto* wp = static_cast<const float*>(weights.data());
+    void* op = out.mutable_data();
+    py::gil_scoped_release release;
+    layer_.forward(xp, xd, T, idp, wp, op, od);
+  }
+
+  py::dict info() const {
+    py::dict d = backend_info(layer_.kernels());
+    d["method"] = method_name(layer_.config().method);
+    d["kernel"] = layer_.kernels().describe(layer_.config().method);
+    d["threads"] = layer_.threads();
+    d["packed_bytes"] = layer_.packed_bytes();
+    d["loaded"] = layer_.loaded();
+    return d;
+  }
+
+  std::vector<int64_t> gate_up_task_counts() const { return layer_.gate_up_task_counts(); }
+
+ private:
+  MoeLayer layer_;
+};
 
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "ktforge native kernels";
+  m.doc() = "ktforge native MoE kernels";
   m.def(
       "build_info",
       [] {
         py::dict info;
         info["version"] = KTFORGE_VERSION;
-        info["compiler"] = compiler_id();
+        info["compiler"] =
+#if defined(__clang__)
+            std::string("clang ") + __clang_version__;
+#else
+            std::string("gcc ") + __VERSION__;
+#endif
         info["arch_flags"] = KTFORGE_ARCH_FLAGS;
-        info["required_cpu_features"] = compiled_cpu_features();
+        std::vector<std::string> required;
+        py::list backends;
+        for (const KernelTable* t : compiled_backends()) backends.append(backend_info(*t));
+        // The extension as a whole needs only what its least demanding backend needs;
+        // each backend's own requirement is listed with it.
+        info["required_cpu_features"] = compiled_features();
+        info["backends"] = backends;
         return info;
       },
-      "What this extension was compiled with and the CPU features it requires.");
+      "What this extension was compiled with: version, compiler, flags, and each backend's CPU needs.");
+  m.def("cpu_has", &cpu_has, "Whether the running CPU and OS support a feature (Linux flag name).");
+  py::class_<PyMoE>(m, "MoELayer")
+      .def(py::init<int, int, int, int, const std::string&, int, const std::string&, int>(), py::arg("num_experts"),
+           py::arg("top_k"), py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("method"),
+           py::arg("group_size"), py::arg("backend"), py::arg("threads"))
+      .def("load_weights", &PyMoE::load, py::arg("gate"), py::arg("up"), py::arg("down"))
+      .def("forward", &PyMoE::forward, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("out"))
+      .def("info", &PyMoE::info)
+      .def("gate_up_task_counts", &PyMoE::gate_up_task_counts);
 }

@@ -1,0 +1,171 @@
+"""``ktforge.MoE``: one MoE layer's routed experts on the CPU, with validated inputs.
+
+Arrays are numpy (float32, or bfloat16 from ml_dtypes) or torch CPU tensors. Contiguous
+inputs of a supported dtype are passed to the kernels without a copy; anything else is
+refused with a message rather than silently copied, unless ``copy=True`` is given.
+
+Behaviour at the edges, by design:
+- ``forward`` with T = 0 returns an empty ``[0, H]`` array.
+- Non-finite values (NaN, inf) in the weights given to ``load_weights``, or in ``x`` or the
+  routing weights given to ``forward``, raise ``ValueError``: quantization scales and
+  accumulations would silently turn them into garbage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+METHODS = ("bf16", "int8", "int4")
+BACKENDS = ("auto", "avx512", "avx2", "reference")
+
+
+def _bf16_dtype() -> Any:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _as_numpy(value: Any, name: str) -> np.ndarray[Any, Any]:
+    """numpy view of an array or a torch CPU tensor (bfloat16 kept as bfloat16)."""
+    if isinstance(value, np.ndarray):
+        return value
+    module = type(value).__module__
+    if module.startswith("torch"):
+        if value.device.type != "cpu":
+            raise ValueError(f"{name} is on {value.device}; ktforge computes on the CPU: pass {name}.cpu()")
+        tensor = value.detach()
+        if str(tensor.dtype) == "torch.bfloat16":
+            import torch
+
+            return np.asarray(tensor.view(torch.int16).numpy()).view(_bf16_dtype())
+        return np.asarray(tensor.numpy())
+    raise TypeError(f"{name} must be a numpy array or a torch tensor, not {type(value).__name__}")
+
+
+def _kernel_view(array: np.ndarray[Any, Any], name: str, copy: bool) -> np.ndarray[Any, Any]:
+    """float32 or bfloat16 (as uint16), C-contiguous."""
+    bf16 = _bf16_dtype()
+    if array.dtype not in (np.float32, bf16):
+        if not copy:
+            raise ValueError(f"{name} has dtype {array.dtype}; expected float32 or bfloat16 (or pass copy=True)")
+        array = array.astype(np.float32)
+    if not array.flags.c_contiguous:
+        if not copy:
+            raise ValueError(f"{name} is not C-contiguous; pass a contiguous array (or copy=True)")
+        array = np.ascontiguousarray(array)
+    return array.view(np.uint16) if array.dtype == bf16 else array
+
+
+def _check_finite(array: np.ndarray[Any, Any], name: str) -> None:
+    values = array.view(_bf16_dtype()) if array.dtype == np.uint16 else array
+    if not np.isfinite(values).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+
+
+class MoE:
+    """Routed experts of one MoE layer.
+
+    Args:
+        num_experts, top_k, hidden_size, intermediate_size: the layer's shape (E, k, H, I).
+        method: "bf16", "int8" (per-output-channel weights, per-token activations) or
+            "int4" (group-wise weights, ``group_size`` 32, 64 or 128).
+        backend: "auto" (the best this CPU runs), "avx512", "avx2" or "reference".
+        threads: worker threads (default: the CPUs this process may use).
+    """
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
+                 method: str = "bf16", backend: str = "auto", threads: int | None = None,
+                 group_size: int = 128) -> None:
+        from ktforge import _native
+
+        for label, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
+                             ("intermediate_size", intermediate_size)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{label} must be a positive integer, got {value!r}")
+        if top_k > num_experts:
+            raise ValueError(f"top_k ({top_k}) cannot exceed num_experts ({num_experts})")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if method == "int4" and group_size not in (32, 64, 128):
+            raise ValueError(f"group_size must be 32, 64 or 128, got {group_size!r}")
+        if threads is not None and (not isinstance(threads, int) or threads <= 0):
+            raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        self.num_experts, self.top_k = int(num_experts), int(top_k)
+        self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
+        self.method = method
+        self._layer = _native.MoELayer(self.num_experts, self.top_k, self.hidden_size, self.intermediate_size,
+                                       method, group_size, backend, threads or 0)
+        self._loaded = False
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Which backend, kernel and ISA run, threads, packed weight bytes."""
+        return dict(self._layer.info())
+
+    def load_weights(self, gate: Any, up: Any, down: Any, *, copy: bool = False) -> None:
+        """gate, up: [E, I, H]; down: [E, H, I]; float32 or bfloat16, all the same dtype."""
+        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
+        arrays = {}
+        for name, value, shape in (("gate", gate, (E, I, H)), ("up", up, (E, I, H)), ("down", down, (E, H, I))):
+            array = _as_numpy(value, name)
+            if array.shape != shape:
+                raise ValueError(f"{name} has shape {tuple(array.shape)}; expected {shape} (E, {'I, H' if name != 'down' else 'H, I'})")
+            arrays[name] = _kernel_view(array, name, copy)
+        if len({a.dtype for a in arrays.values()}) != 1:
+            raise ValueError("gate, up and down must have the same dtype")
+        for name, array in arrays.items():
+            _check_finite(array, name)
+        self._layer.load_weights(arrays["gate"], arrays["up"], arrays["down"])
+        self._loaded = True
+
+    def forward(self, x: Any, ids: Any, weights: Any, *, copy: bool = False) -> Any:
+        """x: [T, H]; ids: [T, k] integer expert ids in [0, E); weights: [T, k].
+
+        Returns [T, H] in x's dtype (float32 or bfloat16), as a torch tensor if x was one.
+        """
+        if not self._loaded:
+            raise RuntimeError("forward() called before load_weights()")
+        is_torch = type(x).__module__.startswith("torch")
+        x_np = _as_numpy(x, "x")
+        if x_np.ndim != 2 or x_np.shape[1] != self.hidden_size:
+            raise ValueError(f"x has shape {tuple(x_np.shape)}; expected (T, {self.hidden_size})")
+        T = x_np.shape[0]
+        ids_np = _as_numpy(ids, "ids")
+        weights_np = _as_numpy(weights, "weights")
+        for name, array in (("ids", ids_np), ("weights", weights_np)):
+            if array.shape != (T, self.top_k):
+                raise ValueError(f"{name} has shape {tuple(array.shape)}; expected ({T}, {self.top_k})")
+        if not np.issubdtype(ids_np.dtype, np.integer):
+            raise ValueError(f"ids must be integers, got {ids_np.dtype}")
+        x_kernel = _kernel_view(x_np, "x", copy)
+        out_dtype = x_np.dtype if x_np.dtype == _bf16_dtype() else np.dtype(np.float32)
+        out = np.empty((T, self.hidden_size), dtype=out_dtype)
+        if T > 0:
+            if ids_np.min() < 0 or ids_np.max() >= self.num_experts:
+                bad = ids_np[(ids_np < 0) | (ids_np >= self.num_experts)][0]
+                raise ValueError(f"expert id {bad} is outside [0, {self.num_experts})")
+            _check_finite(x_kernel, "x")
+            ids64 = np.ascontiguousarray(ids_np, dtype=np.int64)
+            w32 = np.ascontiguousarray(weights_np, dtype=np.float32)
+            _check_finite(w32, "weights")
+            self._layer.forward(x_kernel, ids64, w32, out.view(np.uint16) if out.dtype == _bf16_dtype() else out)
+        if is_torch:
+            import torch
+
+            if out.dtype == _bf16_dtype():
+                return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+            return torch.from_numpy(out)
+        return out
+
+    __call__ = forward
+
+
+def build_info() -> dict[str, Any]:
+    """What the installed extension was built with (compiler, flags, backends and their CPU needs)."""
+    from ktforge import _native
+
+    return dict(_native.build_info())

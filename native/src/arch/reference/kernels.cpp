@@ -1,0 +1,87 @@
+// Reference kernels: plain C++ over the packed layouts, the definition the others are
+// tested against. Compiled without ISA flags.
+#include <cstdint>
+
+#include "arch/features.hpp"
+#include "kernels/registry.hpp"
+#include "kernels/scalar.hpp"
+
+namespace kt {
+namespace {
+
+void gemm_bf16(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const int kp2 = w.Kp / 2;
+  for (int i = 0; i < a.m; ++i) {
+    const uint16_t* x = a.act->bf16.data() + static_cast<int64_t>(a.rows[i]) * a.act->Kp;
+    for (int n = a.n0; n < a.n1; ++n) {
+      const uint16_t* panel = reinterpret_cast<const uint16_t*>(w.block(n / 16)) + (n % 16) * 2;
+      float acc = 0.f;
+      // Same order as vdpbf16ps: the odd element of each pair first.
+      for (int p = 0; p < kp2; ++p) {
+        acc += bf16_to_f32(x[2 * p + 1]) * bf16_to_f32(panel[p * 32 + 1]);
+        acc += bf16_to_f32(x[2 * p]) * bf16_to_f32(panel[p * 32]);
+      }
+      a.out[i * a.ld_out + (n - a.n0)] = acc;
+    }
+  }
+}
+
+void gemm_int8(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const int kp4 = w.Kp / 4;
+  for (int i = 0; i < a.m; ++i) {
+    const int64_t r = a.rows[i];
+    const int8_t* x = a.act->q.data() + r * a.act->Kp;
+    for (int n = a.n0; n < a.n1; ++n) {
+      const int8_t* panel = reinterpret_cast<const int8_t*>(w.block(n / 16)) + (n % 16) * 4;
+      int32_t acc = 0;
+      for (int p = 0; p < kp4; ++p)
+        for (int b = 0; b < 4; ++b) acc += static_cast<int32_t>(x[4 * p + b]) * panel[p * 64 + b];
+      a.out[i * a.ld_out + (n - a.n0)] = static_cast<float>(acc) * a.act->scale[r] * w.scale[n];
+    }
+  }
+}
+
+void gemm_int4(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const int G = w.groups(), group = w.group;
+  for (int i = 0; i < a.m; ++i) {
+    const int64_t r = a.rows[i];
+    const int8_t* x = a.act->q.data() + r * a.act->Kp;
+    for (int n = a.n0; n < a.n1; ++n) {
+      const uint8_t* panel = w.block(n / 16) + (n % 16) * 4;
+      float acc = 0.f;
+      for (int g = 0; g < G; ++g) {
+        int32_t s = 0;
+        for (int k = g * group; k < (g + 1) * group; ++k) {
+          uint8_t byte = panel[(k / 8) * 64 + k % 4];
+          int q = ((k % 8) >= 4 ? byte >> 4 : byte & 0x0F) - 8;
+          s += q * x[k];
+        }
+        acc += static_cast<float>(s) * w.scale[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16];
+      }
+      a.out[i * a.ld_out + (n - a.n0)] = acc * a.act->scale[r];
+    }
+  }
+}
+
+void gemm(const GemmArgs& a) {
+  switch (a.w->method) {
+    case Method::bf16: return gemm_bf16(a);
+    case Method::int8: return gemm_int8(a);
+    case Method::int4: return gemm_int4(a);
+  }
+}
+
+std::string describe(Method m) {
+  return m == Method::bf16 ? "scalar fp32 dot of bf16" : m == Method::int8 ? "scalar int32 dot" : "scalar int32 dot per group";
+}
+
+std::vector<std::string> features() { return compiled_features(); }
+
+}  // namespace
+
+const KernelTable reference_kernels = {"reference", features, describe, gemm};
+
+}  // namespace kt

@@ -1,0 +1,172 @@
+// AVX2/FMA kernels: the portable path for any x86-64 CPU from Haswell / Zen 1 on.
+//
+// bf16 is widened to fp32 (exact, in vdpbf16ps order); int8 uses vpmaddubsw with the
+// sign moved onto the weights (|x| * sign(w, x)), so with |x|, |w| <= 127 a pair sum
+// stays below 32767 and never saturates; int4 nibbles (0..15) are the unsigned operand,
+// whose pair sums (<= 2 * 15 * 127) cannot saturate either.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "arch/common/dispatch.hpp"
+#include "arch/features.hpp"
+#include "kernels/registry.hpp"
+
+namespace kt {
+namespace {
+
+constexpr int kRows = 4;  // 16 ymm registers: 4 rows x 2 halves of 16 columns + operands
+
+template <int M, int NB>
+struct Bf16Tile {
+  static void run(const uint16_t* const* x, const uint16_t* panel, int kp2, float* out, int64_t ld) {
+    __m256 acc[M][2];
+    for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+    for (int p = 0; p < kp2; ++p) {
+      __m256 b_odd[2], b_even[2];
+      for (int h = 0; h < 2; ++h) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 32 + h * 16));
+        b_odd[h] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        b_even[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      }
+      for (int i = 0; i < M; ++i) {
+        uint32_t pair = *reinterpret_cast<const uint32_t*>(x[i] + 2 * p);
+        __m256 a_odd = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(pair & 0xFFFF0000u)));
+        __m256 a_even = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(pair << 16)));
+        for (int h = 0; h < 2; ++h) {
+          acc[i][h] = _mm256_fmadd_ps(a_odd, b_odd[h], acc[i][h]);
+          acc[i][h] = _mm256_fmadd_ps(a_even, b_even[h], acc[i][h]);
+        }
+      }
+    }
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * ld + h * 8, acc[i][h]);
+  }
+};
+
+template <int M, int NB>
+struct Int8Tile {
+  static void run(const int8_t* const* x, const float* xs, const int8_t* panel, const float* ws, int kp4, float* out,
+                  int64_t ld) {
+    __m256i acc[M][2];
+    for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int p = 0; p < kp4; ++p) {
+      __m256i b[2];
+      for (int h = 0; h < 2; ++h) b[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
+      for (int i = 0; i < M; ++i) {
+        __m256i a = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
+        __m256i a_abs = _mm256_abs_epi8(a);
+        for (int h = 0; h < 2; ++h) {
+          __m256i pairs = _mm256_maddubs_epi16(a_abs, _mm256_sign_epi8(b[h], a));
+          acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h) {
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + h * 8), _mm256_set1_ps(xs[i]));
+        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i][h]), s));
+      }
+  }
+};
+
+template <int M, int NB>
+struct Int4Tile {
+  static void run(const int8_t* const* x, const int32_t* const* gsum, const float* xs, const uint8_t* panel,
+                  const float* g_scale, int groups, int group, float* out, int64_t ld) {
+    __m256 accf[M][2];
+    for (int i = 0; i < M; ++i) accf[i][0] = accf[i][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int steps = group / 8;
+    for (int g = 0; g < groups; ++g) {
+      __m256i acc[M][2];
+      for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+      for (int s = 0; s < steps; ++s) {
+        const int p = g * steps + s;
+        __m256i lo[2], hi[2];
+        for (int h = 0; h < 2; ++h) {
+          __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
+          lo[h] = _mm256_and_si256(v, low);
+          hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+        for (int i = 0; i < M; ++i) {
+          __m256i a_lo = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
+          __m256i a_hi = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
+          for (int h = 0; h < 2; ++h) {
+            __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], a_lo), _mm256_maddubs_epi16(hi[h], a_hi));
+            acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(t, ones));
+          }
+        }
+      }
+      for (int i = 0; i < M; ++i) {
+        __m256i offset = _mm256_set1_epi32(8 * gsum[i][g]);
+        for (int h = 0; h < 2; ++h) {
+          __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][h], offset));
+          accf[i][h] = _mm256_fmadd_ps(v, _mm256_loadu_ps(g_scale + g * 16 + h * 8), accf[i][h]);
+        }
+      }
+    }
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(accf[i][h], _mm256_set1_ps(xs[i])));
+  }
+};
+
+void gemm(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const Activations& act = *a.act;
+  const int G = w.groups();
+  for (int blk = a.n0 / 16; blk < a.n1 / 16; ++blk) {
+    for (int i0 = 0; i0 < a.m; i0 += kRows) {
+      const int m = std::min(kRows, a.m - i0);
+      float* out = a.out + i0 * a.ld_out + (blk * 16 - a.n0);
+      float xs[kRows];
+      const int32_t* sums[kRows];
+      const void* rows[kRows];
+      for (int i = 0; i < m; ++i) {
+        int64_t r = a.rows[i0 + i];
+        if (w.method == Method::bf16) {
+          rows[i] = act.bf16.data() + r * act.Kp;
+        } else {
+          rows[i] = act.q.data() + r * act.Kp;
+          xs[i] = act.scale[r];
+          if (w.method == Method::int4) sums[i] = act.gsum.data() + r * G;
+        }
+      }
+      switch (w.method) {
+        case Method::bf16:
+          dispatch<kRows, 1, Bf16Tile>(m, 1, reinterpret_cast<const uint16_t* const*>(rows),
+                                       reinterpret_cast<const uint16_t*>(w.block(blk)), w.Kp / 2, out, a.ld_out);
+          break;
+        case Method::int8:
+          dispatch<kRows, 1, Int8Tile>(m, 1, reinterpret_cast<const int8_t* const*>(rows),
+                                       static_cast<const float*>(xs), reinterpret_cast<const int8_t*>(w.block(blk)),
+                                       w.scale.data() + blk * 16, w.Kp / 4, out, a.ld_out);
+          break;
+        case Method::int4:
+          dispatch<kRows, 1, Int4Tile>(m, 1, reinterpret_cast<const int8_t* const*>(rows),
+                                       static_cast<const int32_t* const*>(sums), static_cast<const float*>(xs),
+                                       w.block(blk), w.scale.data() + static_cast<int64_t>(blk) * G * 16, G, w.group,
+                                       out, a.ld_out);
+          break;
+      }
+    }
+  }
+}
+
+std::string describe(Method m) {
+  return m == Method::bf16 ? "avx2 fp32 fma (exact vdpbf16ps emulation)"
+         : m == Method::int8 ? "avx2 maddubs, sign on the weights"
+                             : "avx2 maddubs on unpacked nibbles";
+}
+
+std::vector<std::string> features() { return compiled_features(); }
+
+}  // namespace
+
+const KernelTable avx2_kernels = {"avx2", features, describe, gemm};
+
+}  // namespace kt

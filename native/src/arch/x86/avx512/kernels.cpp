@@ -1,0 +1,278 @@
+// AVX-512 kernels (F/BW/VL/DQ), with vdpbf16ps and vpdpbusd where compiled in.
+//
+// Register blocking: M token rows x NB blocks of 16 output columns accumulate in zmm
+// registers over the whole K panel. The panels of the NB blocks (NB x K x 64 bytes at
+// most 256 KiB for K = 2048 bf16) stay in L2 while successive M-row chunks reuse them,
+// so weights come from memory once per task: the decode case (a few rows) streams them
+// at memory bandwidth, prefill reuses each loaded line across M rows.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "arch/common/dispatch.hpp"
+#include "arch/features.hpp"
+#include "kernels/registry.hpp"
+
+namespace kt {
+namespace {
+
+// ---- bf16 -------------------------------------------------------------------------------
+
+#ifdef __AVX512BF16__
+constexpr int kBf16Rows = 6, kBf16Blocks = 4;
+#else
+constexpr int kBf16Rows = 4, kBf16Blocks = 4;  // even/odd halves of B need registers too
+#endif
+
+template <int M, int NB>
+void bf16_tile(const uint16_t* const* x, const uint16_t* const* panel, int kp2, float* out, int64_t ld) {
+  __m512 acc[M][NB];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int p = 0; p < kp2; ++p) {
+#ifdef __AVX512BF16__
+    __m512bh b[NB];
+    for (int j = 0; j < NB; ++j) b[j] = (__m512bh)_mm512_loadu_si512(panel[j] + p * 32);
+    for (int i = 0; i < M; ++i) {
+      __m512bh a = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 2 * p));
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+    }
+#else
+    // Exact emulation of vdpbf16ps: the odd element's product first, then the even one.
+    __m512 b_odd[NB], b_even[NB];
+    const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+    for (int j = 0; j < NB; ++j) {
+      __m512i v = _mm512_loadu_si512(panel[j] + p * 32);
+      b_odd[j] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+      b_even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+    for (int i = 0; i < M; ++i) {
+      uint32_t pair = *reinterpret_cast<const uint32_t*>(x[i] + 2 * p);
+      __m512 a_odd = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int32_t>(pair & 0xFFFF0000u)));
+      __m512 a_even = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int32_t>(pair << 16)));
+      for (int j = 0; j < NB; ++j) {
+        acc[i][j] = _mm512_fmadd_ps(a_odd, b_odd[j], acc[i][j]);
+        acc[i][j] = _mm512_fmadd_ps(a_even, b_even[j], acc[i][j]);
+      }
+    }
+#endif
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(out + i * ld + j * 16, acc[i][j]);
+}
+
+// ---- int8 -------------------------------------------------------------------------------
+
+constexpr int kInt8Rows = 6, kInt8Blocks = 4;
+
+#ifdef __AVX512VNNI__
+template <int M, int NB>
+void int8_tile(const uint8_t* const* x, const float* x_scale, const int8_t* const* panel, const float* w_scale,
+               const int32_t* colsum, int kp4, float* out, int64_t ld) {
+  __m512i acc[M][NB];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_si512();
+  for (int p = 0; p < kp4; ++p) {
+    __m512i b[NB];
+    for (int j = 0; j < NB; ++j) b[j] = _mm512_loadu_si512(panel[j] + p * 64);
+    for (int i = 0; i < M; ++i) {
+      __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], a, b[j]);
+    }
+  }
+  // activations were offset by +128 to be unsigned: remove 128 * sum_k w
+  for (int j = 0; j < NB; ++j) {
+    __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(colsum + j * 16), 7);
+    __m512 ws = _mm512_loadu_ps(w_scale + j * 16);
+    for (int i = 0; i < M; ++i) {
+      __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
+      _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(v, _mm512_mul_ps(ws, _mm512_set1_ps(x_scale[i]))));
+    }
+  }
+}
+
+// ---- int4 -------------------------------------------------------------------------------
+
+constexpr int kInt4Rows = 6, kInt4Blocks = 2;
+
+// Weights are unsigned nibbles w+8 (the u8 operand), activations signed: the sum over a
+// group carries 8 * sum_k x, removed per group before scaling.
+template <int M, int NB>
+void int4_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale, const uint8_t* const* panel,
+               const float* const* g_scale, int groups, int group, float* out, int64_t ld) {
+  __m512 accf[M][NB];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int steps = group / 8;
+  for (int g = 0; g < groups; ++g) {
+    __m512i acc[M][NB];
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_si512();
+    for (int s = 0; s < steps; ++s) {
+      const int p = g * steps + s;
+      __m512i lo[NB], hi[NB];
+      for (int j = 0; j < NB; ++j) {
+        __m512i v = _mm512_loadu_si512(panel[j] + p * 64);
+        lo[j] = _mm512_and_si512(v, low);
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+      for (int i = 0; i < M; ++i) {
+        __m512i a_lo = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
+        __m512i a_hi = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
+        for (int j = 0; j < NB; ++j) {
+          acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[j], a_lo);
+          acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[j], a_hi);
+        }
+      }
+    }
+    for (int i = 0; i < M; ++i) {
+      __m512i offset = _mm512_set1_epi32(8 * gsum[i][g]);
+      for (int j = 0; j < NB; ++j) {
+        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
+        accf[i][j] = _mm512_fmadd_ps(v, _mm512_loadu_ps(g_scale[j] + g * 16), accf[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j)
+      _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(accf[i][j], _mm512_set1_ps(x_scale[i])));
+}
+#endif
+
+// ---- drivers ----------------------------------------------------------------------------
+
+template <int M, int NB>
+struct Bf16Tile {
+  template <typename... A>
+  static void run(A... a) { bf16_tile<M, NB>(a...); }
+};
+
+void gemm_bf16(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const int kp2 = w.Kp / 2;
+  for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kBf16Blocks) {
+    const int nb = std::min(kBf16Blocks, a.n1 / 16 - b0);
+    const uint16_t* panel[kBf16Blocks];
+    for (int j = 0; j < nb; ++j) panel[j] = reinterpret_cast<const uint16_t*>(w.block(b0 + j));
+    for (int i0 = 0; i0 < a.m; i0 += kBf16Rows) {
+      const int m = std::min(kBf16Rows, a.m - i0);
+      const uint16_t* x[kBf16Rows];
+      for (int i = 0; i < m; ++i) x[i] = a.act->bf16.data() + static_cast<int64_t>(a.rows[i0 + i]) * a.act->Kp;
+      float* out = a.out + i0 * a.ld_out + (b0 * 16 - a.n0);
+      dispatch<kBf16Rows, kBf16Blocks, Bf16Tile>(m, nb, static_cast<const uint16_t* const*>(x),
+                                                 static_cast<const uint16_t* const*>(panel), kp2, out, a.ld_out);
+    }
+  }
+}
+
+#ifdef __AVX512VNNI__
+template <int M, int NB>
+struct Int8Tile {
+  template <typename... A>
+  static void run(A... a) { int8_tile<M, NB>(a...); }
+};
+
+void gemm_int8(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kInt8Blocks) {
+    const int nb = std::min(kInt8Blocks, a.n1 / 16 - b0);
+    const int8_t* panel[kInt8Blocks];
+    for (int j = 0; j < nb; ++j) panel[j] = reinterpret_cast<const int8_t*>(w.block(b0 + j));
+    for (int i0 = 0; i0 < a.m; i0 += kInt8Rows) {
+      const int m = std::min(kInt8Rows, a.m - i0);
+      const uint8_t* x[kInt8Rows];
+      float xs[kInt8Rows];
+      for (int i = 0; i < m; ++i) {
+        int64_t r = a.rows[i0 + i];
+        x[i] = a.act->q_u8.data() + r * a.act->Kp;
+        xs[i] = a.act->scale[r];
+      }
+      float* out = a.out + i0 * a.ld_out + (b0 * 16 - a.n0);
+      dispatch<kInt8Rows, kInt8Blocks, Int8Tile>(m, nb, static_cast<const uint8_t* const*>(x),
+                                                 static_cast<const float*>(xs), static_cast<const int8_t* const*>(panel),
+                                                 w.scale.data() + b0 * 16, w.colsum.data() + b0 * 16, w.Kp / 4, out,
+                                                 a.ld_out);
+    }
+  }
+}
+
+template <int M, int NB>
+struct Int4Tile {
+  template <typename... A>
+  static void run(A... a) { int4_tile<M, NB>(a...); }
+};
+
+void gemm_int4(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const int G = w.groups();
+  for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kInt4Blocks) {
+    const int nb = std::min(kInt4Blocks, a.n1 / 16 - b0);
+    const uint8_t* panel[kInt4Blocks];
+    const float* gs[kInt4Blocks];
+    for (int j = 0; j < nb; ++j) {
+      panel[j] = w.block(b0 + j);
+      gs[j] = w.scale.data() + static_cast<int64_t>(b0 + j) * G * 16;
+    }
+    for (int i0 = 0; i0 < a.m; i0 += kInt4Rows) {
+      const int m = std::min(kInt4Rows, a.m - i0);
+      const int8_t* x[kInt4Rows];
+      const int32_t* sums[kInt4Rows];
+      float xs[kInt4Rows];
+      for (int i = 0; i < m; ++i) {
+        int64_t r = a.rows[i0 + i];
+        x[i] = a.act->q.data() + r * a.act->Kp;
+        sums[i] = a.act->gsum.data() + r * G;
+        xs[i] = a.act->scale[r];
+      }
+      float* out = a.out + i0 * a.ld_out + (b0 * 16 - a.n0);
+      dispatch<kInt4Rows, kInt4Blocks, Int4Tile>(
+          m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
+          static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel), static_cast<const float* const*>(gs),
+          G, w.group, out, a.ld_out);
+    }
+  }
+}
+#endif
+
+void gemm(const GemmArgs& a) {
+  switch (a.w->method) {
+    case Method::bf16: return gemm_bf16(a);
+#ifdef __AVX512VNNI__
+    case Method::int8: return gemm_int8(a);
+    case Method::int4: return gemm_int4(a);
+#else
+    // AVX-512 without VNNI (Skylake-SP): the AVX2 maddubs kernels are exact and close in speed.
+#ifdef KTFORGE_HAVE_AVX2
+    default: return avx2_kernels.gemm(a);
+#else
+    default: return reference_kernels.gemm(a);
+#endif
+#endif
+  }
+}
+
+std::string describe(Method m) {
+#ifdef __AVX512BF16__
+  const char* bf16 = "avx512 vdpbf16ps";
+#else
+  const char* bf16 = "avx512 fp32 fma (exact vdpbf16ps emulation)";
+#endif
+#ifdef __AVX512VNNI__
+  const char* int8 = "avx512 vpdpbusd";
+  const char* int4 = "avx512 vpdpbusd on unpacked nibbles";
+#else
+  const char* int8 = "avx2 maddubs (no VNNI)";
+  const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
+#endif
+  return m == Method::bf16 ? bf16 : m == Method::int8 ? int8 : int4;
+}
+
+std::vector<std::string> features() { return compiled_features(); }
+
+}  // namespace
+
+const KernelTable avx512_kernels = {"avx512", features, describe, gemm};
+
+}  // namespace kt

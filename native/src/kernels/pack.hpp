@@ -1,0 +1,23 @@
+// Packing weights and converting activations into the layouts of kernels/types.hpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/types.hpp"
+#include "runtime/thread_pool.hpp"
+
+namespace kt {
+
+enum class DType { f32, bf16 };
+
+// Packs a weight matrix given as one pointer per output row (K values of dtype each;
+// nullptr: a zero row). Rows can come from different tensors: gate and up are packed
+// as one matrix whose 16-column blocks alternate gate, up, gate, up, ...
+void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K);
+
+// Converts rows of x (row-major, ld elements apart) for a method.
+void prepare_activations(Activations& act, Method method, int group, int Kp, const void* x, DType dtype,
+                         int64_t rows, int K, int64_t ld, ThreadPool* pool);
+
+}  // namespace kt

@@ -1,0 +1,36 @@
+// Scalar conversions and quantization rules: the single definition every backend and
+// the packing code follow.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace kt {
+
+inline float bf16_to_f32(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round to nearest even, as hardware conversions do; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// Symmetric quantization: q = round(x / scale) with scale = max|x| / qmax.
+inline float symmetric_scale(float max_abs, int qmax) { return max_abs > 0.f ? max_abs / qmax : 1.f; }
+inline int quantize(float x, float inv_scale, int qmax) {
+  int q = static_cast<int>(std::nearbyint(x * inv_scale));
+  return q > qmax ? qmax : q < -qmax ? -qmax : q;
+}
+
+inline float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+}  // namespace kt

@@ -1,0 +1,80 @@
+// Data layouts shared by every backend. All backends read the same packed weights, so
+// they can be compared on identical data and switched at run time.
+//
+// A weight matrix W[N][K] (N outputs, K inputs; Hugging Face layout) is packed in
+// blocks of 16 output columns, each block a contiguous K-long panel in the order the
+// kernels read it:
+//   bf16: [N/16][K/2][16][2]  bf16        one 64-byte line = 16 columns x 2 k
+//   int8: [N/16][K/4][16][4]  int8        one 64-byte line = 16 columns x 4 k
+//   int4: [N/16][K/8][16][4]  nibbles     byte (col, b): low = k 8q+b, high = k 8q+4+b,
+//                                         stored as w+8 in [0, 15]
+// N is padded to a multiple of 16 and K to the method's step (2, 4, or the int4 group
+// size) with zeros, so kernels have no tails.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/aligned.hpp"
+
+namespace kt {
+
+enum class Method { bf16, int8, int4 };
+
+inline int k_step(Method m, int group) { return m == Method::bf16 ? 2 : m == Method::int8 ? 4 : group; }
+inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+struct PackedMatrix {
+  Method method = Method::bf16;
+  int group = 0;  // int4 group size
+  int N = 0, K = 0, Np = 0, Kp = 0;
+  aligned_vector<uint8_t> data;
+  // int8: scale[n]; int4: scale[block][group][16] (16 consecutive columns per group).
+  aligned_vector<float> scale;
+  // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
+  aligned_vector<int32_t> colsum;
+
+  int blocks() const { return Np / 16; }
+  int groups() const { return group ? Kp / group : 0; }
+  std::size_t block_bytes() const {
+    return method == Method::bf16 ? static_cast<std::size_t>(Kp) * 32
+           : method == Method::int8 ? static_cast<std::size_t>(Kp) * 16
+                                    : static_cast<std::size_t>(Kp) * 8;
+  }
+  const uint8_t* block(int b) const { return data.data() + b * block_bytes(); }
+};
+
+// Activation rows converted for a method: bf16 values, or int8 with a per-row scale.
+struct Activations {
+  Method method = Method::bf16;
+  int group = 0;
+  int64_t rows = 0;
+  int Kp = 0;
+  aligned_vector<uint16_t> bf16;  // [rows][Kp]
+  aligned_vector<int8_t> q;       // [rows][Kp], values in [-127, 127]
+  aligned_vector<uint8_t> q_u8;   // [rows][Kp], q + 128 (for u8 x s8 dot products)
+  aligned_vector<float> scale;    // [rows]: x ~= q * scale
+  aligned_vector<int32_t> gsum;   // int4: [rows][Kp/group] sums of q per group
+};
+
+// out[i][c] = sum_k act[rows[i]][k] * W[n0 + c][k], dequantized to float,
+// for i < m and c < n1 - n0 (n0, n1 multiples of 16).
+struct GemmArgs {
+  const Activations* act;
+  const int32_t* rows;
+  int m;
+  const PackedMatrix* w;
+  int n0, n1;
+  float* out;
+  int64_t ld_out;
+};
+
+struct KernelTable {
+  const char* name;
+  std::vector<std::string> (*compiled_features)();
+  std::string (*describe)(Method);
+  void (*gemm)(const GemmArgs&);
+};
+
+}  // namespace kt

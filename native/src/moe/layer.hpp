@@ -1,0 +1,62 @@
+// One MoE layer's routed experts on the CPU:
+//   y[t] = sum_j w[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]),  e = ids[t, j]
+// with Hugging Face layouts gate, up: [E, I, H], down: [E, H, I].
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/pack.hpp"
+#include "kernels/types.hpp"
+#include "runtime/thread_pool.hpp"
+
+namespace kt {
+
+struct MoeConfig {
+  int experts = 0, top_k = 0, hidden = 0, intermediate = 0;
+  Method method = Method::bf16;
+  int group = 128;
+};
+
+class MoeLayer {
+ public:
+  MoeLayer(const MoeConfig& config, const std::string& backend, int threads);
+
+  // gate, up: [E, I, H]; down: [E, H, I]; row-major, dtype f32 or bf16.
+  void load(const void* gate, const void* up, const void* down, DType dtype);
+  bool loaded() const { return loaded_; }
+
+  // x: [T, H]; ids: [T, k] in [0, E); weights: [T, k]; y: [T, H].
+  void forward(const void* x, DType x_dtype, int64_t tokens, const int64_t* ids, const float* weights, void* y,
+               DType y_dtype);
+
+  const MoeConfig& config() const { return config_; }
+  const KernelTable& kernels() const { return *kernels_; }
+  int threads() const { return pool_.size(); }
+  std::size_t packed_bytes() const;
+  // Tasks each thread ran in the gate/up phase of the last forward() (balance under skew).
+  std::vector<int64_t> gate_up_task_counts() const { return gate_up_task_counts_; }
+
+ private:
+  void run_gate_up(const std::vector<int64_t>& offsets, const std::vector<int32_t>& token_of_pos);
+  void run_down(const std::vector<int64_t>& offsets);
+
+  MoeConfig config_;
+  const KernelTable* kernels_;
+  ThreadPool pool_;
+  int inter_padded_;  // I rounded up to 16
+  std::vector<PackedMatrix> gate_up_, down_;
+  bool loaded_ = false;
+  // forward() scratch, kept between calls
+  Activations act_x_, act_a_;
+  aligned_vector<float> a_buf_, slot_out_;
+  std::vector<aligned_vector<float>> thread_scratch_;
+  std::vector<int64_t> gate_up_task_counts_;
+};
+
+Method parse_method(const std::string& name);
+const char* method_name(Method m);
+
+}  // namespace kt

@@ -1,0 +1,96 @@
+#include "runtime/thread_pool.hpp"
+
+#include <sched.h>
+
+namespace kt {
+
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw ? static_cast<int>(hw) : 1;
+}
+
+ThreadPool::ThreadPool(int threads) {
+  if (threads < 1) threads = 1;
+  counts_.assign(threads, 0);
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_tasks(int index) {
+  const auto& fn = *job_;
+  int64_t ran = 0;
+  for (;;) {
+    int64_t task = next_.fetch_add(1, std::memory_order_relaxed);
+    if (task >= job_size_) break;
+    try {
+      fn(task, index);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      next_.store(job_size_, std::memory_order_relaxed);  // stop handing out work
+    }
+    ++ran;
+  }
+  counts_[index] = ran;
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    run_tasks(index);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn) {
+  if (n <= 0) return;
+  std::fill(counts_.begin(), counts_.end(), 0);
+  error_ = nullptr;
+  if (workers_.empty() || n == 1) {
+    job_ = &fn;
+    job_size_ = n;
+    next_.store(0);
+    run_tasks(0);
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &fn;
+      job_size_ = n;
+      next_.store(0);
+      pending_ = static_cast<int>(workers_.size());
+      ++generation_;
+    }
+    wake_.notify_all();
+    run_tasks(0);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+  }
+  last_counts_ = counts_;
+  job_ = nullptr;
+  if (error_) std::rethrow_exception(error_);
+}
+
+}  // namespace kt

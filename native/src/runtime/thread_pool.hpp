@@ -1,0 +1,54 @@
+// A small thread pool for the MoE layer: parallel_for over task indices with dynamic
+// balancing (an atomic counter), the calling thread working too. One pool per layer
+// owns its threads; nothing else in ktforge spawns threads, so there is no
+// oversubscription unless the caller asks for more threads than CPUs.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kt {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs fn(task, thread_index) for task in [0, n); returns when all are done.
+  // The first exception thrown by a task is rethrown here.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn);
+
+  // Tasks each thread ran in the last parallel_for (for tests of balancing).
+  std::vector<int64_t> last_task_counts() const { return last_counts_; }
+
+ private:
+  void worker_loop(int index);
+  void run_tasks(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int64_t, int)>* job_ = nullptr;
+  int64_t job_size_ = 0;
+  std::atomic<int64_t> next_{0};
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::vector<int64_t> counts_, last_counts_;
+};
+
+// CPUs this process may run on (sched_getaffinity), at least 1.
+int available_cpus();
+
+}  // namespace kt
