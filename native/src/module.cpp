@@ -95,6 +95,7 @@ class PyMoE {
   }
 
   std::vector<int64_t> gate_up_task_counts() const { return layer_.gate_up_task_counts(); }
+  std::map<std::string, double> last_profile() const { return layer_.last_profile(); }
 
  private:
   MoeLayer layer_;
@@ -134,5 +135,6 @@ PYBIND11_MODULE(_native, m) {
       .def("load_weights", &PyMoE::load, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("forward", &PyMoE::forward, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("out"))
       .def("info", &PyMoE::info)
-      .def("gate_up_task_counts", &PyMoE::gate_up_task_counts);
+      .def("gate_up_task_counts", &PyMoE::gate_up_task_counts)
+      .def("last_profile", &PyMoE::last_profile);
 }

@@ -1,6 +1,8 @@
 #include "kernels/pack.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <string>
 #include <cmath>
 #include <stdexcept>
 
@@ -79,8 +81,8 @@ void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<co
   }
 }
 
-void prepare_activations(Activations& act, Method method, int group, int Kp, const void* x, DType dtype,
-                         int64_t rows, int K, int64_t ld, ThreadPool* pool) {
+void prepare_activations(const KernelTable& ops, Activations& act, Method method, int group, int Kp, const void* x,
+                         DType dtype, int64_t rows, int K, int64_t ld, ThreadPool* pool, const char* what) {
   act.method = method;
   act.group = method == Method::int4 ? group : 0;
   act.rows = rows;
@@ -97,44 +99,43 @@ void prepare_activations(Activations& act, Method method, int group, int Kp, con
       if (act.gsum.size() < g) act.gsum.resize(g);
     }
   }
+  std::atomic<int64_t> bad_row{-1};
   auto convert_row = [&](int64_t r, int) {
     const int64_t base = r * ld;
-    if (method == Method::bf16) {
+    if (method == Method::bf16 && dtype == DType::bf16) {
+      const uint16_t* src = static_cast<const uint16_t*>(x) + base;
       uint16_t* dst = act.bf16.data() + r * Kp;
-      if (dtype == DType::bf16) {
-        const uint16_t* src = static_cast<const uint16_t*>(x) + base;
-        std::copy(src, src + K, dst);
-      } else {
-        const float* src = static_cast<const float*>(x) + base;
-        for (int k = 0; k < K; ++k) dst[k] = f32_to_bf16(src[k]);
-      }
+      std::copy(src, src + K, dst);
       std::fill(dst + K, dst + Kp, uint16_t{0});
+      for (int k = 0; k < K; ++k)
+        if ((src[k] & 0x7f80) == 0x7f80) bad_row = r;  // exponent all ones: inf or NaN
       return;
     }
-    float max_abs = 0.f;
-    for (int k = 0; k < K; ++k) max_abs = std::max(max_abs, std::fabs(load(x, dtype, base + k)));
-    const float scale = symmetric_scale(max_abs, 127);
-    act.scale[r] = scale;
-    int8_t* q = act.q.data() + r * Kp;
-    uint8_t* u = act.q_u8.data() + r * Kp;
-    for (int k = 0; k < Kp; ++k) {
-      int v = k < K ? quantize(load(x, dtype, base + k), 1.f / scale, 127) : 0;
-      q[k] = static_cast<int8_t>(v);
-      u[k] = static_cast<uint8_t>(v + 128);
+    thread_local std::vector<float> widened;
+    const float* row = static_cast<const float*>(x) + base;
+    if (dtype == DType::bf16) {
+      widened.resize(K);
+      const uint16_t* src = static_cast<const uint16_t*>(x) + base;
+      for (int k = 0; k < K; ++k) widened[k] = bf16_to_f32(src[k]);
+      row = widened.data();
     }
-    if (method == Method::int4) {
-      int32_t* gs = act.gsum.data() + r * (Kp / group);
-      for (int g = 0; g < Kp / group; ++g) {
-        int32_t s = 0;
-        for (int k = g * group; k < (g + 1) * group; ++k) s += q[k];
-        gs[g] = s;
-      }
+    bool finite;
+    if (method == Method::bf16) {
+      finite = ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
+    } else {
+      int32_t* gsum = method == Method::int4 ? act.gsum.data() + r * (Kp / group) : nullptr;
+      finite = ops.quantize_row(row, K, Kp, group, act.q.data() + r * Kp, act.q_u8.data() + r * Kp,
+                                act.scale.data() + r, gsum);
     }
+    if (!finite) bad_row = r;
   };
   if (pool && rows > 1)
     pool->parallel_for(rows, convert_row);
   else
     for (int64_t r = 0; r < rows; ++r) convert_row(r, 0);
+  if (bad_row >= 0)
+    throw std::invalid_argument(std::string(what) + " row " + std::to_string(bad_row.load()) +
+                                " contains NaN or infinite values");
 }
 
 }  // namespace kt

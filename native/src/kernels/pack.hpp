@@ -16,8 +16,9 @@ enum class DType { f32, bf16 };
 // as one matrix whose 16-column blocks alternate gate, up, gate, up, ...
 void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K);
 
-// Converts rows of x (row-major, ld elements apart) for a method.
-void prepare_activations(Activations& act, Method method, int group, int Kp, const void* x, DType dtype,
-                         int64_t rows, int K, int64_t ld, ThreadPool* pool);
+// Converts rows of x (row-major, ld elements apart) for a method, with the backend's row
+// operations. Throws std::invalid_argument naming the first row holding NaN or infinity.
+void prepare_activations(const KernelTable& ops, Activations& act, Method method, int group, int Kp, const void* x,
+                         DType dtype, int64_t rows, int K, int64_t ld, ThreadPool* pool, const char* what);
 
 }  // namespace kt

@@ -75,6 +75,13 @@ struct KernelTable {
   std::vector<std::string> (*compiled_features)();
   std::string (*describe)(Method);
   void (*gemm)(const GemmArgs&);
+  // out[i] = silu(gate[i]) * up[i]
+  void (*silu_mul)(const float* gate, const float* up, float* out, int n);
+  // Symmetric int8 row quantization (see Activations); false if the row is not finite.
+  bool (*quantize_row)(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* q_u8, float* scale,
+                       int32_t* gsum);
+  bool (*to_bf16_row)(const float* x, int K, int Kp, uint16_t* out);
+  void (*combine)(const float* const* rows, const float* weights, int k, int n, float* out);
 };
 
 }  // namespace kt

@@ -1,6 +1,8 @@
 #include "moe/layer.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <chrono>
 #include <numeric>
 #include <stdexcept>
 
@@ -13,8 +15,8 @@ namespace {
 // Task shapes. A gate/up task covers 64 intermediate columns (4 gate + 4 up blocks of
 // 16) for up to kRowChunk tokens; a down task 64 hidden columns. Small enough to
 // balance a few hot experts across threads, large enough to amortise the dispatch.
-constexpr int kGateUpCols = 128;
-constexpr int kDownCols = 64;
+constexpr int kGateUpCols = 192;
+constexpr int kDownCols = 96;
 constexpr int kRowChunk = 192;  // a multiple of every kernel's row blocking (4, 6)
 
 }  // namespace
@@ -33,6 +35,7 @@ MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int thre
   if (config.experts <= 0 || config.top_k <= 0 || config.hidden <= 0 || config.intermediate <= 0)
     throw std::invalid_argument("num_experts, top_k, hidden_size and intermediate_size must be positive");
   if (config.top_k > config.experts) throw std::invalid_argument("top_k cannot exceed num_experts");
+  if (config.top_k > 64) throw std::invalid_argument("top_k above 64 is not supported");
   if (config.method == Method::int4 && config.group != 32 && config.group != 64 && config.group != 128)
     throw std::invalid_argument("group_size must be 32, 64 or 128");
   inter_padded_ = static_cast<int>(round_up(config.intermediate, 16));
@@ -93,8 +96,7 @@ void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const std::vecto
     for (int i = 0; i < m; ++i) {
       const float* s = scratch.data() + static_cast<int64_t>(i) * cols;
       float* a = a_buf_.data() + (t.r0 + i) * inter_padded_ + t.n0 / 2;
-      for (int c = 0; c < cols; c += 32)
-        for (int l = 0; l < 16; ++l) a[c / 2 + l] = silu(s[c + l]) * s[c + 16 + l];
+      for (int c = 0; c < cols; c += 32) kernels_->silu_mul(s + c, s + c + 16, a + c / 2, 16);
     }
   });
 }
@@ -126,10 +128,13 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
   const int E = config_.experts, k = config_.top_k, H = config_.hidden, I = config_.intermediate;
   if (tokens <= 0) return;
   const int64_t slots = tokens * k;
-  for (int64_t s = 0; s < slots; ++s)
+  for (int64_t s = 0; s < slots; ++s) {
     if (ids[s] < 0 || ids[s] >= E)
       throw std::invalid_argument("expert id " + std::to_string(ids[s]) + " at token " + std::to_string(s / k) +
                                   " is outside [0, " + std::to_string(E) + ")");
+    if (!std::isfinite(weights[s]))
+      throw std::invalid_argument("routing weight of token " + std::to_string(s / k) + " is NaN or infinite");
+  }
 
   // Route: positions sorted by expert, so each expert's rows are contiguous.
   std::vector<int64_t> offsets(E + 1, 0);
@@ -143,37 +148,46 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
     token_of_pos[p] = static_cast<int32_t>(s / k);
   }
 
+  using clock = std::chrono::steady_clock;
+  auto mark = clock::now();
+  auto lap = [&](const char* phase) {
+    auto now = clock::now();
+    profile_[phase] = std::chrono::duration<double, std::milli>(now - mark).count();
+    mark = now;
+  };
   const int Hp = static_cast<int>(round_up(H, 16));
   const int kp_hidden = gate_up_[0].Kp, kp_inter = down_[0].Kp;
-  prepare_activations(act_x_, config_.method, config_.group, kp_hidden, x, x_dtype, tokens, H, H, &pool_);
+  lap("route_ms");
+  prepare_activations(*kernels_, act_x_, config_.method, config_.group, kp_hidden, x, x_dtype, tokens, H, H, &pool_,
+                      "x");
+  lap("prepare_x_ms");
   a_buf_.resize(static_cast<std::size_t>(slots) * inter_padded_);
   slot_out_.resize(static_cast<std::size_t>(slots) * Hp);
 
   run_gate_up(offsets, token_of_pos);
   gate_up_task_counts_ = pool_.last_task_counts();
-  prepare_activations(act_a_, config_.method, config_.group, kp_inter, a_buf_.data(), DType::f32, slots, I,
-                      inter_padded_, &pool_);
+  lap("gate_up_ms");
+  prepare_activations(*kernels_, act_a_, config_.method, config_.group, kp_inter, a_buf_.data(), DType::f32, slots,
+                      I, inter_padded_, &pool_, "the expert intermediate activation");
+  lap("prepare_a_ms");
   run_down(offsets);
+  lap("down_ms");
 
   // y[t] = sum_j w[t, j] * out[position of (t, j)]
-  pool_.parallel_for(tokens, [&](int64_t t, int) {
-    float acc[16];
-    for (int h0 = 0; h0 < H; h0 += 16) {
-      const int width = std::min(16, H - h0);
-      std::fill(acc, acc + 16, 0.f);
-      for (int j = 0; j < k; ++j) {
-        const float w = weights[t * k + j];
-        const float* src = slot_out_.data() + pos_of_slot[t * k + j] * Hp + h0;
-        for (int l = 0; l < width; ++l) acc[l] += w * src[l];
-      }
-      if (y_dtype == DType::f32) {
-        std::copy(acc, acc + width, static_cast<float*>(y) + t * H + h0);
-      } else {
-        uint16_t* dst = static_cast<uint16_t*>(y) + t * H + h0;
-        for (int l = 0; l < width; ++l) dst[l] = f32_to_bf16(acc[l]);
-      }
+  pool_.parallel_for(tokens, [&](int64_t t, int thread) {
+    const float* rows[64];
+    for (int j = 0; j < k; ++j) rows[j] = slot_out_.data() + pos_of_slot[t * k + j] * Hp;
+    if (y_dtype == DType::f32) {
+      kernels_->combine(rows, weights + t * k, k, H, static_cast<float*>(y) + t * H);
+    } else {
+      auto& scratch = thread_scratch_[thread];
+      if (scratch.size() < static_cast<std::size_t>(H)) scratch.resize(H);
+      kernels_->combine(rows, weights + t * k, k, H, scratch.data());
+      uint16_t* dst = static_cast<uint16_t*>(y) + t * H;
+      for (int h = 0; h < H; ++h) dst[h] = f32_to_bf16(scratch[h]);
     }
   });
+  lap("combine_ms");
 }
 
 }  // namespace kt

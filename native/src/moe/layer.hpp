@@ -38,6 +38,8 @@ class MoeLayer {
   std::size_t packed_bytes() const;
   // Tasks each thread ran in the gate/up phase of the last forward() (balance under skew).
   std::vector<int64_t> gate_up_task_counts() const { return gate_up_task_counts_; }
+  // Milliseconds per phase of the last forward().
+  const std::map<std::string, double>& last_profile() const { return profile_; }
 
  private:
   void run_gate_up(const std::vector<int64_t>& offsets, const std::vector<int32_t>& token_of_pos);
@@ -54,6 +56,7 @@ class MoeLayer {
   aligned_vector<float> a_buf_, slot_out_;
   std::vector<aligned_vector<float>> thread_scratch_;
   std::vector<int64_t> gate_up_task_counts_;
+  std::map<std::string, double> profile_;
 };
 
 Method parse_method(const std::string& name);

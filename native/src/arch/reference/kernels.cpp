@@ -4,6 +4,7 @@
 
 #include "arch/features.hpp"
 #include "kernels/registry.hpp"
+#include "kernels/rowops.hpp"
 #include "kernels/scalar.hpp"
 
 namespace kt {
@@ -80,8 +81,13 @@ std::string describe(Method m) {
 
 std::vector<std::string> features() { return compiled_features(); }
 
+void silu_mul(const float* gate, const float* up, float* out, int n) {
+  for (int i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
+}
+
 }  // namespace
 
-const KernelTable reference_kernels = {"reference", features, describe, gemm};
+const KernelTable reference_kernels = {"reference",      features,           describe,       gemm, silu_mul,
+                                       quantize_row_generic, to_bf16_row_generic, combine_generic};
 
 }  // namespace kt

@@ -1,0 +1,67 @@
+// Row operations around the GEMMs: activation quantization and conversion, the
+// weighted combine of expert outputs. Written as plain loops and included by every
+// backend translation unit, so each compiles (and vectorizes) them for its own ISA.
+// Internal linkage (anonymous namespace): the copies never get merged across TUs.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/scalar.hpp"
+
+namespace kt {
+namespace {
+
+// Returns false when the row holds NaN or infinity (nothing useful can be quantized).
+bool quantize_row_generic(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* q_u8, float* scale,
+                          int32_t* gsum) {
+  float max_abs = 0.f;
+  bool finite = true;
+  for (int k = 0; k < K; ++k) {
+    float a = std::fabs(x[k]);
+    max_abs = a > max_abs ? a : max_abs;
+    finite &= a <= 3.4028235e38f;  // false for NaN and inf
+  }
+  if (!finite) return false;
+  const float s = symmetric_scale(max_abs, 127), inv = 1.f / s;
+  *scale = s;
+  for (int k = 0; k < K; ++k) {
+    float v = std::nearbyint(x[k] * inv);
+    v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
+    q[k] = static_cast<int8_t>(v);
+  }
+  std::fill(q + K, q + Kp, int8_t{0});
+  for (int k = 0; k < Kp; ++k) q_u8[k] = static_cast<uint8_t>(q[k] + 128);
+  if (gsum)
+    for (int g = 0; g < Kp / group; ++g) {
+      int32_t s32 = 0;
+      for (int k = g * group; k < (g + 1) * group; ++k) s32 += q[k];
+      gsum[g] = s32;
+    }
+  return true;
+}
+
+bool to_bf16_row_generic(const float* x, int K, int Kp, uint16_t* out) {
+  bool finite = true;
+  for (int k = 0; k < K; ++k) {
+    finite &= std::fabs(x[k]) <= 3.4028235e38f;
+    out[k] = f32_to_bf16(x[k]);
+  }
+  std::fill(out + K, out + Kp, uint16_t{0});
+  return finite;
+}
+
+// out[h] = sum_j weights[j] * rows[j][h]
+void combine_generic(const float* const* rows, const float* weights, int k, int n, float* out) {
+  std::fill(out, out + n, 0.f);
+  for (int j = 0; j < k; ++j) {
+    const float w = weights[j];
+    const float* r = rows[j];
+    for (int h = 0; h < n; ++h) out[h] += w * r[h];
+  }
+}
+
+}  // namespace
+}  // namespace kt
