@@ -23,9 +23,17 @@ def test_extension_is_built_and_reports_what_it_requires(host_flags: set[str]) -
     info = native.build_info()
     assert info["version"] == ktforge.__version__
     assert info["arch_flags"]
-    required = set(info["required_cpu_features"])
-    assert "avx2" in required  # every supported build needs at least AVX2
-    assert required <= host_flags  # built here, for here
+    # the module itself (runtime, dispatcher, reference kernels) needs no ISA extension
+    assert info["required_cpu_features"] == []
+    backends = {b["name"]: b for b in info["backends"]}
+    assert backends["reference"]["required_cpu_features"] == []
+    assert {"avx2", "fma"} <= set(backends["avx2"]["required_cpu_features"])
+    assert not set(backends["avx2"]["required_cpu_features"]) & {"avx512f", "amx_tile"}  # a true AVX2 build
+    assert {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(backends["avx512"]["required_cpu_features"])
+    for backend in backends.values():
+        # built here, for here
+        assert set(backend["required_cpu_features"]) <= host_flags
+        assert backend["runs_here"] is True
 
 
 def test_inspect_reports_ok_for_the_installed_extension() -> None:

@@ -79,3 +79,15 @@ def test_extension_built_for_a_richer_cpu_is_an_error() -> None:
     report = build_report(Evidence.from_snapshot(document))
     [finding] = run_checks(report, ["extension.installed"])
     assert finding.status == "error" and "amx_fp16" in finding.finding
+
+
+def test_extension_with_a_backend_for_a_richer_cpu_is_a_warning() -> None:
+    document = json.loads((HOST_FIXTURES / "kvm-sapphirerapids-masked.snapshot.json").read_text())
+    document["evidence"]["extension"]["build_info"]["backends"] = [
+        {"name": "avx512", "required_cpu_features": ["avx512f", "amx_fp16"]},
+        {"name": "reference", "required_cpu_features": []},
+    ]
+    report = build_report(Evidence.from_snapshot(document))
+    [finding] = run_checks(report, ["extension.installed"])
+    assert finding.status == "warn"
+    assert "avx512 needs amx_fp16" in finding.finding and "reference run here" in finding.finding

@@ -514,7 +514,21 @@ def _extension(r: dict[str, Any]) -> Finding:
             "rebuild on this machine",
             "./install.sh build",
         )
-    return _f("extension.installed", "ok", f"{ext.get('path')} ({info.get('compiler')}, {info.get('arch_flags')})")
+    per_backend = ext.get("backends_missing_features") or {}
+    runnable = [name for name, lacking in per_backend.items() if not lacking]
+    lacking = {name: miss for name, miss in per_backend.items() if miss}
+    where = f"{ext.get('path')} ({info.get('compiler')}, {info.get('arch_flags')})"
+    if lacking:
+        detail = "; ".join(f"{name} needs {', '.join(miss)}" for name, miss in lacking.items())
+        return _f(
+            "extension.installed",
+            "warn",
+            f"{where}: backends {', '.join(runnable)} run here, but {detail}: built for another CPU",
+            "rebuild on this machine to use all of it",
+            "./install.sh build",
+        )
+    backends = f"; backends {', '.join(runnable)}" if runnable else ""
+    return _f("extension.installed", "ok", where + backends)
 
 
 # --- system -------------------------------------------------------------------------------

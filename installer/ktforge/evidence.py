@@ -49,6 +49,7 @@ class Evidence:
             raise dumps.DumpFormatError('a snapshot holds an "evidence" object')
         known = {f.name for f in fields(Evidence)}
         evidence = Evidence(**{k: v for k, v in raw.items() if k in known})
+        evidence.source = "snapshot"  # replayed, whatever it was recorded from
         evidence.origin = origin or evidence.origin
         return evidence
 

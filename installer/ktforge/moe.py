@@ -75,13 +75,26 @@ class MoE:
         threads: worker threads (default: the CPUs this process may use).
     """
 
-    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
-                 method: str = "bf16", backend: str = "auto", threads: int | None = None,
-                 group_size: int = 128) -> None:
-        from ktforge import _native
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        method: str = "bf16",
+        backend: str = "auto",
+        threads: int | None = None,
+        group_size: int = 128,
+    ) -> None:
+        import ktforge._native as _native
 
-        for label, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
-                             ("intermediate_size", intermediate_size)):
+        for label, value in (
+            ("num_experts", num_experts),
+            ("top_k", top_k),
+            ("hidden_size", hidden_size),
+            ("intermediate_size", intermediate_size),
+        ):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{label} must be a positive integer, got {value!r}")
         if top_k > num_experts:
@@ -97,8 +110,16 @@ class MoE:
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.method = method
-        self._layer = _native.MoELayer(self.num_experts, self.top_k, self.hidden_size, self.intermediate_size,
-                                       method, group_size, backend, threads or 0)
+        self._layer = _native.MoELayer(
+            self.num_experts,
+            self.top_k,
+            self.hidden_size,
+            self.intermediate_size,
+            method,
+            group_size,
+            backend,
+            threads or 0,
+        )
         self._loaded = False
 
     @property
@@ -113,7 +134,8 @@ class MoE:
         for name, value, shape in (("gate", gate, (E, I, H)), ("up", up, (E, I, H)), ("down", down, (E, H, I))):
             array = _as_numpy(value, name)
             if array.shape != shape:
-                raise ValueError(f"{name} has shape {tuple(array.shape)}; expected {shape} (E, {'I, H' if name != 'down' else 'H, I'})")
+                axes = "E, H, I" if name == "down" else "E, I, H"
+                raise ValueError(f"{name} has shape {tuple(array.shape)}; expected {shape} ({axes})")
             arrays[name] = _kernel_view(array, name, copy)
         if len({a.dtype for a in arrays.values()}) != 1:
             raise ValueError("gate, up and down must have the same dtype")
@@ -166,6 +188,6 @@ class MoE:
 
 def build_info() -> dict[str, Any]:
     """What the installed extension was built with (compiler, flags, backends and their CPU needs)."""
-    from ktforge import _native
+    import ktforge._native as _native
 
     return dict(_native.build_info())

@@ -235,10 +235,14 @@ def _extension(ev: Evidence, cpu: dict[str, Any]) -> dict[str, Any] | None:
     if ev.extension is None:
         return None
     ext = dict(ev.extension)
-    required = (ext.get("build_info") or {}).get("required_cpu_features")
+    info = ext.get("build_info") or {}
     usable = cpu.get("usable_features")
-    if required is not None and usable is not None:
-        ext["missing_cpu_features"] = sorted(set(required) - set(usable))
+    if usable is not None:
+        have = set(usable)
+        ext["missing_cpu_features"] = sorted(set(info.get("required_cpu_features") or []) - have)
+        ext["backends_missing_features"] = {
+            b["name"]: sorted(set(b.get("required_cpu_features") or []) - have) for b in info.get("backends") or []
+        }
     return ext
 
 

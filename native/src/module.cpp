@@ -9,13 +9,17 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "arch/features.hpp"
 #include "kernels/registry.hpp"
 #include "moe/layer.hpp"
 #include "runtime/cpu_features.hpp"
+#include "runtime/thread_pool.hpp"
 
 namespace py = pybind11;
 using namespace kt;
@@ -128,6 +132,32 @@ PYBIND11_MODULE(_native, m) {
       },
       "What this extension was compiled with: version, compiler, flags, and each backend's CPU needs.");
   m.def("cpu_has", &cpu_has, "Whether the running CPU and OS support a feature (Linux flag name).");
+  m.def(
+      "thread_pool_selftest",
+      [](int threads, int tasks) {
+        // The first `threads` tasks meet at a rendezvous: it is only reached if every
+        // thread of the pool takes a task while the others are still busy (dynamic
+        // hand-out, no thread left idle). Returns the tasks each thread ran, or raises.
+        py::gil_scoped_release release;
+        ThreadPool pool(threads);
+        std::atomic<int> arrived{0};
+        std::atomic<bool> timed_out{false};
+        pool.parallel_for(tasks, [&](int64_t task, int) {
+          if (task >= threads) return;
+          arrived.fetch_add(1);
+          auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+          while (arrived.load() < threads) {
+            if (std::chrono::steady_clock::now() > deadline) {
+              timed_out = true;
+              return;
+            }
+            std::this_thread::yield();
+          }
+        });
+        if (timed_out) throw std::runtime_error("thread pool: not every thread took work");
+        return pool.last_task_counts();
+      },
+      py::arg("threads"), py::arg("tasks"));
   py::class_<PyMoE>(m, "MoELayer")
       .def(py::init<int, int, int, int, const std::string&, int, const std::string&, int>(), py::arg("num_experts"),
            py::arg("top_k"), py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("method"),

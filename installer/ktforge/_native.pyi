@@ -1,0 +1,34 @@
+# Type stubs of the compiled extension (native/src/module.cpp).
+from typing import Any
+
+import numpy as np
+
+def build_info() -> dict[str, Any]: ...
+def cpu_has(feature: str) -> bool: ...
+def thread_pool_selftest(threads: int, tasks: int) -> list[int]: ...
+
+class MoELayer:
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        method: str,
+        group_size: int,
+        backend: str,
+        threads: int,
+    ) -> None: ...
+    def load_weights(
+        self, gate: np.ndarray[Any, Any], up: np.ndarray[Any, Any], down: np.ndarray[Any, Any]
+    ) -> None: ...
+    def forward(
+        self,
+        x: np.ndarray[Any, Any],
+        ids: np.ndarray[Any, Any],
+        weights: np.ndarray[Any, Any],
+        out: np.ndarray[Any, Any],
+    ) -> None: ...
+    def info(self) -> dict[str, Any]: ...
+    def gate_up_task_counts(self) -> list[int]: ...
+    def last_profile(self) -> dict[str, float]: ...
