@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -18,6 +19,7 @@
 #include "arch/features.hpp"
 #include "kernels/registry.hpp"
 #include "moe/layer.hpp"
+#include "runtime/aligned.hpp"
 #include "runtime/cpu_features.hpp"
 #include "runtime/thread_pool.hpp"
 
@@ -132,6 +134,44 @@ PYBIND11_MODULE(_native, m) {
       },
       "What this extension was compiled with: version, compiler, flags, and each backend's CPU needs.");
   m.def("cpu_has", &cpu_has, "Whether the running CPU and OS support a feature (Linux flag name).");
+  m.def(
+      "measure_peak",
+      [](const std::string& backend, const std::string& kind, int threads, int64_t iterations) {
+        const KernelTable* t = select_backend(backend);
+        const int k = kind == "fp32_fma" ? 0 : kind == "bf16_dot" ? 1 : kind == "int8_dot" ? 2 : -1;
+        if (k < 0) throw std::invalid_argument("kind must be fp32_fma, bf16_dot or int8_dot");
+        py::gil_scoped_release release;
+        ThreadPool pool(threads);
+        std::vector<double> ops(threads, 0);
+        auto start = std::chrono::steady_clock::now();
+        pool.parallel_for(threads, [&](int64_t task, int) { ops[task] = t->peak_ops(k, iterations); });
+        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        double total = 0;
+        for (double o : ops) total += o;
+        return total / seconds;  // operations per second (0: no such instruction)
+      },
+      py::arg("backend"), py::arg("kind"), py::arg("threads"), py::arg("iterations"),
+      "Operations per second of a backend's dot-product instruction, on `threads` threads.");
+  m.def(
+      "measure_read_bandwidth",
+      [](const std::string& backend, int threads, std::size_t bytes, int repeats) {
+        const KernelTable* t = select_backend(backend);
+        py::gil_scoped_release release;
+        aligned_vector<uint8_t> buffer(bytes, 1);
+        ThreadPool pool(threads);
+        const std::size_t share = bytes / threads / 256 * 256;
+        std::atomic<uint64_t> sink{0};
+        double best = 0;
+        for (int r = 0; r < repeats; ++r) {
+          auto start = std::chrono::steady_clock::now();
+          pool.parallel_for(threads, [&](int64_t task, int) { sink += t->read_stream(buffer.data() + task * share, share); });
+          double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          best = std::max(best, static_cast<double>(share * threads) / seconds);
+        }
+        return best;  // bytes per second, best of `repeats`
+      },
+      py::arg("backend"), py::arg("threads"), py::arg("bytes"), py::arg("repeats"),
+      "Read bandwidth of a buffer of `bytes` (larger than the caches: memory), best of repeats.");
   m.def(
       "thread_pool_selftest",
       [](int threads, int tasks) {

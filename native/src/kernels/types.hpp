@@ -82,6 +82,11 @@ struct KernelTable {
                        int32_t* gsum);
   bool (*to_bf16_row)(const float* x, int K, int Kp, uint16_t* out);
   void (*combine)(const float* const* rows, const float* weights, int k, int n, float* out);
+  // Machine peaks, for `kt bench`: runs `iterations` rounds of the instruction behind a
+  // method (0 fp32 fma, 1 bf16 dot, 2 int8 dot) and returns the operations executed
+  // (0 if this backend has no such instruction); and a streaming read of n bytes.
+  double (*peak_ops)(int kind, int64_t iterations);
+  uint64_t (*read_stream)(const uint8_t* data, std::size_t bytes);
 };
 
 }  // namespace kt

@@ -1,6 +1,7 @@
 // Reference kernels: plain C++ over the packed layouts, the definition the others are
 // tested against. Compiled without ISA flags.
 #include <cstdint>
+#include <cstring>
 
 #include "arch/features.hpp"
 #include "kernels/registry.hpp"
@@ -81,6 +82,18 @@ std::string describe(Method m) {
 
 std::vector<std::string> features() { return compiled_features(); }
 
+double peak_ops(int, int64_t) { return 0; }  // the reference backend has no peak of its own
+
+uint64_t read_stream(const uint8_t* data, std::size_t bytes) {
+  uint64_t sum = 0;
+  for (std::size_t i = 0; i + 8 <= bytes; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, data + i, 8);
+    sum += v;
+  }
+  return sum;
+}
+
 void silu_mul(const float* gate, const float* up, float* out, int n) {
   for (int i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
@@ -88,6 +101,6 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
 }  // namespace
 
 const KernelTable reference_kernels = {"reference",      features,           describe,       gemm, silu_mul,
-                                       quantize_row_generic, to_bf16_row_generic, combine_generic};
+                                       quantize_row_generic, to_bf16_row_generic, combine_generic, peak_ops, read_stream};
 
 }  // namespace kt

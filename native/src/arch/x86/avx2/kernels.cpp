@@ -166,6 +166,56 @@ std::string describe(Method m) {
 
 std::vector<std::string> features() { return compiled_features(); }
 
+// ---- machine peaks (kt bench) -------------------------------------------------------------
+
+double peak_ops(int kind, int64_t iterations) {
+  constexpr int kChains = 12;
+  __m256 f[kChains];
+  __m256i q[kChains];
+  for (int c = 0; c < kChains; ++c) {
+    f[c] = _mm256_set1_ps(static_cast<float>(c));
+    q[c] = _mm256_set1_epi32(c);
+  }
+  __m256 fa = _mm256_set1_ps(1.0000001f), fb = _mm256_set1_ps(1e-9f);
+  __m256i ia = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+  double ops = 0;
+  for (int64_t it = 0; it < iterations; ++it) {
+    __asm__ volatile("" : "+x"(fa), "+x"(ia));
+    if (kind == 0 || kind == 1) {  // bf16 runs as fp32 fma here: 2 fma per bf16 pair
+      for (int c = 0; c < kChains; ++c) f[c] = _mm256_fmadd_ps(f[c], fa, fb);
+      ops = 16;
+    } else {  // the int8 dot sequence of the kernels: maddubs, madd, add
+      for (int c = 0; c < kChains; ++c)
+        q[c] = _mm256_add_epi32(q[c], _mm256_madd_epi16(_mm256_maddubs_epi16(ia, ia), ones));
+      ops = 64;
+    }
+  }
+  float sink = 0;
+  alignas(32) float fl[8];
+  alignas(32) int32_t il[8];
+  for (int c = 0; c < kChains; ++c) {
+    _mm256_store_ps(fl, f[c]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(il), q[c]);
+    for (int l = 0; l < 8; ++l) sink += fl[l] + static_cast<float>(il[l]);
+  }
+  __asm__ volatile("" : : "x"(sink));
+  return ops * kChains * static_cast<double>(iterations);
+}
+
+uint64_t read_stream(const uint8_t* data, std::size_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  std::size_t i = 0;
+  for (; i + 128 <= bytes; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i + 96)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
 // silu(g) * u with exp from a degree-6 polynomial on [-ln2/2, ln2/2], 2^k built in the
 // exponent field: relative error below 2e-7 (inputs clamped where exp overflows).
 void silu_mul(const float* gate, const float* up, float* out, int n) {
@@ -197,6 +247,6 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
 }  // namespace
 
 const KernelTable avx2_kernels = {"avx2", features, describe, gemm, silu_mul, quantize_row_generic,
-                                   to_bf16_row_generic, combine_generic};
+                                   to_bf16_row_generic, combine_generic, peak_ops, read_stream};
 
 }  // namespace kt

@@ -291,6 +291,58 @@ std::string describe(Method m) {
 
 std::vector<std::string> features() { return compiled_features(); }
 
+// ---- machine peaks (kt bench) -------------------------------------------------------------
+
+double peak_ops(int kind, int64_t iterations) {
+  constexpr int kChains = 20;  // independent accumulators: covers latency 5 x 2 ports x 2
+  __m512 f[kChains];
+  __m512i q[kChains];
+  for (int c = 0; c < kChains; ++c) {
+    f[c] = _mm512_set1_ps(static_cast<float>(c));
+    q[c] = _mm512_set1_epi32(c);
+  }
+  __m512 fa = _mm512_set1_ps(1.0000001f), fb = _mm512_set1_ps(1e-9f);
+  __m512i ia = _mm512_set1_epi8(1), ib = _mm512_set1_epi8(1);
+  double ops_per_instruction = 0;
+  for (int64_t it = 0; it < iterations; ++it) {
+    __asm__ volatile("" : "+v"(fa), "+v"(ia));  // keep the loop from being folded
+    if (kind == 0) {
+      for (int c = 0; c < kChains; ++c) f[c] = _mm512_fmadd_ps(f[c], fa, fb);
+      ops_per_instruction = 32;
+    } else if (kind == 1) {
+#ifdef __AVX512BF16__
+      for (int c = 0; c < kChains; ++c) f[c] = _mm512_dpbf16_ps(f[c], (__m512bh)ia, (__m512bh)ib);
+      ops_per_instruction = 64;
+#else
+      return 0;
+#endif
+    } else {
+#ifdef __AVX512VNNI__
+      for (int c = 0; c < kChains; ++c) q[c] = _mm512_dpbusd_epi32(q[c], ia, ib);
+      ops_per_instruction = 128;
+#else
+      return 0;
+#endif
+    }
+  }
+  float sink = 0;
+  for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_ps(f[c]) + static_cast<float>(_mm512_reduce_add_epi32(q[c]));
+  __asm__ volatile("" : : "x"(sink));
+  return ops_per_instruction * kChains * static_cast<double>(iterations);
+}
+
+uint64_t read_stream(const uint8_t* data, std::size_t bytes) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  std::size_t i = 0;
+  for (; i + 256 <= bytes; i += 256) {
+    a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(data + i));
+    a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(data + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(data + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(data + i + 192));
+  }
+  return static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+}
+
 // silu(g) * u with exp from a degree-6 polynomial on [-ln2/2, ln2/2] and vscalefps:
 // relative error below 2e-7 over the whole float range (clamped where exp overflows).
 void silu_mul(const float* gate, const float* up, float* out, int n) {
@@ -322,6 +374,6 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
 }  // namespace
 
 const KernelTable avx512_kernels = {"avx512", features, describe, gemm, silu_mul, quantize_row_generic,
-                                   to_bf16_row_generic, combine_generic};
+                                   to_bf16_row_generic, combine_generic, peak_ops, read_stream};
 
 }  // namespace kt
