@@ -109,5 +109,73 @@ def doctor(
         raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
 
 
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+@app.command()
+def bench(
+    model: Annotated[str, typer.Option(help="Comma-separated models, or 'all'.")] = "qwen3-30b-a3b",
+    method: Annotated[str, typer.Option(help="Comma-separated methods: bf16,int8,int4.")] = "bf16,int8,int4",
+    backend: Annotated[
+        str, typer.Option(help="Comma-separated backends, 'auto' or 'all' (every one that runs).")
+    ] = "auto",
+    tokens: Annotated[str, typer.Option(help="Comma-separated token counts.")] = "1,4,128,512",
+    routing: Annotated[str, typer.Option(help="uniform, zipf or both.")] = "uniform,zipf",
+    threads: Annotated[int | None, typer.Option(help="Threads (default: the CPUs this process may use).")] = None,
+    repeats: Annotated[int, typer.Option(help="Timed runs per case (the median is reported).")] = 5,
+    peer: Annotated[bool, typer.Option(help="Time a plain PyTorch bf16 loop beside each case.")] = True,
+    max_weight_gib: Annotated[float | None, typer.Option(help="Memory for weights (default 45% of available).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+) -> None:
+    """Measure one MoE layer of real models against this machine's measured peaks."""
+    from rich.progress import Progress
+
+    import ktforge
+    from ktforge import bench as bench_mod
+
+    names = list(bench_mod.models()) if model == "all" else _csv(model)
+    unknown = [n for n in names if n not in bench_mod.models()]
+    if unknown:
+        typer.echo(f"kt bench: unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_mod.models())}", err=True)
+        raise typer.Exit(2)
+    runnable = [b["name"] for b in ktforge.build_info()["backends"] if b["runs_here"] and b["name"] != "reference"]
+    backends = runnable if backend == "all" else runnable[:1] if backend == "auto" else _csv(backend)
+    if peer:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            typer.echo("kt bench: torch is not installed; running without the PyTorch peer (--no-peer)", err=True)
+            peer = False
+    results: list[dict[str, Any]] = []
+    header: dict[str, Any] = {}
+    with Progress(transient=True, disable=json_output or not sys.stderr.isatty()) as progress:
+        task = progress.add_task("measuring peaks", total=None)
+        for item in bench_mod.run(
+            names,
+            _csv(method),
+            backends,
+            [int(t) for t in _csv(tokens)],
+            _csv(routing),
+            threads,
+            repeats,
+            peer,
+            max_weight_gib,
+            lambda label: progress.update(task, description=label),
+        ):
+            if "peaks" in item:
+                header = item
+                if not json_output:
+                    typer.echo(bench_mod.format_peaks(item["peaks"], item["threads"]))
+                continue
+            results.append(item["result"])
+            if not json_output:
+                typer.echo(bench_mod.format_row(item["result"]))
+    if json_output:
+        typer.echo(
+            json.dumps({"schema_version": 1, "ktforge_version": __version__, **header, "results": results}, indent=1)
+        )
+
+
 def main() -> None:
     app()

@@ -2,7 +2,13 @@
 
 #include <sched.h>
 
+#include <chrono>
+
 namespace kt {
+namespace {
+inline void cpu_relax() { __builtin_ia32_pause(); }
+constexpr int kSpinMicros = 200;
+}  // namespace
 
 int available_cpus() {
   cpu_set_t set;
@@ -25,6 +31,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
+    stop_flag_ = true;
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
@@ -51,6 +58,13 @@ void ThreadPool::run_tasks(int index) {
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
+    // A forward() is a burst of short parallel phases: spin briefly for the next one
+    // before sleeping, so a phase does not start with a futex wake-up on every thread.
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    while (published_.load(std::memory_order_acquire) == seen && !stop_flag_.load(std::memory_order_relaxed) &&
+           std::chrono::steady_clock::now() < spin_until) {
+      cpu_relax();
+    }
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -58,9 +72,9 @@ void ThreadPool::worker_loop(int index) {
       seen = generation_;
     }
     run_tasks(index);
-    {
+    if (pending_atomic_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
+      done_.notify_one();
     }
   }
 }
@@ -80,13 +94,17 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>
       job_ = &fn;
       job_size_ = n;
       next_.store(0);
-      pending_ = static_cast<int>(workers_.size());
+      pending_atomic_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
       ++generation_;
+      published_.store(generation_, std::memory_order_release);
     }
     wake_.notify_all();
     run_tasks(0);
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    while (pending_atomic_.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < spin_until)
+      cpu_relax();
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
+    done_.wait(lock, [&] { return pending_atomic_.load(std::memory_order_acquire) == 0; });
   }
   last_counts_ = counts_;
   job_ = nullptr;

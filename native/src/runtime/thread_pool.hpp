@@ -41,7 +41,9 @@ class ThreadPool {
   const std::function<void(int64_t, int)>* job_ = nullptr;
   int64_t job_size_ = 0;
   std::atomic<int64_t> next_{0};
-  int pending_ = 0;
+  std::atomic<int> pending_atomic_{0};
+  std::atomic<uint64_t> published_{0};
+  std::atomic<bool> stop_flag_{false};
   uint64_t generation_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;

@@ -18,6 +18,10 @@
 namespace kt {
 namespace {
 
+// Software prefetch distance, in 64-byte lines of each panel: enough bytes in flight to
+// cover memory latency when a few token rows make the kernel memory-bound (decode).
+constexpr int kPrefetchLines = 16;
+
 // ---- bf16 -------------------------------------------------------------------------------
 
 #ifdef __AVX512BF16__
@@ -34,7 +38,10 @@ void bf16_tile(const uint16_t* const* x, const uint16_t* const* panel, int kp2, 
   for (int p = 0; p < kp2; ++p) {
 #ifdef __AVX512BF16__
     __m512bh b[NB];
-    for (int j = 0; j < NB; ++j) b[j] = (__m512bh)_mm512_loadu_si512(panel[j] + p * 32);
+    for (int j = 0; j < NB; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kPrefetchLines) * 32), _MM_HINT_T0);
+      b[j] = (__m512bh)_mm512_loadu_si512(panel[j] + p * 32);
+    }
     for (int i = 0; i < M; ++i) {
       __m512bh a = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 2 * p));
       for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
@@ -83,7 +90,10 @@ void int8_tile(const uint8_t* const* x, const float* x_scale, const int8_t* cons
       acc[i][j] = first ? _mm512_setzero_si512() : _mm512_loadu_si512(partial + (i * NB + j) * 16);
   for (int p = p0; p < p1; ++p) {
     __m512i b[NB];
-    for (int j = 0; j < NB; ++j) b[j] = _mm512_loadu_si512(panel[j] + p * 64);
+    for (int j = 0; j < NB; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kPrefetchLines) * 64), _MM_HINT_T0);
+      b[j] = _mm512_loadu_si512(panel[j] + p * 64);
+    }
     for (int i = 0; i < M; ++i) {
       __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
       for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], a, b[j]);
@@ -127,6 +137,7 @@ void int4_tile(const int8_t* const* x, const int32_t* const* gsum, const float* 
       const int p = g * steps + s;
       __m512i lo[NB], hi[NB];
       for (int j = 0; j < NB; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kPrefetchLines) * 64), _MM_HINT_T0);
         __m512i v = _mm512_loadu_si512(panel[j] + p * 64);
         lo[j] = _mm512_and_si512(v, low);
         hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
