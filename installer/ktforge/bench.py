@@ -135,7 +135,9 @@ class TorchPeer:
 
         torch.set_num_threads(threads)
         self.torch = torch
-        as_tensor = lambda a: torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)  # noqa: E731
+        def as_tensor(a: Any) -> Any:
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+
         self.gate, self.up, self.down = as_tensor(gate), as_tensor(up), as_tensor(down)
 
     def __call__(self, x: Any, ids: Any, weights: Any) -> Any:
