@@ -109,8 +109,9 @@ def measure_peaks(backend: str, threads: int) -> dict[str, float]:
 
     peaks = {}
     for kind in ("fp32_fma", "bf16_dot", "int8_dot"):
-        runs = [native.measure_peak(backend, kind, threads, 3_000_000) for _ in range(3)]
-        peaks[kind] = max(runs) / 1e9  # GFLOP/s or GOP/s: best of three, the machine is shared
+        # best of five ~0.3 s runs: on a shared machine the best run is the machine's, the others are noise
+        runs = [native.measure_peak(backend, kind, threads, 8_000_000) for _ in range(5)]
+        peaks[kind] = max(runs) / 1e9  # GFLOP/s or GOP/s
     size = min(1 << 30, available_memory() // 8)
     peaks["read_gb_per_s"] = native.measure_read_bandwidth(backend, threads, size, 3) / 1e9
     return peaks
@@ -131,6 +132,10 @@ class TorchPeer:
     """A plain PyTorch CPU MoE loop in bf16: what a user writes without ktforge."""
 
     def __init__(self, gate: Any, up: Any, down: Any, threads: int) -> None:
+        # torch's OpenMP workers otherwise spin for a while after every op, taking the cores
+        # that ktforge's pool needs in the next measurement (and vice versa in production:
+        # see the README). Must be set before torch starts its pool.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import torch
 
         torch.set_num_threads(threads)
@@ -252,6 +257,13 @@ def _case(
     if not decode and peaks.get(peak_kind, 0) == 0:
         peak_kind = "fp32_fma"
     peak = peaks[peak_kind]
+    if not decode:
+        # the machine's speed drifts (shared host): re-measure the matching peak right after
+        # the case, and judge against the best value seen
+        import ktforge._native as native
+
+        adjacent = max(native.measure_peak(backend, peak_kind, threads, 3_000_000) for _ in range(2)) / 1e9
+        peak = max(peak, adjacent)
     pct = 100.0 * (gbs if decode else gflops) / peak if peak else 0.0
     torch_ms = speedup = None
     if torch_peer is not None:
@@ -279,7 +291,7 @@ def _case(
 
 
 def format_peaks(peaks: dict[str, dict[str, float]], threads: int) -> str:
-    lines = [f"machine peaks ({threads} threads, best of 3):"]
+    lines = [f"machine peaks ({threads} threads, best of 5):"]
     for backend, p in peaks.items():
         lines.append(
             f"  {backend:9} fp32 fma {p['fp32_fma']:7.0f} GFLOP/s  bf16 dot {p['bf16_dot']:7.0f} GFLOP/s  "
