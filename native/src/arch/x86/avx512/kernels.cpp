@@ -31,7 +31,8 @@ constexpr int kBf16Rows = 4, kBf16Blocks = 4;  // even/odd halves of B need regi
 #endif
 
 template <int M, int NB>
-void bf16_tile(const uint16_t* const* x, const uint16_t* const* panel, int kp2, float* out, int64_t ld) {
+// noinline: register allocation in isolation keeps every accumulator in a register
+__attribute__((noinline)) void bf16_tile(const uint16_t* const* x, const uint16_t* const* panel, int kp2, float* out, int64_t ld) {
   __m512 acc[M][NB];
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -77,17 +78,24 @@ constexpr int kInt8Rows = 8, kInt8Blocks = 3;
 constexpr int kInt8StepsPerBlock = 128;
 
 #ifdef __AVX512VNNI__
+// acc += u8 a . s8 b, in place. GCC 12 compiles the intrinsic as a copy, the instruction and
+// a copy back, which doubles the registers an accumulator needs and made the 8x3 tile spill
+// every accumulator to the stack each iteration; the asm form is the instruction alone.
+inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+  __asm__("vpdpbusd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
+  return acc;
+}
+
 // Accumulates k-steps [p0, p1) into int32 partial sums kept in `partial` ([M][NB*16])
 // between K blocks, so the NB panels of one K block stay in L1 while every row chunk
-// passes over them. The last K block applies the scales.
+// passes over them. No branches around the loop: GCC then keeps all M x NB accumulators
+// in registers (with a conditional prologue/epilogue it spilled them every iteration).
 template <int M, int NB>
-void int8_tile(const uint8_t* const* x, const float* x_scale, const int8_t* const* panel, const float* w_scale,
-               const int32_t* colsum, int p0, int p1, bool first, bool last, int32_t* partial, float* out,
-               int64_t ld) {
+__attribute__((noinline)) void int8_tile(const uint8_t* const* x, const int8_t* const* panel, int p0, int p1,
+                                         int32_t* partial) {
   __m512i acc[M][NB];
   for (int i = 0; i < M; ++i)
-    for (int j = 0; j < NB; ++j)
-      acc[i][j] = first ? _mm512_setzero_si512() : _mm512_loadu_si512(partial + (i * NB + j) * 16);
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_loadu_si512(partial + (i * NB + j) * 16);
   for (int p = p0; p < p1; ++p) {
     __m512i b[NB];
     for (int j = 0; j < NB; ++j) {
@@ -96,20 +104,22 @@ void int8_tile(const uint8_t* const* x, const float* x_scale, const int8_t* cons
     }
     for (int i = 0; i < M; ++i) {
       __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], a, b[j]);
+      for (int j = 0; j < NB; ++j) acc[i][j] = dpbusd(acc[i][j], a, b[j]);
     }
   }
-  if (!last) {
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < NB; ++j) _mm512_storeu_si512(partial + (i * NB + j) * 16, acc[i][j]);
-    return;
-  }
-  // activations were offset by +128 to be unsigned: remove 128 * sum_k w
-  for (int j = 0; j < NB; ++j) {
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j) _mm512_storeu_si512(partial + (i * NB + j) * 16, acc[i][j]);
+}
+
+// partial sums -> floats: remove the +128 activation offset (128 * sum_k w), apply scales
+void int8_finish(const int32_t* partial, int m, int nb, const float* x_scale, const float* w_scale,
+                 const int32_t* colsum, float* out, int64_t ld) {
+  for (int j = 0; j < nb; ++j) {
     __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(colsum + j * 16), 7);
     __m512 ws = _mm512_loadu_ps(w_scale + j * 16);
-    for (int i = 0; i < M; ++i) {
-      __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
+    for (int i = 0; i < m; ++i) {
+      __m512i acc = _mm512_loadu_si512(partial + (i * nb + j) * 16);
+      __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, offset));
       _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(v, _mm512_mul_ps(ws, _mm512_set1_ps(x_scale[i]))));
     }
   }
@@ -117,12 +127,13 @@ void int8_tile(const uint8_t* const* x, const float* x_scale, const int8_t* cons
 
 // ---- int4 -------------------------------------------------------------------------------
 
-constexpr int kInt4Rows = 6, kInt4Blocks = 2;
+constexpr int kInt4Rows = 8, kInt4Blocks = 2;
 
 // Weights are unsigned nibbles w+8 (the u8 operand), activations signed: the sum over a
 // group carries 8 * sum_k x, removed per group before scaling.
 template <int M, int NB>
-void int4_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale, const uint8_t* const* panel,
+// noinline: register allocation in isolation keeps every accumulator in a register
+__attribute__((noinline)) void int4_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale, const uint8_t* const* panel,
                const float* const* g_scale, int groups, int group, float* out, int64_t ld) {
   __m512 accf[M][NB];
   for (int i = 0; i < M; ++i)
@@ -146,8 +157,8 @@ void int4_tile(const int8_t* const* x, const int32_t* const* gsum, const float* 
         __m512i a_lo = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
         __m512i a_hi = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
         for (int j = 0; j < NB; ++j) {
-          acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[j], a_lo);
-          acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[j], a_hi);
+          acc[i][j] = dpbusd(acc[i][j], lo[j], a_lo);
+          acc[i][j] = dpbusd(acc[i][j], hi[j], a_hi);
         }
       }
     }
@@ -202,29 +213,31 @@ void gemm_int8(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
   const int kp4 = w.Kp / 4;
   thread_local aligned_vector<int32_t> partial;
+  const int chunks = (a.m + kInt8Rows - 1) / kInt8Rows;
+  const std::size_t per_chunk = static_cast<std::size_t>(kInt8Rows) * kInt8Blocks * 16;
+  if (partial.size() < chunks * per_chunk) partial.resize(chunks * per_chunk);
   for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kInt8Blocks) {
     const int nb = std::min(kInt8Blocks, a.n1 / 16 - b0);
     const int8_t* panel[kInt8Blocks];
     for (int j = 0; j < nb; ++j) panel[j] = reinterpret_cast<const int8_t*>(w.block(b0 + j));
-    const std::size_t need = static_cast<std::size_t>(round_up(a.m, kInt8Rows)) * kInt8Blocks * 16;
-    if (partial.size() < need) partial.resize(need);
+    std::fill(partial.begin(), partial.begin() + chunks * per_chunk, 0);
     for (int p0 = 0; p0 < kp4; p0 += kInt8StepsPerBlock) {
       const int p1 = std::min(kp4, p0 + kInt8StepsPerBlock);
-      for (int i0 = 0; i0 < a.m; i0 += kInt8Rows) {
-        const int m = std::min(kInt8Rows, a.m - i0);
+      for (int c = 0; c < chunks; ++c) {
+        const int i0 = c * kInt8Rows, m = std::min(kInt8Rows, a.m - i0);
         const uint8_t* x[kInt8Rows];
-        float xs[kInt8Rows];
-        for (int i = 0; i < m; ++i) {
-          int64_t r = a.rows[i0 + i];
-          x[i] = a.act->q_u8.data() + r * a.act->Kp;
-          xs[i] = a.act->scale[r];
-        }
-        float* out = a.out + i0 * a.ld_out + (b0 * 16 - a.n0);
-        dispatch<kInt8Rows, kInt8Blocks, Int8Tile>(
-            m, nb, static_cast<const uint8_t* const*>(x), static_cast<const float*>(xs),
-            static_cast<const int8_t* const*>(panel), w.scale.data() + b0 * 16, w.colsum.data() + b0 * 16, p0, p1,
-            p0 == 0, p1 == kp4, partial.data() + static_cast<std::size_t>(i0) * kInt8Blocks * 16, out, a.ld_out);
+        for (int i = 0; i < m; ++i) x[i] = a.act->q_u8.data() + static_cast<int64_t>(a.rows[i0 + i]) * a.act->Kp;
+        dispatch<kInt8Rows, kInt8Blocks, Int8Tile>(m, nb, static_cast<const uint8_t* const*>(x),
+                                                   static_cast<const int8_t* const*>(panel), p0, p1,
+                                                   partial.data() + c * per_chunk);
       }
+    }
+    for (int c = 0; c < chunks; ++c) {
+      const int i0 = c * kInt8Rows, m = std::min(kInt8Rows, a.m - i0);
+      float xs[kInt8Rows];
+      for (int i = 0; i < m; ++i) xs[i] = a.act->scale[a.rows[i0 + i]];
+      int8_finish(partial.data() + c * per_chunk, m, nb, xs, w.scale.data() + b0 * 16, w.colsum.data() + b0 * 16,
+                  a.out + i0 * a.ld_out + (b0 * 16 - a.n0), a.ld_out);
     }
   }
 }
