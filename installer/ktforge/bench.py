@@ -60,13 +60,14 @@ def models() -> dict[str, Model]:
 
 
 def available_memory() -> int:
+    from pathlib import Path
+
+    from ktforge.system import parse_meminfo
+
     try:
-        for line in open("/proc/meminfo").read().splitlines():  # noqa: SIM115, PTH123
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        return parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable", 8 << 30)
     except OSError:
-        pass
-    return 8 << 30
+        return 8 << 30
 
 
 def experts_that_fit(model: Model, budget_bytes: int) -> int:
@@ -140,6 +141,7 @@ class TorchPeer:
 
         torch.set_num_threads(threads)
         self.torch = torch
+
         def as_tensor(a: Any) -> Any:
             return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
 

@@ -142,9 +142,9 @@ def bench(
     runnable = [b["name"] for b in ktforge.build_info()["backends"] if b["runs_here"] and b["name"] != "reference"]
     backends = runnable if backend == "all" else runnable[:1] if backend == "auto" else _csv(backend)
     if peer:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:  # not imported here: see bench.TorchPeer
             typer.echo("kt bench: torch is not installed; running without the PyTorch peer (--no-peer)", err=True)
             peer = False
     results: list[dict[str, Any]] = []

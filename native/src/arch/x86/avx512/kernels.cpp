@@ -99,7 +99,8 @@ __attribute__((noinline)) void int8_tile(const uint8_t* const* x, const int8_t* 
   for (int p = p0; p < p1; ++p) {
     __m512i b[NB];
     for (int j = 0; j < NB; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kPrefetchLines) * 64), _MM_HINT_T0);
+      // one K block ahead, into L2: the next block streams from memory while this one computes
+      _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kInt8StepsPerBlock) * 64), _MM_HINT_T1);
       b[j] = _mm512_loadu_si512(panel[j] + p * 64);
     }
     for (int i = 0; i < M; ++i) {
