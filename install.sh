@@ -3,8 +3,9 @@
 #
 #   ./install.sh            deps, then build
 #   ./install.sh deps       system packages (compiler, CMake, Ninja, Python headers) and the Python environment
-#   ./install.sh build      build and install ktforge (Python dependencies from pyproject.toml, native
-#                           kernels for this CPU), then run `kt doctor`
+#   ./install.sh build      build, verify and install the kernels of the best recipe for this machine
+#                           (`kt build`), then run `kt doctor`; options go to `kt build`:
+#                           --backend auto|amx|amd-blis|avx512|avx2, --plan, --target NAME
 #   ./install.sh test       install the test tools and run the test suite
 #   --dry-run               print the system-package commands instead of running them
 #   -h, --help              this help
@@ -17,18 +18,24 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DRY_RUN=0
 ACTION=all
+BUILD_ARGS=()
 
-usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
 
-for arg in "$@"; do
-  case "$arg" in
+while [ $# -gt 0 ]; do
+  case "$1" in
     -h|--help) usage; exit 0 ;;
     --dry-run) DRY_RUN=1 ;;
-    deps|build|test|all) ACTION=$arg ;;
-    *) printf 'install.sh: unknown argument: %s\n\n' "$arg" >&2; usage >&2; exit 2 ;;
+    deps|build|test|all) ACTION=$1 ;;
+    --plan) BUILD_ARGS+=("--plan") ;;
+    --backend|--target)
+      [ $# -ge 2 ] || { printf 'install.sh: %s needs a value\n' "$1" >&2; exit 2; }
+      BUILD_ARGS+=("$1" "$2"); shift ;;
+    *) printf 'install.sh: unknown argument: %s\n\n' "$1" >&2; usage >&2; exit 2 ;;
   esac
+  shift
 done
 
 as_root() {
@@ -115,15 +122,24 @@ system_deps() {
 
 build() {
   local py=$1
-  say "building ktforge and its native kernels (-march=native) into $py"
-  [ "$DRY_RUN" = 1 ] && { printf '+ %s -m pip install %s\n' "$py" "$ROOT"; return; }
   local log="$ROOT/build/install.log"
   mkdir -p "$ROOT/build"
-  if ! "$py" -m pip install --disable-pip-version-check "$ROOT" >"$log" 2>&1; then
-    tail -n 40 "$log" >&2
-    die "the build failed; the full log is $log"
+  if [ "$DRY_RUN" = 1 ]; then
+    printf '+ %s -m pip install %s   # first time: ktforge and its Python dependencies\n' "$py" "$ROOT"
+    printf '+ %s -m ktforge build --source %s %s\n' "$py" "$ROOT" "${BUILD_ARGS[*]}"
+    return
   fi
-  say "installed; checking this machine:"
+  if ! "$py" -c 'import ktforge.build' 2>/dev/null; then
+    say "installing ktforge and its Python dependencies into $py"
+    if ! "$py" -m pip install --disable-pip-version-check "$ROOT" >"$log" 2>&1; then
+      tail -n 40 "$log" >&2
+      die "the first install failed; the full log is $log"
+    fi
+  fi
+  say "kt build ${BUILD_ARGS[*]}"
+  "$py" -m ktforge build --source "$ROOT" "${BUILD_ARGS[@]}" || die "kt build failed (see above)"
+  for arg in "${BUILD_ARGS[@]}"; do [ "$arg" = --plan ] && return; done
+  say "checking this machine:"
   "$py" -m ktforge doctor || true  # the doctor's findings are shown, not fatal to the install
   if [ "$py" = "$ROOT/.venv/bin/python" ] && [ "${VIRTUAL_ENV:-}" != "$ROOT/.venv" ]; then
     say "ktforge lives in $ROOT/.venv; activate it with:  source $ROOT/.venv/bin/activate"

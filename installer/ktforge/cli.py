@@ -109,6 +109,77 @@ def doctor(
         raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
 
 
+@app.command()
+def build(
+    backend: Annotated[str, typer.Option(help="auto, amx, amd-blis, avx512 or avx2.")] = "auto",
+    plan_only: Annotated[bool, typer.Option("--plan", help="Print the plan and why; build nothing.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the plan (and result) as JSON.")] = False,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="Build for another machine (e.g. sapphirerapids, znver4): a wheel in dist/, not installed here."
+        ),
+    ] = None,
+    source: Annotated[Path, typer.Option(help="The ktforge checkout to build.")] = Path(),
+) -> None:
+    """Plan, build, verify and install the kernels of one recipe.
+
+    Exit codes: 0 built (or plan buildable), 1 the plan cannot be built or the build/verification failed.
+    """
+    from rich.console import Console
+
+    from ktforge import build as build_mod
+    from ktforge import evidence as evidence_mod
+    from ktforge.report import build_report
+
+    source = source.resolve()
+    if not (source / "pyproject.toml").is_file() or 'name = "ktforge"' not in (source / "pyproject.toml").read_text():
+        typer.echo(f"kt build: {source} is not a ktforge checkout; run it there or pass --source", err=True)
+        raise typer.Exit(1)
+    report = build_report(evidence_mod.collect_live())
+    try:
+        plan = build_mod.make_plan(report, backend, target)
+    except build_mod.PlanError as exc:
+        typer.echo(f"kt build: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    result: dict[str, Any] = {"plan": plan.to_json()}
+    if plan_only or not plan.ok:
+        if json_output:
+            typer.echo(json.dumps({"schema_version": build_mod.PLAN_SCHEMA_VERSION, **plan.to_json()}, indent=1))
+        else:
+            typer.echo(build_mod.format_plan(plan))
+        raise typer.Exit(0 if plan.ok else 1)
+    console = Console(stderr=True, quiet=json_output)
+    try:
+        with build_mod.build_lock(source / "build"), console.status("building") as status:
+            wheel, log = build_mod.build_wheel(plan, source, lambda text: status.update(text))
+            if target is None:
+                status.update("verifying every compiled kernel against the reference")
+                result["verified"] = build_mod.verify_wheel(wheel, log)
+                status.update("installing")
+                build_mod.install_wheel(wheel, log)
+            else:
+                dist = source / "dist"
+                dist.mkdir(exist_ok=True)
+                shutil_copy = __import__("shutil").copy2
+                shutil_copy(wheel, dist / wheel.name)
+                wheel = dist / wheel.name
+    except build_mod.PlanError as exc:
+        typer.echo(f"kt build: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    result.update(wheel=str(wheel), log=str(log), installed=target is None)
+    if json_output:
+        typer.echo(json.dumps({"schema_version": build_mod.PLAN_SCHEMA_VERSION, **result}, indent=1))
+        return
+    typer.echo(build_mod.format_plan(plan))
+    for r in result.get("verified", []):
+        typer.echo(f"  verified {r['backend']:7} {r['method']:5} {r['kernel']} (max rel. error {r['rel_err']:.1e})")
+    if target is None:
+        typer.echo(f"installed {wheel.name} (log: {log}); next: kt bench --backend all")
+    else:
+        typer.echo(f"built {wheel} for {target}: copy it to that machine and pip install it there (log: {log})")
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 

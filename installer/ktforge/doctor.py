@@ -517,7 +517,9 @@ def _extension(r: dict[str, Any]) -> Finding:
     per_backend = ext.get("backends_missing_features") or {}
     runnable = [name for name, lacking in per_backend.items() if not lacking]
     lacking = {name: miss for name, miss in per_backend.items() if miss}
-    where = f"{ext.get('path')} ({info.get('compiler')}, {info.get('arch_flags')})"
+    record = ext.get("record") or {}
+    recipe = f"{record.get('recipe')} recipe, " if record.get("recipe") else ""
+    where = f"{ext.get('path')} ({recipe}{info.get('compiler')}, {info.get('arch_flags')})"
     if lacking:
         detail = "; ".join(f"{name} needs {', '.join(miss)}" for name, miss in lacking.items())
         return _f(

@@ -33,8 +33,9 @@ except Exception as exc:
     print(json.dumps({"status": "broken", "path": origin, "error": f"{type(exc).__name__}: {exc}"}))
     sys.exit(0)
 import ktforge
+from ktforge.build_record import installed_record
 print(json.dumps({"status": "importable", "path": origin, "build_info": dict(info),
-                  "package_version": ktforge.__version__}))
+                  "package_version": ktforge.__version__, "record": installed_record()}))
 """
 
 

@@ -195,3 +195,28 @@ def known_flag_names() -> frozenset[str]:
     names = {name for bits in CPUID_BITS.values() for name in bits.values()}
     names.update(SYSCTL_WORDS.values())
     return frozenset(names)
+
+
+# Compiler predefined macros -> feature names: what a binary compiled with given flags may
+# execute (the C++ side has the same table in native/src/arch/features.hpp).
+COMPILER_MACROS: Final[dict[str, str]] = {
+    "__AVX__": "avx",
+    "__AVX2__": "avx2",
+    "__FMA__": "fma",
+    "__F16C__": "f16c",
+    "__AVX512F__": "avx512f",
+    "__AVX512BW__": "avx512bw",
+    "__AVX512VL__": "avx512vl",
+    "__AVX512DQ__": "avx512dq",
+    "__AVX512CD__": "avx512cd",
+    "__AVX512VNNI__": "avx512_vnni",
+    "__AVX512VBMI__": "avx512vbmi",
+    "__AVX512VBMI2__": "avx512_vbmi2",
+    "__AVX512BF16__": "avx512_bf16",
+    "__AVX512FP16__": "avx512_fp16",
+    "__AVXVNNI__": "avx_vnni",
+    "__AMX_TILE__": "amx_tile",
+    "__AMX_INT8__": "amx_int8",
+    "__AMX_BF16__": "amx_bf16",
+    "__AMX_FP16__": "amx_fp16",
+}

@@ -19,6 +19,56 @@ import numpy as np
 
 METHODS = ("bf16", "int8", "int4")
 BACKENDS = ("auto", "avx512", "avx2", "reference")
+BACKEND_VARIABLE = "KTFORGE_BACKEND"
+
+
+def import_guard() -> str | None:
+    """Checks the installed build against this CPU before any kernel runs.
+
+    Raises RuntimeError naming the missing features and the fix when the build's own backend
+    (or the one KTFORGE_BACKEND selects) needs instructions this CPU or OS lacks; returns the
+    backend KTFORGE_BACKEND selects, if any. Requests AMX permission once when the build
+    targets AMX. The extension module itself is compiled without ISA flags, so asking it
+    about the CPU cannot fault.
+    """
+    import errno
+    import os
+
+    import ktforge._native as native
+    from ktforge.build_record import installed_record
+
+    record = installed_record()
+    selected = os.environ.get(BACKEND_VARIABLE) or None
+    if record is None:
+        return selected
+    backends = {b["name"]: b for b in record.get("backends", [])}
+    if selected is not None and selected not in backends:
+        raise RuntimeError(
+            f"{BACKEND_VARIABLE}={selected} is not compiled into this build (compiled: {', '.join(backends)})"
+        )
+    name = selected or next(iter(backends), None)
+    if name is None:
+        return selected
+    missing = [f for f in backends[name]["required_cpu_features"] if not native.cpu_has(f)]
+    if missing:
+        lower = [n for n, b in backends.items() if all(native.cpu_has(f) for f in b["required_cpu_features"])]
+        raise RuntimeError(
+            f"ktforge was built ({record.get('recipe')} recipe, {record.get('arch_flags')}) for a CPU with "
+            f"{', '.join(missing)}, which this CPU (or its OS) lacks; running it would crash with SIGILL. "
+            f"Fix: rebuild here with `./install.sh build` (or `kt build`), or run a lower compiled backend with "
+            f"{BACKEND_VARIABLE}={lower[0] if lower else 'reference'}."
+        )
+    if any(f.startswith("amx") for f in backends[name]["required_cpu_features"]):
+        code = native.request_amx_permission()
+        if code:
+            raise RuntimeError(
+                f"Linux refused AMX tile permission ({errno.errorcode.get(code, code)}); "
+                f"see `kt doctor --check amx.permission`, or run {BACKEND_VARIABLE}=avx2"
+            )
+    return selected
+
+
+_SELECTED_BACKEND = import_guard()
 
 
 def _bf16_dtype() -> Any:
@@ -110,6 +160,8 @@ class MoE:
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.method = method
+        if backend == "auto" and _SELECTED_BACKEND:
+            backend = _SELECTED_BACKEND
         self._layer = _native.MoELayer(
             self.num_experts,
             self.top_k,
@@ -187,7 +239,9 @@ class MoE:
 
 
 def build_info() -> dict[str, Any]:
-    """What the installed extension was built with (compiler, flags, backends and their CPU needs)."""
+    """What the installed extension was built with: compiler, flags, backends and their CPU needs
+    (from the extension itself), and under "record" the build record written beside it."""
     import ktforge._native as _native
+    from ktforge.build_record import installed_record
 
-    return dict(_native.build_info())
+    return {**_native.build_info(), "record": installed_record()}

@@ -22,8 +22,15 @@ class Recipe:
     name: str
     priority: int
     summary: str
-    compiler_must_accept: tuple[str, ...]
     requires: dict[str, Any]
+    backends: tuple[str, ...] = ()  # kernel backends compiled (KTFORGE_BACKENDS)
+    extra_flags: tuple[str, ...] = ()  # beyond -march (native, or the target's)
+    min_compiler: dict[str, str] | None = None  # family -> minimum version
+
+    @property
+    def compiler_must_accept(self) -> tuple[str, ...]:
+        """The flags of a host build, which the compile probe must accept."""
+        return ("-march=native", *self.extra_flags)
 
 
 @functools.cache
@@ -31,13 +38,16 @@ def load_recipes() -> tuple[Recipe, ...]:
     recipes = []
     for path in sorted(data_path("recipes").glob("*.toml")):
         raw = load_toml(path)
+        build = raw.get("build", {})
         recipes.append(
             Recipe(
-                raw["name"],
-                int(raw["priority"]),
-                raw.get("summary", ""),
-                tuple(raw.get("compiler_must_accept", ())),
-                dict(raw.get("requires", {})),
+                name=raw["name"],
+                priority=int(raw["priority"]),
+                summary=raw.get("summary", ""),
+                requires=dict(raw.get("requires", {})),
+                backends=tuple(build.get("backends", ())),
+                extra_flags=tuple(build.get("extra_flags", ())),
+                min_compiler=dict(build.get("min_compiler", {})),
             )
         )
     return tuple(sorted(recipes, key=lambda r: -r.priority))

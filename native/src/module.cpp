@@ -9,7 +9,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -25,6 +29,13 @@
 
 namespace py = pybind11;
 using namespace kt;
+
+#ifdef KTFORGE_HAVE_BLIS
+namespace kt {
+std::string blis_version();
+bool blis_gemm_selftest();
+}  // namespace kt
+#endif
 
 namespace {
 
@@ -130,9 +141,29 @@ PYBIND11_MODULE(_native, m) {
         // each backend's own requirement is listed with it.
         info["required_cpu_features"] = compiled_features();
         info["backends"] = backends;
+#ifdef KTFORGE_HAVE_BLIS
+        info["blis"] = py::dict(py::arg("library") = KTFORGE_BLIS_LIBRARY, py::arg("version") = blis_version());
+#else
+        info["blis"] = py::none();
+#endif
         return info;
       },
       "What this extension was compiled with: version, compiler, flags, and each backend's CPU needs.");
+#ifdef KTFORGE_HAVE_BLIS
+  m.def("blis_gemm_selftest", &blis_gemm_selftest, "A 3x5x7 s8s8s32 GEMM through the linked AOCL-BLAS, checked.");
+#endif
+  m.def(
+      "request_amx_permission",
+      [] {
+        // Linux hands out AMX tile state per process, on request (arch_prctl, since 5.16).
+        // Returns 0 when granted, else the errno (EOPNOTSUPP: no AMX; EINVAL: old kernel).
+        static const int result = [] {
+          long rc = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */);
+          return rc == 0 ? 0 : errno;
+        }();
+        return result;
+      },
+      "Ask Linux for AMX tile permission once per process; 0 or the errno.");
   m.def("cpu_has", &cpu_has, "Whether the running CPU and OS support a feature (Linux flag name).");
   m.def(
       "measure_peak",
