@@ -7,6 +7,7 @@
 #                           (`kt build`), then run `kt doctor`; options go to `kt build`:
 #                           --backend auto|amx|amd-blis|avx512|avx2, --plan, --target NAME
 #   ./install.sh test       install the test tools and run the test suite
+#   --with-blis             with deps: also AOCL-BLAS with the aocl_gemm add-on (the `aoclda` wheel)
 #   --dry-run               print the system-package commands instead of running them
 #   -h, --help              this help
 #
@@ -17,10 +18,11 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DRY_RUN=0
+WITH_BLIS=0
 ACTION=all
 BUILD_ARGS=()
 
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
 
@@ -28,6 +30,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --dry-run) DRY_RUN=1 ;;
+    --with-blis) WITH_BLIS=1 ;;
     deps|build|test|all) ACTION=$1 ;;
     --plan) BUILD_ARGS+=("--plan") ;;
     --backend|--target)
@@ -160,9 +163,17 @@ run_tests() {
   return "$code"
 }
 
+blis_deps() {
+  [ "$WITH_BLIS" = 1 ] || return 0
+  local py=$1
+  say "AOCL-BLAS with the aocl_gemm add-on (the aoclda wheel) into $py"
+  if [ "$DRY_RUN" = 1 ]; then printf '+ %s -m pip install aoclda\n' "$py"; return; fi
+  "$py" -m pip install -q --disable-pip-version-check "aoclda>=5.0"
+}
+
 case "$ACTION" in
-  deps)  system_deps; select_python >/dev/null ;;
+  deps)  system_deps; blis_deps "$(select_python)" ;;
   build) build "$(select_python)" ;;
   test)  run_tests "$(select_python)" ;;
-  all)   system_deps; build "$(select_python)" ;;
+  all)   system_deps; PY=$(select_python); blis_deps "$PY"; build "$PY" ;;
 esac
