@@ -128,14 +128,14 @@ build() {
   local log="$ROOT/build/install.log"
   mkdir -p "$ROOT/build"
   if [ "$DRY_RUN" = 1 ]; then
-    printf '+ %s -m pip install -C cmake.define.KTFORGE_BACKENDS= %s   # ktforge and its Python dependencies\n' "$py" "$ROOT"
+    printf '+ %s -m pip install --config-settings=cmake.define.KTFORGE_BACKENDS= %s   # ktforge and its Python dependencies\n' "$py" "$ROOT"
     printf '+ %s -m ktforge build --source %s %s\n' "$py" "$ROOT" "${BUILD_ARGS[*]}"
     return
   fi
   # First this checkout's ktforge and its Python dependencies, without SIMD kernels (quick):
   # `kt build` must run from this source, whatever ktforge was installed before.
   say "installing ktforge and its Python dependencies into $py"
-  if ! "$py" -m pip install --disable-pip-version-check -C cmake.define.KTFORGE_BACKENDS= "$ROOT" >"$log" 2>&1; then
+  if ! "$py" -m pip install --disable-pip-version-check --config-settings=cmake.define.KTFORGE_BACKENDS= "$ROOT" >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     die "installing ktforge failed; the full log is $log"
   fi

@@ -310,11 +310,13 @@ def build_wheel(plan: Plan, source: Path, step: Callable[[str], None]) -> tuple[
 
     # reuse this environment's build tools when it has them (fast, offline); else pip isolates
     local_tools = all(importlib.util.find_spec(m) for m in ("scikit_build_core", "pybind11"))
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dist), "-C", f"build-dir={work / 'cmake'}"]
+    # --config-settings, not -C: the pip of Debian 12's venvs (23.0) lacks the short form
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dist),
+               f"--config-settings=build-dir={work / 'cmake'}"]
     if local_tools:
         command.insert(5, "--no-build-isolation")
     for key, value in plan.cmake_defines.items():
-        command += ["-C", f"cmake.define.{key}={value}"]
+        command.append(f"--config-settings=cmake.define.{key}={value}")
     command.append(str(source))
     step(f"compiling {plan.backend} ({' '.join(plan.flags)})")
     if not _run_logged(command, log, source):
