@@ -311,8 +311,16 @@ def build_wheel(plan: Plan, source: Path, step: Callable[[str], None]) -> tuple[
     # reuse this environment's build tools when it has them (fast, offline); else pip isolates
     local_tools = all(importlib.util.find_spec(m) for m in ("scikit_build_core", "pybind11"))
     # --config-settings, not -C: the pip of Debian 12's venvs (23.0) lacks the short form
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dist),
-               f"--config-settings=build-dir={work / 'cmake'}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "-w",
+        str(dist),
+        f"--config-settings=build-dir={work / 'cmake'}",
+    ]
     if local_tools:
         command.insert(5, "--no-build-isolation")
     for key, value in plan.cmake_defines.items():
