@@ -128,7 +128,7 @@ void int8_finish(const int32_t* partial, int m, int nb, const float* x_scale, co
 
 // ---- int4 -------------------------------------------------------------------------------
 
-constexpr int kInt4Rows = 8, kInt4Blocks = 2;
+constexpr int kInt4Rows = 8, kInt4Blocks = 2, kInt4DecodeBlocks = 4;
 
 // Weights are unsigned nibbles w+8 (the u8 operand), activations signed: the sum over a
 // group carries 8 * sum_k x, removed per group before scaling.
@@ -185,9 +185,28 @@ struct Bf16Tile {
   static void run(A... a) { bf16_tile<M, NB>(a...); }
 };
 
+// Decode (a couple of token rows): memory-bound, so stream more panels at once; more
+// concurrent streams keep more cache-line requests in flight.
+constexpr int kDecodeRows = 2, kDecodeBlocks = 8;
+
+void gemm_bf16_decode(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const uint16_t* x[kDecodeRows];
+  for (int i = 0; i < a.m; ++i) x[i] = a.act->bf16.data() + static_cast<int64_t>(a.rows[i]) * a.act->Kp;
+  for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kDecodeBlocks) {
+    const int nb = std::min(kDecodeBlocks, a.n1 / 16 - b0);
+    const uint16_t* panel[kDecodeBlocks];
+    for (int j = 0; j < nb; ++j) panel[j] = reinterpret_cast<const uint16_t*>(w.block(b0 + j));
+    dispatch<kDecodeRows, kDecodeBlocks, Bf16Tile>(a.m, nb, static_cast<const uint16_t* const*>(x),
+                                                   static_cast<const uint16_t* const*>(panel), w.Kp / 2,
+                                                   a.out + (b0 * 16 - a.n0), a.ld_out);
+  }
+}
+
 void gemm_bf16(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
   const int kp2 = w.Kp / 2;
+  if (a.m <= kDecodeRows) return gemm_bf16_decode(a);
   for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kBf16Blocks) {
     const int nb = std::min(kBf16Blocks, a.n1 / 16 - b0);
     const uint16_t* panel[kBf16Blocks];
@@ -210,7 +229,34 @@ struct Int8Tile {
   static void run(A... a) { int8_tile<M, NB>(a...); }
 };
 
+template <int M, int NB>
+struct Int8Tile;
+
+// Decode: see gemm_bf16_decode. One K block spans the whole K (the panels are read once).
+void gemm_int8_decode(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const uint8_t* x[kDecodeRows];
+  float xs[kDecodeRows];
+  for (int i = 0; i < a.m; ++i) {
+    x[i] = a.act->q_u8.data() + static_cast<int64_t>(a.rows[i]) * a.act->Kp;
+    xs[i] = a.act->scale[a.rows[i]];
+  }
+  alignas(64) int32_t partial[kDecodeRows * kDecodeBlocks * 16];
+  for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kDecodeBlocks) {
+    const int nb = std::min(kDecodeBlocks, a.n1 / 16 - b0);
+    const int8_t* panel[kDecodeBlocks];
+    for (int j = 0; j < nb; ++j) panel[j] = reinterpret_cast<const int8_t*>(w.block(b0 + j));
+    std::fill(partial, partial + a.m * nb * 16, 0);
+    dispatch<kDecodeRows, kDecodeBlocks, Int8Tile>(a.m, nb, static_cast<const uint8_t* const*>(x),
+                                                   static_cast<const int8_t* const*>(panel), 0, w.Kp / 4,
+                                                   static_cast<int32_t*>(partial));
+    int8_finish(partial, a.m, nb, xs, w.scale.data() + b0 * 16, w.colsum.data() + b0 * 16,
+                a.out + (b0 * 16 - a.n0), a.ld_out);
+  }
+}
+
 void gemm_int8(const GemmArgs& a) {
+  if (a.m <= kDecodeRows) return gemm_int8_decode(a);
   const PackedMatrix& w = *a.w;
   const int kp4 = w.Kp / 4;
   thread_local aligned_vector<int32_t> partial;
@@ -252,10 +298,13 @@ struct Int4Tile {
 void gemm_int4(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
   const int G = w.groups();
-  for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kInt4Blocks) {
-    const int nb = std::min(kInt4Blocks, a.n1 / 16 - b0);
-    const uint8_t* panel[kInt4Blocks];
-    const float* gs[kInt4Blocks];
+  // decode (a couple of rows): four panels at once, for more memory streams in flight
+  const bool decode = a.m <= kDecodeRows;
+  const int blocks = decode ? kInt4DecodeBlocks : kInt4Blocks;
+  for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += blocks) {
+    const int nb = std::min(blocks, a.n1 / 16 - b0);
+    const uint8_t* panel[kInt4DecodeBlocks];
+    const float* gs[kInt4DecodeBlocks];
     for (int j = 0; j < nb; ++j) {
       panel[j] = w.block(b0 + j);
       gs[j] = w.scale.data() + static_cast<int64_t>(b0 + j) * G * 16;
@@ -272,6 +321,13 @@ void gemm_int4(const GemmArgs& a) {
         xs[i] = a.act->scale[r];
       }
       float* out = a.out + i0 * a.ld_out + (b0 * 16 - a.n0);
+      if (decode) {
+        dispatch<kDecodeRows, kInt4DecodeBlocks, Int4Tile>(
+            m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
+            static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel),
+            static_cast<const float* const*>(gs), G, w.group, out, a.ld_out);
+        continue;
+      }
       dispatch<kInt4Rows, kInt4Blocks, Int4Tile>(
           m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
           static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel), static_cast<const float* const*>(gs),
