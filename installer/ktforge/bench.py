@@ -133,10 +133,6 @@ class TorchPeer:
     """A plain PyTorch CPU MoE loop in bf16: what a user writes without ktforge."""
 
     def __init__(self, gate: Any, up: Any, down: Any, threads: int) -> None:
-        # torch's OpenMP workers otherwise spin for a while after every op, taking the cores
-        # that ktforge's pool needs in the next measurement (and vice versa in production:
-        # see the README). Must be set before torch starts its pool.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import torch
 
         torch.set_num_threads(threads)
@@ -186,7 +182,7 @@ def run(
         model = all_models[name]
         experts = experts_that_fit(model, budget)
         gate, up, down = make_weights(model, experts)
-        torch_peer = TorchPeer(gate, up, down, threads) if peer else None
+        pending: list[Result] = []
         for method in methods:
             for backend in backends:
                 moe = ktforge.MoE(
@@ -204,25 +200,52 @@ def run(
                     for kind in routings:
                         if progress:
                             progress(f"{name} {method} {backend} T={tokens} {kind}")
-                        yield {
-                            "result": asdict(
-                                _case(
-                                    moe,
-                                    model,
-                                    experts,
-                                    method,
-                                    backend,
-                                    tokens,
-                                    kind,
-                                    threads,
-                                    repeats,
-                                    peaks[backend],
-                                    torch_peer,
-                                    rng,
-                                )
+                        pending.append(
+                            _case(
+                                moe,
+                                model,
+                                experts,
+                                method,
+                                backend,
+                                tokens,
+                                kind,
+                                threads,
+                                repeats,
+                                peaks[backend],
+                                rng,
                             )
-                        }
+                        )
                 del moe
+        if peer:
+            # torch runs after every ktforge case of the model, each library with the cores to
+            # itself (torch's OpenMP workers keep spinning after an op and would slow whatever
+            # ran next; so would ktforge's pool, briefly)
+            torch_peer = TorchPeer(gate, up, down, threads)
+            timed: dict[tuple[int, str], float] = {}
+            for tokens in token_counts:
+                for kind in routings:
+                    if progress:
+                        progress(f"{name} torch bf16 T={tokens} {kind}")
+                    timed[tokens, kind] = _torch_case(torch_peer, model, experts, tokens, kind, repeats, rng)
+            for r in pending:
+                r.torch_ms = timed[r.tokens, r.routing] * 1e3
+                r.speedup_vs_torch = timed[r.tokens, r.routing] * 1e3 / r.ms
+        for r in pending:
+            yield {"result": asdict(r)}
+
+
+def _torch_case(
+    peer: TorchPeer, model: Model, experts: int, tokens: int, kind: str, repeats: int, rng: np.random.Generator
+) -> float:
+    x = rng.standard_normal((tokens, model.hidden), dtype=np.float32)
+    decode = tokens < PREFILL_MIN_TOKENS
+    state = {"route": routing(kind, tokens, experts, model.top_k, rng)}
+
+    def fresh() -> None:
+        state["route"] = routing(kind, tokens, experts, model.top_k, rng)
+
+    peer(x, *state["route"])  # warm-up
+    return _timed(lambda: peer(x, *state["route"]), repeats * (4 if decode else 1), fresh if decode else None)
 
 
 def _case(
@@ -236,7 +259,6 @@ def _case(
     threads: int,
     repeats: int,
     peaks: dict[str, float],
-    torch_peer: TorchPeer | None,
     rng: np.random.Generator,
 ) -> Result:
     H, I, k = model.hidden, model.intermediate, model.top_k
@@ -267,10 +289,7 @@ def _case(
         adjacent = max(native.measure_peak(backend, peak_kind, threads, 3_000_000) for _ in range(2)) / 1e9
         peak = max(peak, adjacent)
     pct = 100.0 * (gbs if decode else gflops) / peak if peak else 0.0
-    torch_ms = speedup = None
-    if torch_peer is not None:
-        torch_seconds = _timed(lambda: torch_peer(x, *state["route"]), max(1, reps // 2), fresh if decode else None)
-        torch_ms, speedup = torch_seconds * 1e3, torch_seconds / seconds
+    torch_ms = speedup = None  # filled in by run() once torch has been timed
     return Result(
         model.name,
         experts,
