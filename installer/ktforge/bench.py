@@ -324,8 +324,10 @@ def format_peaks(peaks: dict[str, dict[str, float]], threads: int) -> str:
 def format_row(r: dict[str, Any]) -> str:
     peer = f"{r['speedup_vs_torch']:5.2f}x" if r["speedup_vs_torch"] is not None else "    -"
     basis = "of read BW" if r["peak_kind"] == "read_gb_per_s" else f"of {r['peak_kind']}"
+    total = models()[r["model"]].experts if r["model"] in models() else r["experts_loaded"]
+    name = r["model"] if r["experts_loaded"] == total else f"{r['model']}[{r['experts_loaded']}/{total} experts]"
     return (
-        f"{r['model']:14} {r['method']:5} {r['backend']:9} T={r['tokens']:<4} {r['routing']:7} "
+        f"{name:14} {r['method']:5} {r['backend']:9} T={r['tokens']:<4} {r['routing']:7} "
         f"{r['ms']:9.2f} ms {r['tokens_per_s']:9.0f} tok/s {r['gflops']:7.1f} GFLOP/s "
         f"{r['weight_gb_per_s']:6.1f} GB/s {r['pct_of_peak']:5.1f}% {basis:15} vs torch {peer}"
     )
