@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 METHODS = ("bf16", "int8", "int4")
-BACKENDS = ("auto", "avx512", "avx2", "reference")
+BACKENDS = ("auto", "amd-blis", "avx512", "avx2", "reference")
 BACKEND_VARIABLE = "KTFORGE_BACKEND"
 
 
@@ -121,7 +121,10 @@ class MoE:
         num_experts, top_k, hidden_size, intermediate_size: the layer's shape (E, k, H, I).
         method: "bf16", "int8" (per-output-channel weights, per-token activations) or
             "int4" (group-wise weights, ``group_size`` 32, 64 or 128).
-        backend: "auto" (the best this CPU runs), "avx512", "avx2" or "reference".
+        backend: "auto" (the best this CPU runs), "avx512", "avx2", "reference", or "amd-blis":
+            AOCL-BLAS's aocl_gemm for int8/bf16 experts with enough tokens (the threshold is
+            measured at load against ktforge's kernels and shown in .info), ktforge's kernels
+            otherwise and for int4. Needs an amd-blis build or KTFORGE_BLIS_LIBRARY.
         threads: worker threads (default: the CPUs this process may use).
     """
 

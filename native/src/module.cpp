@@ -105,6 +105,18 @@ class PyMoE {
     py::dict d = backend_info(layer_.kernels());
     d["method"] = method_name(layer_.config().method);
     d["kernel"] = layer_.kernels().describe(layer_.config().method);
+    if (const Aocl* aocl = layer_.aocl()) {
+      const bool never = layer_.aocl_min_rows() >= (1 << 30);
+      const std::string gemm = layer_.config().method == Method::int8 ? "aocl_gemm_s8s8s32os32" : "aocl_gemm_bf16bf16f32of32";
+      d["name"] = "amd-blis";
+      d["aocl"] = py::dict(py::arg("library") = aocl->path(), py::arg("version") = aocl->version(),
+                           py::arg("min_tokens_per_expert") = never ? py::object(py::none()) : py::int_(layer_.aocl_min_rows()));
+      d["kernel"] = never ? std::string(layer_.kernels().describe(layer_.config().method)) +
+                                " (AOCL measured slower here at every token count up to 256)"
+                          : gemm + " (" + aocl->version() + ") for experts with >= " +
+                                std::to_string(layer_.aocl_min_rows()) + " tokens, else " +
+                                layer_.kernels().describe(layer_.config().method);
+    }
     d["threads"] = layer_.threads();
     d["packed_bytes"] = layer_.packed_bytes();
     d["loaded"] = layer_.loaded();

@@ -1,6 +1,7 @@
 #include "moe/layer.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <chrono>
 #include <numeric>
@@ -30,8 +31,30 @@ Method parse_method(const std::string& name) {
 
 const char* method_name(Method m) { return m == Method::bf16 ? "bf16" : m == Method::int8 ? "int8" : "int4"; }
 
+namespace {
+
+// The BLIS library of the amd-blis backend: KTFORGE_BLIS_LIBRARY, else the one an amd-blis
+// build linked.
+std::string blis_library_path() {
+  if (const char* env = std::getenv("KTFORGE_BLIS_LIBRARY"); env && *env) return env;
+#ifdef KTFORGE_BLIS_LIBRARY
+  return KTFORGE_BLIS_LIBRARY;
+#else
+  throw std::invalid_argument(
+      "backend 'amd-blis' needs AOCL-BLAS with the aocl_gemm add-on: build with `kt build --backend amd-blis`, or "
+      "set KTFORGE_BLIS_LIBRARY to the library (`kt doctor --check blis.addon` shows which works)");
+#endif
+}
+
+}  // namespace
+
 MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int threads)
-    : config_(config), kernels_(select_backend(backend)), pool_(threads > 0 ? threads : available_cpus()) {
+    : config_(config),
+      kernels_(select_backend(backend == "amd-blis" ? "auto" : backend)),
+      pool_(threads > 0 ? threads : available_cpus()) {
+  if (backend == "amd-blis" && config.method != Method::int4) aocl_ = &Aocl::load(blis_library_path());
+  if (aocl_ && config.method == Method::bf16 && !aocl_->has_bf16())
+    throw std::invalid_argument(aocl_->path() + " lacks aocl_gemm_bf16bf16f32of32");
   if (config.experts <= 0 || config.top_k <= 0 || config.hidden <= 0 || config.intermediate <= 0)
     throw std::invalid_argument("num_experts, top_k, hidden_size and intermediate_size must be positive");
   if (config.top_k > config.experts) throw std::invalid_argument("top_k cannot exceed num_experts");
@@ -40,6 +63,8 @@ MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int thre
     throw std::invalid_argument("group_size must be 32, 64 or 128");
   inter_padded_ = static_cast<int>(round_up(config.intermediate, 16));
   thread_scratch_.resize(pool_.size());
+  thread_a_.resize(pool_.size());
+  thread_acc_.resize(pool_.size());
 }
 
 void MoeLayer::load(const void* gate, const void* up, const void* down, DType dtype) {
@@ -64,7 +89,114 @@ void MoeLayer::load(const void* gate, const void* up, const void* down, DType dt
   });
   gate_up_ = std::move(gate_up);
   down_ = std::move(down_packed);
+  if (aocl_) {
+    aocl_gate_up_.assign(E, {});
+    aocl_down_.assign(E, {});
+    pool_.parallel_for(E, [&](int64_t e, int) {
+      aocl_gate_up_[e] = aocl_->reorder(gate_up_[e]);
+      aocl_down_[e] = aocl_->reorder(down_[e]);
+    });
+    calibrate_aocl();
+  }
   loaded_ = true;
+}
+
+void MoeLayer::calibrate_aocl() {
+  // Time AOCL against this layer's kernels on expert 0's gate/up, single-threaded, for
+  // growing token counts; AOCL takes over from the first count where it is faster.
+  using clock = std::chrono::steady_clock;
+  const int H = config_.hidden, N = gate_up_[0].Np;
+  std::vector<float> x(static_cast<std::size_t>(256) * H);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.f - 1.f;
+  aocl_min_rows_ = 1 << 30;
+  if (const char* forced = std::getenv("KTFORGE_AOCL_MIN_TOKENS"); forced && *forced) {
+    aocl_min_rows_ = std::max(1, std::atoi(forced));  // the user (or a test) knows better
+    return;
+  }
+  for (int m : {1, 4, 16, 32, 64, 128, 256}) {
+    Activations act;
+    prepare_activations(*kernels_, act, config_.method, config_.group, gate_up_[0].Kp, x.data(), DType::f32, m, H, H,
+                        nullptr, "calibration");
+    std::vector<int32_t> rows(m);
+    std::iota(rows.begin(), rows.end(), 0);
+    aligned_vector<float> out(static_cast<std::size_t>(m) * N);
+    aligned_vector<int32_t> acc(static_cast<std::size_t>(m) * N);
+    auto best = [&](auto&& fn) {
+      double t = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        auto start = clock::now();
+        fn();
+        t = std::min(t, std::chrono::duration<double>(clock::now() - start).count());
+      }
+      return t;
+    };
+    GemmArgs args{&act, rows.data(), m, &gate_up_[0], 0, N, out.data(), N};
+    double ours = best([&] { kernels_->gemm(args); });
+    double theirs = best([&] {
+      if (config_.method == Method::int8)
+        aocl_->gemm_s8(m, N, gate_up_[0].Kp, act.q.data(), act.Kp, aocl_gate_up_[0].data(), acc.data());
+      else
+        aocl_->gemm_bf16(m, N, gate_up_[0].Kp, act.bf16.data(), act.Kp, aocl_gate_up_[0].data(), out.data());
+    });
+    if (theirs < ours) {
+      aocl_min_rows_ = m;
+      break;
+    }
+  }
+}
+
+// AOCL results -> floats with the int8 scales (AOCL's s8s8 GEMM takes the signed
+// activations as they are: no offset to remove).
+static void dequantize(const int32_t* acc, int m, int n, const float* x_scale, const float* w_scale, float* out,
+                       int64_t ld) {
+  for (int i = 0; i < m; ++i)
+    for (int c = 0; c < n; ++c) out[i * ld + c] = static_cast<float>(acc[static_cast<int64_t>(i) * n + c]) * x_scale[i] * w_scale[c];
+}
+
+void MoeLayer::aocl_gate_up(int expert, int64_t r0, int64_t r1, const int32_t* rows, int thread) {
+  const PackedMatrix& w = gate_up_[expert];
+  const int m = static_cast<int>(r1 - r0), N = w.Np, Kp = w.Kp;
+  auto& scratch = thread_scratch_[thread];
+  scratch.resize(static_cast<std::size_t>(m) * N);
+  const std::size_t elem = config_.method == Method::int8 ? 1 : 2;
+  auto& a = thread_a_[thread];
+  a.resize(static_cast<std::size_t>(m) * Kp * elem);
+  for (int i = 0; i < m; ++i) {  // gather the expert's token rows into one matrix
+    const int64_t row = rows[r0 + i];
+    const uint8_t* src = config_.method == Method::int8 ? reinterpret_cast<const uint8_t*>(act_x_.q.data() + row * Kp)
+                                                        : reinterpret_cast<const uint8_t*>(act_x_.bf16.data() + row * Kp);
+    std::copy(src, src + Kp * elem, a.data() + static_cast<std::size_t>(i) * Kp * elem);
+  }
+  if (config_.method == Method::int8) {
+    auto& acc = thread_acc_[thread];
+    acc.resize(static_cast<std::size_t>(m) * N);
+    aocl_->gemm_s8(m, N, Kp, reinterpret_cast<const int8_t*>(a.data()), Kp, aocl_gate_up_[expert].data(), acc.data());
+    std::vector<float> xs(m);
+    for (int i = 0; i < m; ++i) xs[i] = act_x_.scale[rows[r0 + i]];
+    dequantize(acc.data(), m, N, xs.data(), w.scale.data(), scratch.data(), N);
+  } else {
+    aocl_->gemm_bf16(m, N, Kp, reinterpret_cast<const uint16_t*>(a.data()), Kp, aocl_gate_up_[expert].data(),
+                     scratch.data());
+  }
+  for (int i = 0; i < m; ++i) {
+    const float* s = scratch.data() + static_cast<int64_t>(i) * N;
+    float* out = a_buf_.data() + (r0 + i) * inter_padded_;
+    for (int c = 0; c < N; c += 32) kernels_->silu_mul(s + c, s + c + 16, out + c / 2, 16);
+  }
+}
+
+void MoeLayer::aocl_down(int expert, int64_t r0, int64_t r1, int thread) {
+  const PackedMatrix& w = down_[expert];
+  const int m = static_cast<int>(r1 - r0), N = w.Np, Kp = w.Kp;
+  float* out = slot_out_.data() + r0 * N;  // positions are contiguous per expert
+  if (config_.method == Method::int8) {
+    auto& acc = thread_acc_[thread];
+    acc.resize(static_cast<std::size_t>(m) * N);
+    aocl_->gemm_s8(m, N, Kp, act_a_.q.data() + r0 * Kp, Kp, aocl_down_[expert].data(), acc.data());
+    dequantize(acc.data(), m, N, act_a_.scale.data() + r0, w.scale.data(), out, N);
+  } else {
+    aocl_->gemm_bf16(m, N, Kp, act_a_.bf16.data() + r0 * Kp, Kp, aocl_down_[expert].data(), out);
+  }
 }
 
 std::size_t MoeLayer::packed_bytes() const {
@@ -81,12 +213,15 @@ void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const std::vecto
   };
   std::vector<Task> tasks;
   const int N = 2 * inter_padded_;
-  for (int e = 0; e < config_.experts; ++e)
+  for (int e = 0; e < config_.experts; ++e) {
+    const bool whole = aocl_ && offsets[e + 1] - offsets[e] >= aocl_min_rows_;  // AOCL: all columns at once
     for (int64_t r0 = offsets[e]; r0 < offsets[e + 1]; r0 += kRowChunk)
-      for (int n0 = 0; n0 < N; n0 += kGateUpCols)
-        tasks.push_back({e, n0, std::min(N, n0 + kGateUpCols), r0, std::min(offsets[e + 1], r0 + kRowChunk)});
+      for (int n0 = 0; n0 < N; n0 += whole ? N : kGateUpCols)
+        tasks.push_back({e, whole ? -1 : n0, std::min(N, n0 + kGateUpCols), r0, std::min(offsets[e + 1], r0 + kRowChunk)});
+  }
   pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t index, int thread) {
     const Task& t = tasks[index];
+    if (t.n0 < 0) return aocl_gate_up(t.expert, t.r0, t.r1, token_of_pos.data(), thread);
     auto& scratch = thread_scratch_[thread];
     const int cols = t.n1 - t.n0, m = static_cast<int>(t.r1 - t.r0);
     if (scratch.size() < static_cast<std::size_t>(m) * cols) scratch.resize(static_cast<std::size_t>(m) * cols);
@@ -108,14 +243,17 @@ void MoeLayer::run_down(const std::vector<int64_t>& offsets) {
   };
   std::vector<Task> tasks;
   const int Hp = static_cast<int>(round_up(config_.hidden, 16));
-  for (int e = 0; e < config_.experts; ++e)
+  for (int e = 0; e < config_.experts; ++e) {
+    const bool whole = aocl_ && offsets[e + 1] - offsets[e] >= aocl_min_rows_;
     for (int64_t r0 = offsets[e]; r0 < offsets[e + 1]; r0 += kRowChunk)
-      for (int n0 = 0; n0 < Hp; n0 += kDownCols)
-        tasks.push_back({e, n0, std::min(Hp, n0 + kDownCols), r0, std::min(offsets[e + 1], r0 + kRowChunk)});
+      for (int n0 = 0; n0 < Hp; n0 += whole ? Hp : kDownCols)
+        tasks.push_back({e, whole ? -1 : n0, std::min(Hp, n0 + kDownCols), r0, std::min(offsets[e + 1], r0 + kRowChunk)});
+  }
   std::vector<int32_t> identity(static_cast<std::size_t>(offsets.back()));
   std::iota(identity.begin(), identity.end(), 0);
-  pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t index, int) {
+  pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t index, int thread) {
     const Task& t = tasks[index];
+    if (t.n0 < 0) return aocl_down(t.expert, t.r0, t.r1, thread);
     GemmArgs args{&act_a_, identity.data() + t.r0, static_cast<int>(t.r1 - t.r0), &down_[t.expert], t.n0, t.n1,
                   slot_out_.data() + t.r0 * Hp + t.n0, Hp};
     kernels_->gemm(args);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "blis/aocl.hpp"
 #include "kernels/pack.hpp"
 #include "kernels/types.hpp"
 #include "runtime/thread_pool.hpp"
@@ -34,6 +35,10 @@ class MoeLayer {
 
   const MoeConfig& config() const { return config_; }
   const KernelTable& kernels() const { return *kernels_; }
+  // amd-blis: the AOCL library, and the fewest tokens per expert from which AOCL is used
+  // (measured at load against this layer's own kernels; above every count: never).
+  const Aocl* aocl() const { return aocl_; }
+  int aocl_min_rows() const { return aocl_min_rows_; }
   int threads() const { return pool_.size(); }
   std::size_t packed_bytes() const;
   // Tasks each thread ran in the gate/up phase of the last forward() (balance under skew).
@@ -43,6 +48,9 @@ class MoeLayer {
 
  private:
   void run_gate_up(const std::vector<int64_t>& offsets, const std::vector<int32_t>& token_of_pos);
+  void aocl_gate_up(int expert, int64_t r0, int64_t r1, const int32_t* rows, int thread);
+  void aocl_down(int expert, int64_t r0, int64_t r1, int thread);
+  void calibrate_aocl();
   void run_down(const std::vector<int64_t>& offsets);
 
   MoeConfig config_;
@@ -50,6 +58,11 @@ class MoeLayer {
   ThreadPool pool_;
   int inter_padded_;  // I rounded up to 16
   std::vector<PackedMatrix> gate_up_, down_;
+  const Aocl* aocl_ = nullptr;
+  int aocl_min_rows_ = 1 << 30;
+  std::vector<aligned_vector<uint8_t>> aocl_gate_up_, aocl_down_;
+  std::vector<aligned_vector<uint8_t>> thread_a_;    // gathered activation rows per thread
+  std::vector<aligned_vector<int32_t>> thread_acc_;  // AOCL int32 results per thread
   bool loaded_ = false;
   // forward() scratch, kept between calls
   Activations act_x_, act_a_;

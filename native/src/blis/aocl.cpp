@@ -1,0 +1,96 @@
+#include "blis/aocl.hpp"
+
+#include <dlfcn.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+namespace kt {
+
+const Aocl& Aocl::load(const std::string& path) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<Aocl>> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = loaded[path];
+  if (slot) return *slot;
+  // RTLD_NOW: a library missing symbols fails here, with the loader's message, not later.
+  // Wheels bundle a library's dependencies beside it (libomp for aoclda) without an rpath:
+  // load such a sibling by absolute path first, so no LD_LIBRARY_PATH is needed.
+  void* handle = nullptr;
+  const std::string dir = path.substr(0, path.find_last_of('/') + 1);
+  for (int attempt = 0; attempt < 8 && !handle; ++attempt) {
+    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle) break;
+    const char* raw = dlerror();
+    const std::string error = raw ? raw : "";
+    const std::string missing = error.substr(0, error.find(':'));
+    if (missing.find('/') != std::string::npos || !dlopen((dir + missing).c_str(), RTLD_NOW | RTLD_GLOBAL)) {
+      dlerror();
+      break;
+    }
+  }
+  if (!handle) {
+    const char* why = dlerror();
+    throw std::invalid_argument("cannot load BLIS library " + path + ": " + (why ? why : "unknown error") +
+                                " (check it with `kt doctor --check blis.found`)");
+  }
+  auto lib = std::make_unique<Aocl>();
+  lib->path_ = path;
+  auto sym = [&](const char* name) { return dlsym(handle, name); };
+  lib->gemm_s8_ = reinterpret_cast<decltype(lib->gemm_s8_)>(sym("aocl_gemm_s8s8s32os32"));
+  lib->size_s8_ = reinterpret_cast<decltype(lib->size_s8_)>(sym("aocl_get_reorder_buf_size_s8s8s32os32"));
+  lib->reorder_s8_ = reinterpret_cast<decltype(lib->reorder_s8_)>(sym("aocl_reorder_s8s8s32os32"));
+  lib->gemm_bf16_ = reinterpret_cast<decltype(lib->gemm_bf16_)>(sym("aocl_gemm_bf16bf16f32of32"));
+  lib->size_bf16_ = reinterpret_cast<decltype(lib->size_bf16_)>(sym("aocl_get_reorder_buf_size_bf16bf16f32of32"));
+  lib->reorder_bf16_ = reinterpret_cast<decltype(lib->reorder_bf16_)>(sym("aocl_reorder_bf16bf16f32of32"));
+  if (!lib->gemm_s8_ || !lib->size_s8_ || !lib->reorder_s8_)
+    throw std::invalid_argument(path + " has no aocl_gemm add-on (aocl_gemm_s8s8s32os32 and its reorder API are "
+                                "missing: upstream BLIS). Install AOCL-BLAS: ./install.sh deps --with-blis");
+  if (!lib->gemm_bf16_ || !lib->size_bf16_ || !lib->reorder_bf16_) lib->gemm_bf16_ = nullptr;
+  auto version = reinterpret_cast<const char* (*)()>(sym("bli_info_get_version_str"));
+  lib->version_ = version ? version() : "unknown";
+  // One owner of the cores: ktforge's pool runs the experts in parallel, each AOCL call
+  // on one thread, so BLIS's own OpenMP threads never compete with the pool.
+  if (auto set_threads = reinterpret_cast<void (*)(int64_t)>(sym("bli_thread_set_num_threads"))) set_threads(1);
+  slot = std::move(lib);
+  return *slot;
+}
+
+aligned_vector<uint8_t> Aocl::reorder(const PackedMatrix& w) const {
+  const int N = w.Np, K = w.Kp;
+  if (w.method == Method::int8) {
+    std::vector<int8_t> b(static_cast<std::size_t>(K) * N);
+    const auto* packed = reinterpret_cast<const int8_t*>(w.data.data());
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k)
+        b[static_cast<std::size_t>(k) * N + n] = packed[((static_cast<int64_t>(n / 16) * (K / 4) + k / 4) * 16 + n % 16) * 4 + k % 4];
+    aligned_vector<uint8_t> out(size_s8_('r', 'n', 'B', K, N));
+    reorder_s8_('r', 'n', 'B', b.data(), reinterpret_cast<int8_t*>(out.data()), K, N, N);
+    return out;
+  }
+  if (w.method == Method::bf16 && gemm_bf16_) {
+    std::vector<int16_t> b(static_cast<std::size_t>(K) * N);
+    const auto* packed = reinterpret_cast<const int16_t*>(w.data.data());
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k)
+        b[static_cast<std::size_t>(k) * N + n] = packed[((static_cast<int64_t>(n / 16) * (K / 2) + k / 2) * 16 + n % 16) * 2 + k % 2];
+    aligned_vector<uint8_t> out(size_bf16_('r', 'n', 'B', K, N));
+    reorder_bf16_('r', 'n', 'B', b.data(), reinterpret_cast<int16_t*>(out.data()), K, N, N);
+    return out;
+  }
+  throw std::invalid_argument("the amd-blis backend runs int8 and bf16 through AOCL; int4 uses ktforge's kernels");
+}
+
+void Aocl::gemm_s8(int m, int n, int k, const int8_t* a, int64_t lda, const uint8_t* b, int32_t* c) const {
+  gemm_s8_('r', 'n', 'n', m, n, k, 1, a, lda, 'n', reinterpret_cast<const int8_t*>(b), n, 'r', 0, c, n, nullptr);
+}
+
+void Aocl::gemm_bf16(int m, int n, int k, const uint16_t* a, int64_t lda, const uint8_t* b, float* c) const {
+  gemm_bf16_('r', 'n', 'n', m, n, k, 1.f, reinterpret_cast<const int16_t*>(a), lda, 'n',
+             reinterpret_cast<const int16_t*>(b), n, 'r', 0.f, c, n, nullptr);
+}
+
+}  // namespace kt

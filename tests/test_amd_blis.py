@@ -1,0 +1,84 @@
+"""The amd-blis backend: AOCL's aocl_gemm for int8/bf16 experts, on the real libraries here
+(the aoclda wheel's AOCL-BLAS; Debian's upstream BLIS, which lacks the add-on; none)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ktforge
+from ktforge import blis
+
+from .moe_reference import expected
+from .test_moe_correctness import SHAPES, make_layer, rel_err, routing
+
+DEBIAN_BLIS = Path("/usr/lib/x86_64-linux-gnu/libblis.so.4")
+
+
+@pytest.fixture(scope="module")
+def aocl_path() -> str:
+    usable = [lib for lib in (blis.summarize(c) for c in blis.discover()["candidates"]) if lib["usable"]]
+    assert usable, "AOCL-BLAS with aocl_gemm is required: python -m pip install aoclda"
+    return str(usable[0]["path"])
+
+
+@pytest.mark.parametrize("method", ["int8", "bf16", "int4"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "E{}k{}H{}I{}T{}".format(*s))
+def test_aocl_path_matches_the_definition(
+    method: str, shape: tuple[int, int, int, int, int], aocl_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KTFORGE_BLIS_LIBRARY", aocl_path)
+    monkeypatch.setenv("KTFORGE_AOCL_MIN_TOKENS", "1")  # every expert through AOCL, whatever is faster
+    E, k, H, I, T = shape
+    gate, up, down = make_layer(E, H, I)
+    ids, w = routing(T, E, k)
+    x = np.random.default_rng(2).standard_normal((T, H)).astype(np.float32)
+    moe = ktforge.MoE(E, k, H, I, method=method, backend="amd-blis", group_size=128)
+    moe.load_weights(gate, up, down)
+    info = moe.info
+    if method == "int4":
+        assert "aocl" not in info  # int4 runs on ktforge's kernels (see the README)
+    else:
+        assert info["name"] == "amd-blis" and info["aocl"]["min_tokens_per_expert"] == 1
+        assert info["kernel"].startswith("aocl_gemm_")
+    assert rel_err(moe.forward(x, ids, w), expected(x, ids, w, gate, up, down, method, 128)) < 2e-3
+
+
+def test_the_threshold_is_measured_at_load(aocl_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KTFORGE_BLIS_LIBRARY", aocl_path)
+    monkeypatch.delenv("KTFORGE_AOCL_MIN_TOKENS", raising=False)
+    E, k, H, I, T = 4, 2, 256, 192, 400
+    gate, up, down = make_layer(E, H, I)
+    moe = ktforge.MoE(E, k, H, I, method="int8", backend="amd-blis")
+    moe.load_weights(gate, up, down)
+    threshold = moe.info["aocl"]["min_tokens_per_expert"]
+    assert threshold is None or threshold in (1, 4, 16, 32, 64, 128, 256)
+    assert moe.info["aocl"]["version"].startswith("AOCL-BLAS")
+    ids, w = routing(T, E, k)
+    x = np.random.default_rng(3).standard_normal((T, H)).astype(np.float32)
+    assert rel_err(moe.forward(x, ids, w), expected(x, ids, w, gate, up, down, "int8")) < 2e-3
+
+
+def test_upstream_blis_without_the_addon_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert DEBIAN_BLIS.exists(), "Debian's libblis-dev is required: apt-get install libblis-dev"
+    monkeypatch.setenv("KTFORGE_BLIS_LIBRARY", str(DEBIAN_BLIS))
+    with pytest.raises(ValueError, match="no aocl_gemm add-on.*--with-blis"):
+        ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis")
+
+
+def test_a_missing_library_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KTFORGE_BLIS_LIBRARY", str(tmp_path / "libblis-mt.so"))
+    with pytest.raises(ValueError, match="cannot load BLIS library"):
+        ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis")
+
+
+def test_without_a_named_library_only_an_amd_blis_build_has_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KTFORGE_BLIS_LIBRARY", raising=False)
+    linked = ktforge.build_info()["blis"]
+    if linked:  # an amd-blis build carries its library
+        assert ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis").info["aocl"]["library"] == linked["library"]
+    else:
+        with pytest.raises(ValueError, match="kt build --backend amd-blis"):
+            ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis")
