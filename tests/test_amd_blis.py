@@ -64,7 +64,7 @@ def test_the_threshold_is_measured_at_load(aocl_path: str, monkeypatch: pytest.M
 def test_upstream_blis_without_the_addon_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     assert DEBIAN_BLIS.exists(), "Debian's libblis-dev is required: apt-get install libblis-dev"
     monkeypatch.setenv("KTFORGE_BLIS_LIBRARY", str(DEBIAN_BLIS))
-    with pytest.raises(ValueError, match="no aocl_gemm add-on.*--with-blis"):
+    with pytest.raises(ValueError, match=r"no aocl_gemm add-on.*--with-blis"):
         ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis")
 
 

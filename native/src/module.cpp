@@ -112,7 +112,7 @@ class PyMoE {
       d["aocl"] = py::dict(py::arg("library") = aocl->path(), py::arg("version") = aocl->version(),
                            py::arg("min_tokens_per_expert") = never ? py::object(py::none()) : py::int_(layer_.aocl_min_rows()));
       d["kernel"] = never ? std::string(layer_.kernels().describe(layer_.config().method)) +
-                                " (AOCL measured slower here at every token count up to 256)"
+                                " (AOCL was not clearly faster at any token count up to 256, measured at load)"
                           : gemm + " (" + aocl->version() + ") for experts with >= " +
                                 std::to_string(layer_.aocl_min_rows()) + " tokens, else " +
                                 layer_.kernels().describe(layer_.config().method);

@@ -113,6 +113,9 @@ void MoeLayer::calibrate_aocl() {
     aocl_min_rows_ = std::max(1, std::atoi(forced));  // the user (or a test) knows better
     return;
   }
+  // AOCL must win clearly (by 10%) at two sizes in a row: the machine is noisy, and a
+  // wrong switch costs more than a missed one.
+  bool won_previous = false;
   for (int m : {1, 4, 16, 32, 64, 128, 256}) {
     Activations act;
     prepare_activations(*kernels_, act, config_.method, config_.group, gate_up_[0].Kp, x.data(), DType::f32, m, H, H,
@@ -123,7 +126,7 @@ void MoeLayer::calibrate_aocl() {
     aligned_vector<int32_t> acc(static_cast<std::size_t>(m) * N);
     auto best = [&](auto&& fn) {
       double t = 1e30;
-      for (int rep = 0; rep < 3; ++rep) {
+      for (int rep = 0; rep < 5; ++rep) {
         auto start = clock::now();
         fn();
         t = std::min(t, std::chrono::duration<double>(clock::now() - start).count());
@@ -138,11 +141,13 @@ void MoeLayer::calibrate_aocl() {
       else
         aocl_->gemm_bf16(m, N, gate_up_[0].Kp, act.bf16.data(), act.Kp, aocl_gate_up_[0].data(), out.data());
     });
-    if (theirs < ours) {
-      aocl_min_rows_ = m;
-      break;
-    }
+    const bool wins = theirs * 1.1 < ours;
+    if (wins && won_previous) break;
+    if (wins && !won_previous) aocl_min_rows_ = m;
+    if (!wins) aocl_min_rows_ = 1 << 30;
+    won_previous = wins;
   }
+  if (!won_previous) aocl_min_rows_ = 1 << 30;
 }
 
 // AOCL results -> floats with the int8 scales (AOCL's s8s8 GEMM takes the signed
