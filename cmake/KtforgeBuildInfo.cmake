@@ -8,14 +8,19 @@ set(KTFORGE_ARCH_FLAGS "-march=native" CACHE STRING "ISA flags for the SIMD back
 
 set(KTFORGE_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(KTFORGE_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c)
+set(KTFORGE_FLAGS_amx ${KTFORGE_FLAGS_avx512} -mamx-tile -mamx-int8 -mamx-bf16)
+# the AMX kernels on the software tile unit: AVX-512 flags only (it needs no AMX)
+set(KTFORGE_FLAGS_amx_model ${KTFORGE_FLAGS_avx512} -DKTFORGE_AMX_MODEL)
 set(KTFORGE_DIR_avx2 arch/x86/avx2)
 set(KTFORGE_DIR_avx512 arch/x86/avx512)
+set(KTFORGE_DIR_amx arch/x86/amx)
+set(KTFORGE_DIR_amx_model arch/x86/amx)
 
 include(CheckCXXCompilerFlag)
 
 function(ktforge_add_backend name)
   if(NOT DEFINED KTFORGE_FLAGS_${name})
-    message(FATAL_ERROR "Unknown backend '${name}' in KTFORGE_BACKENDS (known: avx512, avx2).")
+    message(FATAL_ERROR "Unknown backend '${name}' in KTFORGE_BACKENDS (known: amx, avx512, avx2, amx_model).")
   endif()
   separate_arguments(_arch UNIX_COMMAND "${KTFORGE_ARCH_FLAGS}")
   # avx2 stays a true AVX2 build: host flags must not let the compiler emit AVX-512 there

@@ -48,7 +48,7 @@ def test_cli_bench_json_on_a_tiny_layer(monkeypatch: pytest.MonkeyPatch) -> None
     )
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    peaks = document["peaks"]["avx512"]
+    [peaks] = document["peaks"].values()  # the best backend this machine runs
     assert peaks["bf16_dot"] > 0 and peaks["int8_dot"] > 0 and peaks["read_gb_per_s"] > 0
     results = document["results"]
     assert len(results) == 2 * 2 * 2  # methods x token counts x routings

@@ -58,6 +58,7 @@ def make_record(args: argparse.Namespace) -> dict[str, Any]:
         "record_version": RECORD_VERSION,
         "ktforge_version": args.version,
         "recipe": args.recipe or "default",
+        "primary_backend": args.primary or None,
         "target": args.target or None,
         "arch_flags": args.arch_flags,
         "compiler": {"path": args.compiler, "id": args.compiler_id, "version": args.compiler_version},
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="write ktforge's build record (run by CMake)")
     for option in ("--compiler", "--compiler-id", "--compiler-version", "--version", "--source-dir", "--output"):
         parser.add_argument(option, required=True)
-    for option in ("--recipe", "--target", "--arch-flags", "--host-fingerprint", "--blis-library"):
+    for option in ("--recipe", "--target", "--arch-flags", "--host-fingerprint", "--blis-library", "--primary"):
         parser.add_argument(option, default="")
     parser.add_argument("--backend", action="append", default=[], help="name=flags")
     args = parser.parse_args(argv)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 METHODS = ("bf16", "int8", "int4")
-BACKENDS = ("auto", "amd-blis", "avx512", "avx2", "reference")
+BACKENDS = ("auto", "amx", "amd-blis", "avx512", "avx2", "reference", "amx-model")
 BACKEND_VARIABLE = "KTFORGE_BACKEND"
 
 
@@ -46,8 +46,8 @@ def import_guard() -> str | None:
         raise RuntimeError(
             f"{BACKEND_VARIABLE}={selected} is not compiled into this build (compiled: {', '.join(backends)})"
         )
-    name = selected or next(iter(backends), None)
-    if name is None:
+    name = selected or record.get("primary_backend")
+    if name is None:  # a plain build: "auto" picks the best compiled backend this CPU runs
         return selected
     missing = [f for f in backends[name]["required_cpu_features"] if not native.cpu_has(f)]
     if missing:
@@ -121,7 +121,9 @@ class MoE:
         num_experts, top_k, hidden_size, intermediate_size: the layer's shape (E, k, H, I).
         method: "bf16", "int8" (per-output-channel weights, per-token activations) or
             "int4" (group-wise weights, ``group_size`` 32, 64 or 128).
-        backend: "auto" (the best this CPU runs), "avx512", "avx2", "reference", or "amd-blis":
+        backend: "auto" (the best this CPU runs), "amx" (tiles for prefill, AVX-512 for decode),
+            "avx512", "avx2", "reference", "amx-model" (the AMX kernels on a software tile
+            unit: slow, for verification on CPUs without AMX), or "amd-blis":
             AOCL-BLAS's aocl_gemm for int8/bf16 experts with enough tokens (the threshold is
             measured at load against ktforge's kernels and shown in .info), ktforge's kernels
             otherwise and for int4. Needs an amd-blis build or KTFORGE_BLIS_LIBRARY.

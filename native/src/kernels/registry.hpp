@@ -16,6 +16,12 @@ extern const KernelTable avx2_kernels;
 #ifdef KTFORGE_HAVE_AVX512
 extern const KernelTable avx512_kernels;
 #endif
+#ifdef KTFORGE_HAVE_AMX
+extern const KernelTable amx_kernels;
+#endif
+#ifdef KTFORGE_HAVE_AMX_MODEL
+extern const KernelTable amx_model_kernels;  // AMX kernels on the software tile unit
+#endif
 
 // Compiled backends, best first.
 std::vector<const KernelTable*> compiled_backends();

@@ -8,8 +8,9 @@
 //   int8: [N/16][K/4][16][4]  int8        one 64-byte line = 16 columns x 4 k
 //   int4: [N/16][K/8][16][4]  nibbles     byte (col, b): low = k 8q+b, high = k 8q+4+b,
 //                                         stored as w+8 in [0, 15]
-// N is padded to a multiple of 16 and K to the method's step (2, 4, or the int4 group
-// size) with zeros, so kernels have no tails.
+// N is padded to a multiple of 16 and K to the method's step (32, 64, or the int4 group
+// size) with zeros, so kernels have no tails. A 16-column block's panel is also exactly an
+// AMX B tile stream: 16 rows of 64 bytes per 32 bf16 / 64 int8 values of K.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,9 @@ namespace kt {
 
 enum class Method { bf16, int8, int4 };
 
-inline int k_step(Method m, int group) { return m == Method::bf16 ? 2 : m == Method::int8 ? 4 : group; }
+// K is padded to whole AMX tiles (32 bf16 or 64 int8 values a row), so every backend reads
+// the same layout and the tile kernels have no K tail.
+inline int k_step(Method m, int group) { return m == Method::bf16 ? 32 : m == Method::int8 ? 64 : group; }
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 struct PackedMatrix {

@@ -1,0 +1,198 @@
+// AMX kernels for prefill (tdpbf16ps, tdpbusd), AVX-512 for decode, in one backend.
+//
+// Compiled twice: with -mamx-* as the `amx` backend, and with KTFORGE_AMX_MODEL as
+// `amx-model`, where kt::tile is a software model of the tile unit: the same kernel code
+// runs (slowly) on any AVX-512 CPU and is tested there.
+//
+// Tiles: C0..C3 hold a 32 x 32 fp32/int32 block of the output (2 x 2 tiles of 16 x 16),
+// A4/A5 two 16-row slices of the activations, B6/B7 two 16-column blocks of the weights.
+// The packed weight panels are already in B-tile order (16 rows of 64 bytes per K step),
+// so B tiles load straight from them; activation rows are gathered into a contiguous,
+// zero-padded buffer first (tokens of one expert are scattered).
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <mutex>
+
+#include "arch/features.hpp"
+#include "arch/x86/amx/tile.hpp"
+#include "kernels/registry.hpp"
+
+#ifdef KTFORGE_AMX_MODEL
+#define KT_AMX_TABLE amx_model_kernels
+#define KT_AMX_NAME "amx-model"
+#else
+#define KT_AMX_TABLE amx_kernels
+#define KT_AMX_NAME "amx"
+#endif
+
+namespace kt {
+namespace {
+
+// Fewest tokens per expert for which the tiles are used; below it (decode) the AVX-512
+// kernels stream the weights better. A default to be tuned on AMX machines:
+// `kt bench --backend amx,avx512` prints both paths for that purpose.
+constexpr int kAmxMinRows = 16;
+
+// AMX tile data needs a per-process permission from Linux; asked for once. When refused,
+// the backend keeps working on its AVX-512 kernels (describe() says why).
+int amx_permission_errno() {
+#ifdef KTFORGE_AMX_MODEL
+  return 0;
+#else
+  static const int result = [] {
+    long rc = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */);
+    return rc == 0 ? 0 : errno;
+  }();
+  return result;
+#endif
+}
+
+tile::Config full_tiles() {
+  tile::Config c;
+  for (int t = 0; t < 8; ++t) c.set(t, 16, 64);
+  return c;
+}
+
+struct Scratch {
+  aligned_vector<uint8_t> a;  // gathered activation rows, [rows rounded to 32][Kp] elements
+  alignas(64) int32_t c[32 * 32];
+};
+Scratch& scratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
+// Copies the m activation rows of a task, as raw bytes, into rows of a 32-aligned block.
+const uint8_t* gather(const GemmArgs& g, const uint8_t* base, std::size_t row_bytes, int m_pad) {
+  auto& a = scratch().a;
+  a.assign(static_cast<std::size_t>(m_pad) * row_bytes, 0);
+  for (int i = 0; i < g.m; ++i)
+    std::copy(base + static_cast<int64_t>(g.rows[i]) * row_bytes, base + (static_cast<int64_t>(g.rows[i]) + 1) * row_bytes,
+              a.data() + static_cast<std::size_t>(i) * row_bytes);
+  return a.data();
+}
+
+// One 32 x (16 or 32) output block over the whole K: A rows [i0, i0+32), B blocks b0(, b0+1).
+template <bool Bf16>
+void tile_block(const uint8_t* a, int64_t a_stride, const uint8_t* b0, const uint8_t* b1, int ksteps) {
+  tile::zero<0>(), tile::zero<1>(), tile::zero<2>(), tile::zero<3>();
+  for (int ks = 0; ks < ksteps; ++ks) {
+    tile::load<4>(a + ks * 64, a_stride);
+    tile::load<5>(a + 16 * a_stride + ks * 64, a_stride);
+    tile::load<6>(b0 + ks * 1024, 64);
+    if constexpr (Bf16) {
+      tile::dpbf16ps<0, 4, 6>(), tile::dpbf16ps<2, 5, 6>();
+    } else {
+      tile::dpbusd<0, 4, 6>(), tile::dpbusd<2, 5, 6>();
+    }
+    if (b1) {
+      tile::load<7>(b1 + ks * 1024, 64);
+      if constexpr (Bf16) {
+        tile::dpbf16ps<1, 4, 7>(), tile::dpbf16ps<3, 5, 7>();
+      } else {
+        tile::dpbusd<1, 4, 7>(), tile::dpbusd<3, 5, 7>();
+      }
+    }
+  }
+  int32_t* c = scratch().c;  // [32][32]: tiles 0/1 on top, 2/3 below
+  tile::store<0>(c, 128), tile::store<2>(c + 16 * 32, 128);
+  if (b1) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
+}
+
+void amx_gemm(const GemmArgs& g) {
+  const PackedMatrix& w = *g.w;
+  const Activations& act = *g.act;
+  const bool bf16 = w.method == Method::bf16;
+  const std::size_t row_bytes = bf16 ? static_cast<std::size_t>(act.Kp) * 2 : act.Kp;
+  const int m_pad = (g.m + 31) / 32 * 32;
+  const uint8_t* base = bf16 ? reinterpret_cast<const uint8_t*>(act.bf16.data()) : act.q_u8.data();
+  const uint8_t* a = gather(g, base, row_bytes, m_pad);
+  const int ksteps = static_cast<int>(row_bytes / 64);
+  const tile::Config config = full_tiles();
+  tile::configure(config);
+  for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
+    const bool pair = blk + 1 < g.n1 / 16;
+    for (int i0 = 0; i0 < m_pad; i0 += 32) {
+      const uint8_t* ai = a + static_cast<std::size_t>(i0) * row_bytes;
+      if (bf16)
+        tile_block<true>(ai, static_cast<int64_t>(row_bytes), w.block(blk), pair ? w.block(blk + 1) : nullptr, ksteps);
+      else
+        tile_block<false>(ai, static_cast<int64_t>(row_bytes), w.block(blk), pair ? w.block(blk + 1) : nullptr, ksteps);
+      const int32_t* c = scratch().c;
+      const int rows = std::min(32, g.m - i0), cols = pair ? 32 : 16;
+      for (int i = 0; i < rows; ++i) {
+        float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
+        if (bf16) {
+          std::copy(reinterpret_cast<const float*>(c) + i * 32, reinterpret_cast<const float*>(c) + i * 32 + cols, out);
+        } else {  // u8 activations: remove 128 * sum_k w, then scale
+          const float xs = act.scale[g.rows[i0 + i]];
+          for (int n = 0; n < cols; ++n)
+            out[n] = static_cast<float>(c[i * 32 + n] - 128 * w.colsum[blk * 16 + n]) * xs * w.scale[blk * 16 + n];
+        }
+      }
+    }
+  }
+  tile::release();
+}
+
+bool use_tiles(const GemmArgs& g) {
+  return g.m >= kAmxMinRows && g.w->method != Method::int4 && amx_permission_errno() == 0;
+}
+
+void gemm(const GemmArgs& g) {
+  if (use_tiles(g)) return amx_gemm(g);
+  avx512_kernels.gemm(g);  // decode, int4, or no permission
+}
+
+std::string describe(Method m) {
+  const std::string simd = avx512_kernels.describe(m);
+  if (m == Method::int4) return simd + " (int4 tile kernels: not yet)";
+  if (const int err = amx_permission_errno())
+    return simd + " (AMX permission refused: errno " + std::to_string(err) + ")";
+  const std::string op = m == Method::bf16 ? "tdpbf16ps" : "tdpbusd";
+  return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(kAmxMinRows) + " tokens per expert, else " +
+         simd;
+}
+
+std::vector<std::string> features() { return compiled_features(); }
+
+// Row operations and bandwidth are the AVX-512 backend's (looked up when called, not at
+// static initialisation, whose order across files is unspecified).
+void silu_mul(const float* g, const float* u, float* o, int n) { avx512_kernels.silu_mul(g, u, o, n); }
+bool quantize_row(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* u8, float* s, int32_t* gs) {
+  return avx512_kernels.quantize_row(x, K, Kp, group, q, u8, s, gs);
+}
+bool to_bf16_row(const float* x, int K, int Kp, uint16_t* out) { return avx512_kernels.to_bf16_row(x, K, Kp, out); }
+void combine(const float* const* rows, const float* w, int k, int n, float* out) {
+  avx512_kernels.combine(rows, w, k, n, out);
+}
+uint64_t read_stream(const uint8_t* data, std::size_t bytes) { return avx512_kernels.read_stream(data, bytes); }
+
+// Tile peaks: 4 independent accumulator tiles, one 16x16x32 (bf16) or 16x16x64 (int8)
+// product each per instruction.
+double peak_ops(int kind, int64_t iterations) {
+  if (kind == 0 || amx_permission_errno() != 0) return avx512_kernels.peak_ops(kind, iterations);
+  alignas(64) static uint8_t ones[1024];
+  std::fill(ones, ones + 1024, uint8_t{1});
+  tile::configure(full_tiles());
+  tile::load<4>(ones, 64), tile::load<6>(ones, 64);
+  for (int64_t it = 0; it < iterations / 64; ++it) {
+    if (kind == 1)
+      tile::dpbf16ps<0, 4, 6>(), tile::dpbf16ps<1, 4, 6>(), tile::dpbf16ps<2, 4, 6>(), tile::dpbf16ps<3, 4, 6>();
+    else
+      tile::dpbusd<0, 4, 6>(), tile::dpbusd<1, 4, 6>(), tile::dpbusd<2, 4, 6>(), tile::dpbusd<3, 4, 6>();
+  }
+  tile::release();
+  return 4.0 * static_cast<double>(iterations / 64) * (kind == 1 ? 16 * 16 * 32 * 2 : 16 * 16 * 64 * 2);
+}
+
+}  // namespace
+
+const KernelTable KT_AMX_TABLE = {KT_AMX_NAME, features,    describe, gemm,     silu_mul,   quantize_row,
+                                  to_bf16_row, combine,     peak_ops, read_stream};
+
+}  // namespace kt
