@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
-#include <immintrin.h>
 #include <mutex>
 
 #include "arch/features.hpp"
@@ -56,15 +55,6 @@ tile::Config full_tiles() {
   tile::Config c;
   for (int t = 0; t < 8; ++t) c.set(t, 16, 64);
   return c;
-}
-
-// Every kernel uses the same shapes: the configuration is loaded once per thread and kept.
-void configure_once() {
-  static thread_local bool configured = false;
-  if (!configured) {
-    tile::configure(full_tiles());
-    configured = true;
-  }
 }
 
 struct Scratch {
@@ -122,7 +112,8 @@ void amx_gemm(const GemmArgs& g) {
   const uint8_t* base = bf16 ? reinterpret_cast<const uint8_t*>(act.bf16.data()) : act.q_u8.data();
   const uint8_t* a = gather(g, base, row_bytes, m_pad);
   const int ksteps = static_cast<int>(row_bytes / 64);
-  configure_once();
+  const tile::Config config = full_tiles();
+  tile::configure(config);
   for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
     const bool pair = blk + 1 < g.n1 / 16;
     for (int i0 = 0; i0 < m_pad; i0 += 32) {
@@ -145,88 +136,24 @@ void amx_gemm(const GemmArgs& g) {
       }
     }
   }
-}
-
-// int4: per k-group, the nibbles of a 64-value K step are unpacked into an int8 B tile
-// (rows alternate low and high nibbles, as packed) and multiplied with signed activations
-// by tdpbsud; each group's int32 sums get the group's scales and lose 8 * sum(x) (the
-// nibbles are stored as w + 8) before joining the float accumulator.
-void unpack_nibbles(const uint8_t* panel, int step, uint8_t* tile_rows) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  for (int q = 0; q < 8; ++q) {
-    __m512i v = _mm512_loadu_si512(panel + (static_cast<int64_t>(step) * 8 + q) * 64);
-    _mm512_store_si512(tile_rows + (2 * q) * 64, _mm512_and_si512(v, low));
-    _mm512_store_si512(tile_rows + (2 * q + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-  }
-}
-
-void amx_gemm_int4(const GemmArgs& g) {
-  const PackedMatrix& w = *g.w;
-  const Activations& act = *g.act;
-  const int G = w.groups(), steps_per_group = w.group / 64;
-  const std::size_t row_bytes = act.Kp;
-  const int m_pad = (g.m + 31) / 32 * 32;
-  const uint8_t* a = gather(g, reinterpret_cast<const uint8_t*>(act.q.data()), row_bytes, m_pad);
-  alignas(64) static thread_local uint8_t b_tiles[2][1024];
-  alignas(64) static thread_local float facc[32 * 32];
-  configure_once();
-  for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
-    const bool pair = blk + 1 < g.n1 / 16;
-    for (int i0 = 0; i0 < m_pad; i0 += 32) {
-      std::fill(facc, facc + 32 * 32, 0.f);
-      const uint8_t* ai = a + static_cast<std::size_t>(i0) * row_bytes;
-      const int rows = std::min(32, g.m - i0);
-      for (int grp = 0; grp < G; ++grp) {
-        tile::zero<0>(), tile::zero<1>(), tile::zero<2>(), tile::zero<3>();
-        for (int st = 0; st < steps_per_group; ++st) {
-          const int step = grp * steps_per_group + st;
-          tile::load<4>(ai + step * 64, static_cast<int64_t>(row_bytes));
-          tile::load<5>(ai + 16 * row_bytes + step * 64, static_cast<int64_t>(row_bytes));
-          unpack_nibbles(w.block(blk), step, b_tiles[0]);
-          tile::load<6>(b_tiles[0], 64);
-          tile::dpbsud<0, 4, 6>(), tile::dpbsud<2, 5, 6>();
-          if (pair) {
-            unpack_nibbles(w.block(blk + 1), step, b_tiles[1]);
-            tile::load<7>(b_tiles[1], 64);
-            tile::dpbsud<1, 4, 7>(), tile::dpbsud<3, 5, 7>();
-          }
-        }
-        int32_t* c = scratch().c;
-        tile::store<0>(c, 128), tile::store<2>(c + 16 * 32, 128);
-        if (pair) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
-        for (int i = 0; i < rows; ++i) {
-          const int32_t offset = 8 * act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp];
-          for (int n = 0; n < (pair ? 32 : 16); ++n) {
-            const float scale = w.scale[(static_cast<int64_t>(blk + n / 16) * G + grp) * 16 + n % 16];
-            facc[i * 32 + n] += static_cast<float>(c[i * 32 + n] - offset) * scale;
-          }
-        }
-      }
-      for (int i = 0; i < rows; ++i) {
-        const float xs = act.scale[g.rows[i0 + i]];
-        float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
-        for (int n = 0; n < (pair ? 32 : 16); ++n) out[n] = facc[i * 32 + n] * xs;
-      }
-    }
-  }
+  tile::release();
 }
 
 bool use_tiles(const GemmArgs& g) {
-  // int4 groups must cover whole 64-value K steps of a tile (group 32 stays on AVX-512)
-  const bool shape_ok = g.w->method != Method::int4 || g.w->group % 64 == 0;
-  return g.m >= kAmxMinRows && shape_ok && amx_permission_errno() == 0;
+  return g.m >= kAmxMinRows && g.w->method != Method::int4 && amx_permission_errno() == 0;
 }
 
 void gemm(const GemmArgs& g) {
-  if (use_tiles(g)) return g.w->method == Method::int4 ? amx_gemm_int4(g) : amx_gemm(g);
+  if (use_tiles(g)) return amx_gemm(g);
   avx512_kernels.gemm(g);  // decode, int4, or no permission
 }
 
 std::string describe(Method m) {
   const std::string simd = avx512_kernels.describe(m);
+  if (m == Method::int4) return simd + " (int4 tile kernels: not yet)";
   if (const int err = amx_permission_errno())
     return simd + " (AMX permission refused: errno " + std::to_string(err) + ")";
-  const std::string op = m == Method::bf16 ? "tdpbf16ps" : m == Method::int8 ? "tdpbusd" : "tdpbsud on unpacked nibbles (groups of 64/128)";
+  const std::string op = m == Method::bf16 ? "tdpbf16ps" : "tdpbusd";
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(kAmxMinRows) + " tokens per expert, else " +
          simd;
 }
@@ -251,7 +178,7 @@ double peak_ops(int kind, int64_t iterations) {
   if (kind == 0 || amx_permission_errno() != 0) return avx512_kernels.peak_ops(kind, iterations);
   alignas(64) static uint8_t ones[1024];
   std::fill(ones, ones + 1024, uint8_t{1});
-  configure_once();
+  tile::configure(full_tiles());
   tile::load<4>(ones, 64), tile::load<6>(ones, 64);
   for (int64_t it = 0; it < iterations / 64; ++it) {
     if (kind == 1)
@@ -259,6 +186,7 @@ double peak_ops(int kind, int64_t iterations) {
     else
       tile::dpbusd<0, 4, 6>(), tile::dpbusd<1, 4, 6>(), tile::dpbusd<2, 4, 6>(), tile::dpbusd<3, 4, 6>();
   }
+  tile::release();
   return 4.0 * static_cast<double>(iterations / 64) * (kind == 1 ? 16 * 16 * 32 * 2 : 16 * 16 * 64 * 2);
 }
 
