@@ -130,3 +130,25 @@ def test_the_extension_contains_real_tile_instructions() -> None:
     for instruction in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tdpbusd", "tilestored", "tilerelease"):
         assert instruction in disassembly, instruction
     assert sys.platform == "linux"
+
+
+def test_tiles_survive_other_amx_users_in_the_same_thread() -> None:
+    # oneDNN (inside torch) configures and releases tiles on the threads ktforge also uses;
+    # a kernel that trusted a stale configuration would die with SIGILL: hence a subprocess
+    script = (
+        "import numpy as np, torch, ktforge\n"
+        "torch.set_num_threads(2)\n"
+        "a = torch.randn(256, 512, dtype=torch.bfloat16)\n"
+        "moe = ktforge.MoE(2, 1, 128, 64, method='bf16', threads=2)\n"
+        "rng = np.random.default_rng(0)\n"
+        "moe.load_weights(*(rng.standard_normal(s).astype(np.float32) for s in ((2, 64, 128), (2, 64, 128), (2, 128, 64))))\n"
+        "x = rng.standard_normal((64, 128)).astype(np.float32)\n"
+        "ids = np.zeros((64, 1), np.int64); w = np.ones((64, 1), np.float32)\n"
+        "for _ in range(3):\n"
+        "    (a @ a.T).sum()\n"
+        "    y = moe.forward(x, ids, w)\n"
+        "print('ok', moe.info['name'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok")
