@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# For whoever owns an AMX machine (Intel Sapphire Rapids or newer): build the amx recipe,
+# run the MoE suite on real tiles, and measure the tile kernels against AVX-512.
+# Prints one table at the end; paste it (and amx_report.json) into an issue.
+#   ./scripts/amx_report.sh            (from the ktforge checkout, after ./install.sh deps)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+
+echo "== kt doctor (AMX gates)"
+"$PY" -m ktforge doctor --check amx.cpuid --check amx.xcr0 --check amx.kernel --check amx.permission \
+  --check amx.execution || { echo "AMX is not usable here: see above"; exit 1; }
+
+echo "== kt build --backend amx"
+./install.sh build --backend amx
+
+echo "== the MoE suite on real tiles"
+"$PY" -m pip install -q -r tests/requirements.txt
+"$PY" -m pytest -q tests/test_moe_correctness.py tests/test_tile_model.py -p no:cacheprovider
+
+echo "== kt bench --backend amx,avx512"
+"$PY" -m ktforge bench --backend amx,avx512 --method bf16,int8,int4 --tokens 1,4,16,32,128,512 \
+  --routing uniform --json > amx_report.json
+"$PY" - <<'PY'
+import json
+d = json.load(open("amx_report.json"))
+print("peaks:", {b: {k: round(v) for k, v in p.items()} for b, p in d["peaks"].items()})
+rows = {}
+for r in d["results"]:
+    rows.setdefault((r["method"], r["tokens"]), {})[r["backend"]] = r
+print(f"{'method':6} {'tokens':>6} {'amx ms':>9} {'avx512 ms':>10} {'amx/avx512':>10}  amx kernel")
+for (method, tokens), by in sorted(rows.items()):
+    amx, avx = by.get("amx"), by.get("avx512")
+    if amx and avx:
+        print(f"{method:6} {tokens:6} {amx['ms']:9.2f} {avx['ms']:10.2f} {avx['ms'] / amx['ms']:9.2f}x  {amx['kernel']}")
+print("kAmxMinRows (native/src/arch/x86/amx/kernels.cpp) should be the smallest token count per expert")
+print("(tokens / experts * top_k) from which the amx column wins.")
+PY
