@@ -49,20 +49,6 @@ as_root() {
   fi
 }
 
-distro_family() {
-  local id="" like=""
-  if [ -r /etc/os-release ]; then
-    id=$(. /etc/os-release; echo "${ID:-}"); like=$(. /etc/os-release; echo "${ID_LIKE:-}")
-  fi
-  case " $id $like " in
-    *" debian "*|*" ubuntu "*) echo debian ;;
-    *" fedora "*|*" rhel "*|*" centos "*) echo fedora ;;
-    *" arch "*) echo arch ;;
-    *" suse "*|*" opensuse "*) echo suse ;;
-    *) echo unknown ;;
-  esac
-}
-
 base_python() {
   local py=${PYTHON:-python3}
   command -v "$py" >/dev/null || die "no $py found; install Python 3.10 or newer"
@@ -102,25 +88,16 @@ system_deps() {
     missing+=(venv)
   fi
   if [ ${#missing[@]} = 0 ]; then say "system packages: all present"; return; fi
-  local family; family=$(distro_family)
-  local -A names
-  case "$family" in
-    debian) names=([cxx]=g++ [cc]=gcc [cmake]=cmake [ninja]=ninja-build [headers]=python3-dev [venv]=python3-venv) ;;
-    fedora) names=([cxx]=gcc-c++ [cc]=gcc [cmake]=cmake [ninja]=ninja-build [headers]=python3-devel [venv]=python3) ;;
-    arch)   names=([cxx]=gcc [cc]=gcc [cmake]=cmake [ninja]=ninja [headers]=python [venv]=python) ;;
-    suse)   names=([cxx]=gcc-c++ [cc]=gcc [cmake]=cmake [ninja]=ninja [headers]=python3-devel [venv]=python3) ;;
-    *) die "missing ${missing[*]}, and this distribution is not known: install a C/C++ compiler, CMake, Ninja and the Python headers" ;;
-  esac
-  local packages=()
-  for m in "${missing[@]}"; do packages+=("${names[$m]}"); done
-  say "installing system packages: ${packages[*]}"
-  case "$family" in
-    debian) as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" ;;
-    fedora) as_root dnf install -y "${packages[@]}" ;;
-    arch)   as_root pacman -S --needed --noconfirm "${packages[@]}" ;;
-    suse)   as_root zypper --non-interactive install "${packages[@]}" ;;
-  esac
+  # the per-distribution table is Python data (installer/ktforge/data/system_packages.toml)
+  local plan
+  plan=$(PYTHONPATH="$ROOT/installer" "$py" -m ktforge.sysdeps "${missing[@]}") \
+    || die "missing ${missing[*]}; install them with your package manager"
+  say "installing system packages for: ${missing[*]}"
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    eval "set -- $line"
+    as_root "$@"
+  done <<<"$plan"
 }
 
 build() {

@@ -1,0 +1,35 @@
+"""The per-distribution package table that ./install.sh deps uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from ktforge import sysdeps
+
+
+@pytest.mark.parametrize(
+    ("ids", "manager", "cxx"),
+    [
+        (["ubuntu", "debian"], "apt-get", "g++"),
+        (["debian"], "apt-get", "g++"),
+        (["rocky", "rhel", "centos", "fedora"], "dnf", "gcc-c++"),
+        (["fedora"], "dnf", "gcc-c++"),
+        (["arch"], "pacman", "gcc"),
+        (["opensuse-leap", "suse", "opensuse"], "zypper", "gcc-c++"),
+    ],
+)
+def test_every_family_has_a_command(ids: list[str], manager: str, cxx: str) -> None:
+    *_, install = sysdeps.commands(["cxx", "cmake", "headers"], ids)
+    assert manager in install and install[-3] == cxx
+    assert "cmake" in install
+
+
+def test_unknown_distribution_is_reported() -> None:
+    with pytest.raises(LookupError, match="unknown distribution gentoo"):
+        sysdeps.commands(["cxx"], ["gentoo"])
+    assert sysdeps.main(["cxx"]) in (0, 3)
+
+
+def test_this_machine_is_known() -> None:
+    ids = sysdeps.distribution_ids()
+    assert ids and sysdeps.family(ids) is not None
