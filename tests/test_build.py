@@ -200,3 +200,26 @@ def test_import_guard_refuses_a_build_for_a_richer_cpu(tmp_path: Path) -> None:
         env=env | {"KTFORGE_BACKEND": lower},
     )
     assert done.stdout.strip() == lower, done.stderr
+
+
+def test_target_build_for_sapphirerapids_compiles_tile_instructions() -> None:
+    import zipfile
+
+    report = build_report(evidence.collect_live())
+    plan = build.make_plan(report, backend="amx", target="sapphirerapids")
+    assert plan.ok, plan.missing
+    assert "-march=native" not in plan.cmake_defines["KTFORGE_ARCH_FLAGS"]
+    wheel, log = build.build_wheel(plan, ROOT, lambda _: None)
+    with zipfile.ZipFile(wheel) as archive:
+        so = next(n for n in archive.namelist() if n.startswith("ktforge/_native"))
+        record = json.loads(archive.read("ktforge/build_record.json"))
+        target = log.parent / "target_native.so"
+        target.write_bytes(archive.read(so))
+    disassembly = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", str(target)], capture_output=True, text=True
+    ).stdout
+    assert "tdpbf16ps" in disassembly and "tdpbusd" in disassembly and "ldtilecfg" in disassembly
+    assert record["target"] == "sapphirerapids" and record["primary_backend"] == "amx"
+    amx = next(b for b in record["backends"] if b["name"] == "amx")
+    assert {"amx_tile", "amx_int8", "amx_bf16"} <= set(amx["required_cpu_features"])
+    assert record["host_fingerprint"] is None  # built for another machine
