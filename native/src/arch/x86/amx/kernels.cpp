@@ -33,9 +33,11 @@ namespace kt {
 namespace {
 
 // Fewest tokens per expert for which the tiles are used; below it (decode) the AVX-512
-// kernels stream the weights better. A default to be tuned on AMX machines:
-// `kt bench --backend amx,avx512` prints both paths for that purpose.
-constexpr int kAmxMinRows = 16;
+// kernels stream the weights better. Measured on a 2-core Sapphire Rapids guest (Qwen3
+// layer, `kt bench --backend amx`): with 4, bf16 at 8 tokens per expert took 59 ms against
+// 70 ms with 16; with 1, decode got 30% slower. To be re-measured on other AMX machines:
+// `kt bench --backend amx,avx512` (or scripts/amx_report.sh) prints both paths.
+constexpr int kAmxMinRows = 4;
 
 // AMX tile data needs a per-process permission from Linux; asked for once. When refused,
 // the backend keeps working on its AVX-512 kernels (describe() says why).
