@@ -59,24 +59,34 @@ const Aocl& Aocl::load(const std::string& path) {
   return *slot;
 }
 
+namespace {
+
+// B = W^T as a row-major K x N matrix, from a packed panel layout [N/16][K/Step][16][Step]
+// (Step = 4 int8 or 2 bf16 values per 32-bit lane).
+template <typename T, int Step>
+std::vector<T> unpack_transposed(const PackedMatrix& w) {
+  const int N = w.Np, K = w.Kp;
+  std::vector<T> b(static_cast<std::size_t>(K) * N);
+  const auto* packed = reinterpret_cast<const T*>(w.data.data());
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k)
+      b[static_cast<std::size_t>(k) * N + n] =
+          packed[((static_cast<int64_t>(n / 16) * (K / Step) + k / Step) * 16 + n % 16) * Step + k % Step];
+  return b;
+}
+
+}  // namespace
+
 aligned_vector<uint8_t> Aocl::reorder(const PackedMatrix& w) const {
   const int N = w.Np, K = w.Kp;
   if (w.method == Method::int8) {
-    std::vector<int8_t> b(static_cast<std::size_t>(K) * N);
-    const auto* packed = reinterpret_cast<const int8_t*>(w.data.data());
-    for (int n = 0; n < N; ++n)
-      for (int k = 0; k < K; ++k)
-        b[static_cast<std::size_t>(k) * N + n] = packed[((static_cast<int64_t>(n / 16) * (K / 4) + k / 4) * 16 + n % 16) * 4 + k % 4];
+    const std::vector<int8_t> b = unpack_transposed<int8_t, 4>(w);
     aligned_vector<uint8_t> out(size_s8_('r', 'n', 'B', K, N));
     reorder_s8_('r', 'n', 'B', b.data(), reinterpret_cast<int8_t*>(out.data()), K, N, N);
     return out;
   }
   if (w.method == Method::bf16 && gemm_bf16_) {
-    std::vector<int16_t> b(static_cast<std::size_t>(K) * N);
-    const auto* packed = reinterpret_cast<const int16_t*>(w.data.data());
-    for (int n = 0; n < N; ++n)
-      for (int k = 0; k < K; ++k)
-        b[static_cast<std::size_t>(k) * N + n] = packed[((static_cast<int64_t>(n / 16) * (K / 2) + k / 2) * 16 + n % 16) * 2 + k % 2];
+    const std::vector<int16_t> b = unpack_transposed<int16_t, 2>(w);
     aligned_vector<uint8_t> out(size_bf16_('r', 'n', 'B', K, N));
     reorder_bf16_('r', 'n', 'B', b.data(), reinterpret_cast<int16_t*>(out.data()), K, N, N);
     return out;
