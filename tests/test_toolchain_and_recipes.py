@@ -17,8 +17,8 @@ from .conftest import HOST_FIXTURES
 def test_compile_probe_tells_accepted_from_rejected_flags() -> None:
     gxx = shutil.which("g++")
     assert gxx, "g++ is required to build ktforge"
-    assert toolchain._accepts(gxx, "-mavx512f") is True
-    assert toolchain._accepts(gxx, "-mno-such-isa-flag") is False
+    assert toolchain.accepts(gxx, ["-mavx512f"]) is True
+    assert toolchain.accepts(gxx, ["-mno-such-isa-flag"]) is False
     info = toolchain.describe_compiler(gxx, cache := {})
     assert info["family"] == "gcc" and info["version"][0].isdigit()
     assert set(info["accepts"]) == set(toolchain.PROBED_FLAGS)

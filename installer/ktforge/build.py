@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ktforge import recipes
+from ktforge import recipes, toolchain
 
 PLAN_SCHEMA_VERSION = 1
 BACKEND_CHOICES = ("auto", "amx", "amd-blis", "avx512", "avx2")
@@ -128,16 +128,6 @@ def _target_flags(target: str, compiler: dict[str, Any]) -> list[str]:
     raise PlanError(f"{compiler['name']} {version} cannot target {target}: {errors[-1]}")
 
 
-def _accepts_all(compiler: dict[str, Any], flags: list[str]) -> bool:
-    done = subprocess.run(
-        [compiler["path"], "-x", "c++", *flags, "-Werror", "-c", "-", "-o", os.devnull],
-        input="int ktforge_probe(void) { return 0; }\n",
-        capture_output=True,
-        text=True,
-    )
-    return done.returncode == 0
-
-
 def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None = None) -> Plan:
     if backend not in BACKEND_CHOICES:
         raise PlanError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}")
@@ -214,7 +204,7 @@ def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None 
         missing.append({"gate": "target", "detail": str(exc), "remedy": "choose a target this compiler knows"})
         base = []
     flags = [*base, *recipe.extra_flags]
-    if base and not _accepts_all(compiler, flags):
+    if base and not toolchain.accepts(compiler["path"], flags):
         missing.append(
             {
                 "gate": "compiler_flags",

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,11 @@ def _version(path: str) -> tuple[str, str]:
     return family, match.group(1) if match else "unknown"
 
 
-def _accepts(path: str, flag: str) -> bool:
+def accepts(path: str, flags: Sequence[str]) -> bool:
+    """The compile probe: does the compiler at ``path`` build an empty unit with ``flags``?"""
     is_cxx = path.endswith("++")
     code, _ = _run(
-        [path, "-x", "c++" if is_cxx else "c", flag, "-Werror", "-c", "-", "-o", os.devnull],
+        [path, "-x", "c++" if is_cxx else "c", *flags, "-Werror", "-c", "-", "-o", os.devnull],
         stdin="int ktforge_probe(void) { return 0; }\n",
     )
     return code == 0
@@ -100,7 +102,7 @@ def describe_compiler(path: str, cache: dict[str, Any]) -> dict[str, Any]:
         "family": family,
         "version": version,
         "language": "c++" if path.endswith("++") else "c",
-        "accepts": {flag: _accepts(path, flag) for flag in PROBED_FLAGS},
+        "accepts": {flag: accepts(path, [flag]) for flag in PROBED_FLAGS},
     }
     cache[key] = info
     return info
