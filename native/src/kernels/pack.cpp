@@ -134,8 +134,8 @@ void prepare_activations(const KernelTable& ops, Activations& act, Method method
   else
     for (int64_t r = 0; r < rows; ++r) convert_row(r, 0);
   if (bad_row >= 0)
-    throw std::invalid_argument(std::string(what) + " row " + std::to_string(bad_row.load()) +
-                                " contains NaN or infinite values");
+    throw std::invalid_argument(std::string(what) + " contains NaN or infinite values (row " +
+                                std::to_string(bad_row.load()) + ")");
 }
 
 }  // namespace kt

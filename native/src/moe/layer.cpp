@@ -276,7 +276,7 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
       throw std::invalid_argument("expert id " + std::to_string(ids[s]) + " at token " + std::to_string(s / k) +
                                   " is outside [0, " + std::to_string(E) + ")");
     if (!std::isfinite(weights[s]))
-      throw std::invalid_argument("routing weight of token " + std::to_string(s / k) + " is NaN or infinite");
+      throw std::invalid_argument("weights contains NaN or infinite values (token " + std::to_string(s / k) + ")");
   }
 
   // Route: positions sorted by expert, so each expert's rows are contiguous.
