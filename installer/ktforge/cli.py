@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -161,8 +162,7 @@ def build(
             else:
                 dist = source / "dist"
                 dist.mkdir(exist_ok=True)
-                shutil_copy = __import__("shutil").copy2
-                shutil_copy(wheel, dist / wheel.name)
+                shutil.copy2(wheel, dist / wheel.name)
                 wheel = dist / wheel.name
     except build_mod.PlanError as exc:
         typer.echo(f"kt build: {exc}", err=True)

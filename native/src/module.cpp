@@ -146,7 +146,6 @@ PYBIND11_MODULE(_native, m) {
             std::string("gcc ") + __VERSION__;
 #endif
         info["arch_flags"] = KTFORGE_ARCH_FLAGS;
-        std::vector<std::string> required;
         py::list backends;
         for (const KernelTable* t : compiled_backends()) backends.append(backend_info(*t));
         // The extension as a whole needs only what its least demanding backend needs;

@@ -20,6 +20,13 @@ constexpr int kGateUpCols = 192;
 constexpr int kDownCols = 96;
 constexpr int kRowChunk = 192;  // a multiple of every kernel's row blocking (4, 6)
 
+// One unit of a parallel phase: rows [r0, r1) of an expert's sorted positions and output
+// columns [n0, n1); n0 < 0 means every column at once, through AOCL.
+struct Task {
+  int expert, n0, n1;
+  int64_t r0, r1;
+};
+
 }  // namespace
 
 Method parse_method(const std::string& name) {
@@ -212,10 +219,6 @@ std::size_t MoeLayer::packed_bytes() const {
 }
 
 void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const std::vector<int32_t>& token_of_pos) {
-  struct Task {
-    int expert, n0, n1;
-    int64_t r0, r1;
-  };
   std::vector<Task> tasks;
   const int N = 2 * inter_padded_;
   for (int e = 0; e < config_.experts; ++e) {
@@ -242,10 +245,6 @@ void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const std::vecto
 }
 
 void MoeLayer::run_down(const std::vector<int64_t>& offsets) {
-  struct Task {
-    int expert, n0, n1;
-    int64_t r0, r1;
-  };
   std::vector<Task> tasks;
   const int Hp = static_cast<int>(round_up(config_.hidden, 16));
   for (int e = 0; e < config_.experts; ++e) {

@@ -31,7 +31,6 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
-    stop_flag_ = true;
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
@@ -61,7 +60,7 @@ void ThreadPool::worker_loop(int index) {
     // A forward() is a burst of short parallel phases: spin briefly for the next one
     // before sleeping, so a phase does not start with a futex wake-up on every thread.
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
-    while (published_.load(std::memory_order_acquire) == seen && !stop_flag_.load(std::memory_order_relaxed) &&
+    while (published_.load(std::memory_order_acquire) == seen && !stop_.load(std::memory_order_relaxed) &&
            std::chrono::steady_clock::now() < spin_until) {
       cpu_relax();
     }

@@ -43,9 +43,8 @@ class ThreadPool {
   std::atomic<int64_t> next_{0};
   std::atomic<int> pending_atomic_{0};
   std::atomic<uint64_t> published_{0};
-  std::atomic<bool> stop_flag_{false};
   uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};  // read while spinning, set under the mutex
   std::exception_ptr error_;
   std::vector<int64_t> counts_, last_counts_;
 };
