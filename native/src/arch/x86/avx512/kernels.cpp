@@ -446,9 +446,44 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
   }
 }
 
+
+// The generic quantize_row, vectorized by hand (GCC keeps its NaN-aware max loop scalar):
+// the same scale, the same round-to-nearest-even and clamp, so results are bit-identical.
+bool quantize_row(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* q_u8, float* scale, int32_t* gsum) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff)), largest = _mm512_set1_ps(3.4028235e38f);
+  __m512 max_abs = _mm512_setzero_ps();
+  __mmask16 finite = 0xFFFF;
+  for (int k = 0; k < K; k += 16) {
+    const __mmask16 mask = K - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (K - k)) - 1);
+    __m512 a = _mm512_and_ps(_mm512_maskz_loadu_ps(mask, x + k), sign);
+    finite &= _mm512_cmp_ps_mask(a, largest, _CMP_LE_OQ);  // false for NaN and inf
+    max_abs = _mm512_max_ps(max_abs, a);
+  }
+  if (finite != 0xFFFF) return false;
+  const float s = symmetric_scale(_mm512_reduce_max_ps(max_abs), 127);
+  *scale = s;
+  const __m512 inv = _mm512_set1_ps(1.f / s), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
+  const __m128i offset = _mm_set1_epi8(static_cast<char>(0x80));
+  for (int k = 0; k < Kp; k += 16) {  // Kp is a multiple of 16; lanes past K quantize to 0
+    const __mmask16 mask = K - k >= 16 ? 0xFFFF : K > k ? static_cast<__mmask16>((1u << (K - k)) - 1) : 0;
+    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + k), inv),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m128i q8 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, lo), hi)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), q8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q_u8 + k), _mm_xor_si128(q8, offset));
+  }
+  if (gsum)
+    for (int g = 0; g < Kp / group; ++g) {
+      int32_t s32 = 0;
+      for (int k = g * group; k < (g + 1) * group; ++k) s32 += q[k];
+      gsum[g] = s32;
+    }
+  return true;
+}
+
 }  // namespace
 
-const KernelTable avx512_kernels = {"avx512", features, describe, gemm, silu_mul, quantize_row_generic,
+const KernelTable avx512_kernels = {"avx512", features, describe, gemm, silu_mul, quantize_row,
                                    to_bf16_row_generic, combine_generic, peak_ops, read_stream};
 
 }  // namespace kt
