@@ -26,6 +26,15 @@ class MoELayer:
     def load_weights(
         self, gate: np.ndarray[Any, Any], up: np.ndarray[Any, Any], down: np.ndarray[Any, Any]
     ) -> None: ...
+    def load_quantized(
+        self,
+        gate: np.ndarray[Any, Any],
+        gate_scale: np.ndarray[Any, Any],
+        up: np.ndarray[Any, Any],
+        up_scale: np.ndarray[Any, Any],
+        down: np.ndarray[Any, Any],
+        down_scale: np.ndarray[Any, Any],
+    ) -> None: ...
     def forward(
         self,
         x: np.ndarray[Any, Any],

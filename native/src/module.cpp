@@ -81,6 +81,39 @@ class PyMoE {
     layer_.load(gate.data(), up.data(), down.data(), d);
   }
 
+  // int8: values int8 [rows..., K], scales float32 [rows...]; int4: values uint8
+  // [rows..., Kg / 2], scales float32 [rows..., Kg / group] with Kg = K rounded up to the group.
+  MoeLayer::QuantizedWeights quantized(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
+                                       const char* name) {
+    const auto& c = layer_.config();
+    const py::ssize_t E = c.experts;
+    if (c.method == Method::int8) {
+      if (!values.dtype().is(py::dtype::of<int8_t>())) throw std::invalid_argument(std::string(name) + " must be int8");
+      require(values, {E, N, K}, name);
+      require(scales, {E, N}, (std::string(name) + "_scale").c_str());
+    } else {
+      const py::ssize_t groups = (K + c.group - 1) / c.group;
+      if (!values.dtype().is(py::dtype::of<uint8_t>()))
+        throw std::invalid_argument(std::string(name) + " must be uint8 (two int4 values per byte)");
+      require(values, {E, N, groups * c.group / 2}, name);
+      require(scales, {E, N, groups}, (std::string(name) + "_scale").c_str());
+    }
+    if (!scales.dtype().is(py::dtype::of<float>())) throw std::invalid_argument(std::string(name) + "_scale must be float32");
+    return {values.data(), values.shape(2) * 1, static_cast<const float*>(scales.data()),
+            c.method == Method::int8 ? 1 : scales.shape(2)};
+  }
+
+  void load_quantized(const py::array& gate, const py::array& gate_scale, const py::array& up,
+                      const py::array& up_scale, const py::array& down, const py::array& down_scale) {
+    const auto& c = layer_.config();
+    if (c.method == Method::bf16) throw std::invalid_argument("method 'bf16' takes load_weights, not quantized weights");
+    auto g = quantized(gate, gate_scale, c.intermediate, c.hidden, "gate");
+    auto u = quantized(up, up_scale, c.intermediate, c.hidden, "up");
+    auto d = quantized(down, down_scale, c.hidden, c.intermediate, "down");
+    py::gil_scoped_release release;
+    layer_.load_quantized(g, u, d);
+  }
+
   void forward(const py::array& x, const py::array& ids, const py::array& weights, py::array& out) {
     const auto& c = layer_.config();
     if (x.ndim() != 2) throw std::invalid_argument("x must be 2-D [tokens, hidden_size]");
@@ -245,6 +278,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("top_k"), py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("method"),
            py::arg("group_size"), py::arg("backend"), py::arg("threads"))
       .def("load_weights", &PyMoE::load, py::arg("gate"), py::arg("up"), py::arg("down"))
+      .def("load_quantized", &PyMoE::load_quantized, py::arg("gate"), py::arg("gate_scale"), py::arg("up"),
+           py::arg("up_scale"), py::arg("down"), py::arg("down_scale"))
       .def("forward", &PyMoE::forward, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("out"))
       .def("info", &PyMoE::info)
       .def("gate_up_task_counts", &PyMoE::gate_up_task_counts)

@@ -16,10 +16,7 @@ float load(const void* src, DType dtype, int64_t index) {
                              : bf16_to_f32(static_cast<const uint16_t*>(src)[index]);
 }
 
-}  // namespace
-
-void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K) {
-  const int N = static_cast<int>(rows.size());
+void shape(PackedMatrix& out, Method method, int group, int N, int K) {
   out.method = method;
   out.group = method == Method::int4 ? group : 0;
   out.N = N;
@@ -29,6 +26,42 @@ void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<co
   out.data.assign(static_cast<std::size_t>(out.blocks()) * out.block_bytes(), 0);
   out.scale.clear();
   out.colsum.clear();
+}
+
+void begin_quantized(PackedMatrix& out) {
+  out.scale.assign(static_cast<std::size_t>(out.Np) * std::max(1, out.groups()), 1.f);
+  if (out.method == Method::int8) out.colsum.assign(out.Np, 0);
+}
+
+// Row n of an int8 matrix: Kp values (zero past K) and its scale; the column sum feeds
+// the kernels' removal of the unsigned activation offset.
+void put_int8_row(PackedMatrix& out, int n, const int8_t* q, float scale) {
+  auto* dst = reinterpret_cast<int8_t*>(out.data.data());
+  int32_t sum = 0;
+  for (int k = 0; k < out.Kp; ++k) {
+    sum += q[k];
+    dst[((static_cast<int64_t>(n / 16) * (out.Kp / 4) + k / 4) * 16 + n % 16) * 4 + k % 4] = q[k];
+  }
+  out.scale[n] = scale;
+  out.colsum[n] = sum;
+}
+
+// Row n of an int4 matrix: Kp values in [-7, 7], stored as q + 8, and one scale per group.
+void put_int4_row(PackedMatrix& out, int n, const int8_t* q, const float* scales) {
+  const int G = out.groups();
+  for (int g = 0; g < G; ++g) out.scale[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16] = scales[g];
+  for (int k = 0; k < out.Kp; ++k) {
+    const int v = q[k] + 8, q8 = k / 8, b = k % 4, high = (k % 8) >= 4;
+    uint8_t& byte = out.data[((static_cast<int64_t>(n / 16) * (out.Kp / 8) + q8) * 16 + n % 16) * 4 + b];
+    byte = static_cast<uint8_t>(high ? (byte & 0x0F) | (v << 4) : (byte & 0xF0) | v);
+  }
+}
+
+}  // namespace
+
+void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K) {
+  const int N = static_cast<int>(rows.size());
+  shape(out, method, group, N, K);
   auto value = [&](int n, int k) -> float {
     if (n >= N || k >= K || rows[n] == nullptr) return 0.f;
     return load(rows[n], dtype, k);
@@ -42,41 +75,52 @@ void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<co
             f32_to_bf16(value(n, k));
     return;
   }
+  std::vector<int8_t> q(out.Kp);
   if (method == Method::int8) {
-    out.scale.assign(out.Np, 1.f);
-    out.colsum.assign(out.Np, 0);
-    auto* dst = reinterpret_cast<int8_t*>(out.data.data());
+    begin_quantized(out);
     for (int n = 0; n < out.Np; ++n) {
       float max_abs = 0.f;
       for (int k = 0; k < K; ++k) max_abs = std::max(max_abs, std::fabs(value(n, k)));
-      float scale = symmetric_scale(max_abs, 127);
-      out.scale[n] = scale;
-      int32_t sum = 0;
-      for (int k = 0; k < out.Kp; ++k) {
-        int q = quantize(value(n, k), 1.f / scale, 127);
-        sum += q;
-        dst[((static_cast<int64_t>(n / 16) * (out.Kp / 4) + k / 4) * 16 + n % 16) * 4 + k % 4] =
-            static_cast<int8_t>(q);
-      }
-      out.colsum[n] = sum;
+      const float scale = symmetric_scale(max_abs, 127);
+      for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>(quantize(value(n, k), 1.f / scale, 127));
+      put_int8_row(out, n, q.data(), scale);
     }
     return;
   }
-  // int4, symmetric per (column, group) in [-7, 7], stored as w + 8
-  const int G = out.groups();
-  out.scale.assign(static_cast<std::size_t>(out.Np) * G, 1.f);
+  // int4, symmetric per (column, group) in [-7, 7]
+  begin_quantized(out);
+  std::vector<float> scales(out.groups());
   for (int n = 0; n < out.Np; ++n) {
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < out.groups(); ++g) {
       float max_abs = 0.f;
       for (int k = g * group; k < (g + 1) * group; ++k) max_abs = std::max(max_abs, std::fabs(value(n, k)));
-      float scale = symmetric_scale(max_abs, 7);
-      out.scale[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16] = scale;
-      for (int k = g * group; k < (g + 1) * group; ++k) {
-        int q = quantize(value(n, k), 1.f / scale, 7) + 8;
-        int q8 = k / 8, b = k % 4, high = (k % 8) >= 4;
-        uint8_t& byte = out.data[((static_cast<int64_t>(n / 16) * (out.Kp / 8) + q8) * 16 + n % 16) * 4 + b];
-        byte = static_cast<uint8_t>(high ? (byte & 0x0F) | (q << 4) : (byte & 0xF0) | q);
+      scales[g] = symmetric_scale(max_abs, 7);
+      for (int k = g * group; k < (g + 1) * group; ++k)
+        q[k] = static_cast<int8_t>(quantize(value(n, k), 1.f / scales[g], 7));
+    }
+    put_int4_row(out, n, q.data(), scales.data());
+  }
+}
+
+void pack_quantized_rows(PackedMatrix& out, Method method, int group, const std::vector<QuantizedRow>& rows, int K) {
+  const int N = static_cast<int>(rows.size());
+  shape(out, method, group, N, K);
+  begin_quantized(out);
+  std::vector<int8_t> q(out.Kp);
+  const std::vector<float> unit(out.groups() + 1, 1.f);
+  for (int n = 0; n < out.Np; ++n) {
+    const QuantizedRow row = n < N ? rows[n] : QuantizedRow{};
+    std::fill(q.begin(), q.end(), int8_t{0});
+    if (method == Method::int8) {
+      if (row.values) std::copy(static_cast<const int8_t*>(row.values), static_cast<const int8_t*>(row.values) + K, q.begin());
+      put_int8_row(out, n, q.data(), row.values ? row.scales[0] : 1.f);
+    } else {
+      // portable int4: byte j holds k = 2j (low nibble) and k = 2j + 1 (high nibble), each q + 8
+      if (row.values) {
+        const auto* bytes = static_cast<const uint8_t*>(row.values);
+        for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>(((bytes[k / 2] >> (4 * (k % 2))) & 0x0F) - 8);
       }
+      put_int4_row(out, n, q.data(), row.values ? row.scales : unit.data());
     }
   }
 }

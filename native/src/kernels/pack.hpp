@@ -16,6 +16,19 @@ enum class DType { f32, bf16 };
 // as one matrix whose 16-column blocks alternate gate, up, gate, up, ...
 void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K);
 
+// One already-quantized weight row in the portable layout of `kt convert` (values nullptr:
+// a zero row). int8: K int8 values and one scale. int4: round_up(K, group) / 2 bytes, two
+// values per byte (even k in the low nibble), each stored as q + 8 with q in [-7, 7], and
+// one scale per group.
+struct QuantizedRow {
+  const void* values = nullptr;
+  const float* scales = nullptr;
+};
+
+// Packs quantized rows into the same layout pack_rows produces from the float weights they
+// were quantized from (so both give identical results).
+void pack_quantized_rows(PackedMatrix& out, Method method, int group, const std::vector<QuantizedRow>& rows, int K);
+
 // Converts rows of x (row-major, ld elements apart) for a method, with the backend's row
 // operations. Throws std::invalid_argument naming the first row holding NaN or infinity.
 void prepare_activations(const KernelTable& ops, Activations& act, Method method, int group, int Kp, const void* x,

@@ -74,25 +74,21 @@ MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int thre
   thread_acc_.resize(pool_.size());
 }
 
-void MoeLayer::load(const void* gate, const void* up, const void* down, DType dtype) {
+template <typename Row, typename GateUpRow, typename DownRow, typename Pack>
+void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) {
   const int E = config_.experts, H = config_.hidden, I = config_.intermediate;
-  const std::size_t elem = dtype == DType::f32 ? 4 : 2;
-  auto row = [&](const void* base, int64_t index, int64_t length) {
-    return static_cast<const void*>(static_cast<const char*>(base) + index * length * elem);
-  };
   std::vector<PackedMatrix> gate_up(E), down_packed(E);
   pool_.parallel_for(E, [&](int64_t e, int) {
     // gate and up as one matrix, 16-column blocks alternating: one pass over x serves both
-    std::vector<const void*> rows(2 * static_cast<std::size_t>(inter_padded_), nullptr);
-    for (int n = 0; n < inter_padded_; ++n) {
-      if (n >= I) continue;
-      rows[(n / 16) * 32 + n % 16] = row(gate, e * I + n, H);
-      rows[(n / 16) * 32 + 16 + n % 16] = row(up, e * I + n, H);
+    std::vector<Row> rows(2 * static_cast<std::size_t>(inter_padded_), Row{});
+    for (int n = 0; n < I; ++n) {
+      rows[(n / 16) * 32 + n % 16] = gate_up_row(e, n, false);
+      rows[(n / 16) * 32 + 16 + n % 16] = gate_up_row(e, n, true);
     }
-    pack_rows(gate_up[e], config_.method, config_.group, rows, dtype, H);
-    std::vector<const void*> down_rows(H);
-    for (int n = 0; n < H; ++n) down_rows[n] = row(down, e * H + n, I);
-    pack_rows(down_packed[e], config_.method, config_.group, down_rows, dtype, I);
+    pack(gate_up[e], rows, H);
+    std::vector<Row> down_rows(H);
+    for (int n = 0; n < H; ++n) down_rows[n] = down_row(e, n);
+    pack(down_packed[e], down_rows, I);
   });
   gate_up_ = std::move(gate_up);
   down_ = std::move(down_packed);
@@ -106,6 +102,35 @@ void MoeLayer::load(const void* gate, const void* up, const void* down, DType dt
     calibrate_aocl();
   }
   loaded_ = true;
+}
+
+void MoeLayer::load(const void* gate, const void* up, const void* down, DType dtype) {
+  const int H = config_.hidden, I = config_.intermediate;
+  const std::size_t elem = dtype == DType::f32 ? 4 : 2;
+  auto row = [&](const void* base, int64_t index, int64_t length) {
+    return static_cast<const void*>(static_cast<const char*>(base) + index * length * elem);
+  };
+  pack_experts<const void*>(
+      [&](int64_t e, int n, bool is_up) { return row(is_up ? up : gate, e * I + n, H); },
+      [&](int64_t e, int n) { return row(down, e * H + n, I); },
+      [&](PackedMatrix& out, const std::vector<const void*>& rows, int K) {
+        pack_rows(out, config_.method, config_.group, rows, dtype, K);
+      });
+}
+
+void MoeLayer::load_quantized(const QuantizedWeights& gate, const QuantizedWeights& up,
+                              const QuantizedWeights& down) {
+  if (config_.method == Method::bf16) throw std::invalid_argument("bf16 weights are loaded with load_weights");
+  const int H = config_.hidden, I = config_.intermediate;
+  auto row = [&](const QuantizedWeights& w, int64_t index) {
+    return QuantizedRow{static_cast<const char*>(w.values) + index * w.row_bytes, w.scales + index * w.row_scales};
+  };
+  pack_experts<QuantizedRow>(
+      [&](int64_t e, int n, bool is_up) { return row(is_up ? up : gate, e * I + n); },
+      [&](int64_t e, int n) { return row(down, e * H + n); },
+      [&](PackedMatrix& out, const std::vector<QuantizedRow>& rows, int K) {
+        pack_quantized_rows(out, config_.method, config_.group, rows, K);
+      });
 }
 
 void MoeLayer::calibrate_aocl() {

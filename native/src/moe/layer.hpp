@@ -27,6 +27,16 @@ class MoeLayer {
 
   // gate, up: [E, I, H]; down: [E, H, I]; row-major, dtype f32 or bf16.
   void load(const void* gate, const void* up, const void* down, DType dtype);
+  // The same from weights already quantized for config().method, in the portable layout of
+  // pack_quantized_rows: row r of a projection starts at values + r * row_bytes, its scales
+  // at scales + r * row_scales.
+  struct QuantizedWeights {
+    const void* values;
+    int64_t row_bytes;
+    const float* scales;
+    int64_t row_scales;
+  };
+  void load_quantized(const QuantizedWeights& gate, const QuantizedWeights& up, const QuantizedWeights& down);
   bool loaded() const { return loaded_; }
 
   // x: [T, H]; ids: [T, k] in [0, E); weights: [T, k]; y: [T, H].
@@ -47,6 +57,8 @@ class MoeLayer {
   const std::map<std::string, double>& last_profile() const { return profile_; }
 
  private:
+  template <typename Row, typename GateUpRow, typename DownRow, typename Pack>
+  void pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack);
   void run_gate_up(const std::vector<int64_t>& offsets, const std::vector<int32_t>& token_of_pos);
   void aocl_gate_up(int expert, int64_t r0, int64_t r1, const int32_t* rows, int thread);
   void aocl_down(int expert, int64_t r0, int64_t r1, int thread);
