@@ -248,5 +248,87 @@ def bench(
         )
 
 
+@app.command()
+def convert(
+    input_dir: Annotated[
+        Path, typer.Option("--input", help="Hugging Face checkpoint directory (config.json, *.safetensors).")
+    ],
+    output: Annotated[Path, typer.Option("--output", help="Directory for the converted layers and manifest.json.")],
+    quant: Annotated[str, typer.Option("--quant", help="int8, int4 or bf16.")] = "int8",
+    group_size: Annotated[int, typer.Option("--group-size", help="int4 group size: 32, 64 or 128.")] = 128,
+    input_type: Annotated[str, typer.Option("--input-type", help="auto, bf16, fp16, fp32 or fp8.")] = "auto",
+    layers: Annotated[
+        str | None, typer.Option("--layers", help="MoE layers, e.g. 3 or 0-5 or 1,4,7-9 (default all).")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="Quantization threads (default: the CPUs this process may use).")
+    ] = None,
+) -> None:
+    """Quantize a checkpoint's routed experts into ktforge's format (resumable)."""
+    from ktforge import convert as convert_mod
+
+    try:
+        plan = convert_mod.plan(input_dir, output, quant, group_size, input_type, layers)
+    except ValueError as error:  # CheckpointError, ConversionError, SafetensorsError
+        typer.echo(f"kt convert: {error}", err=True)
+        raise typer.Exit(2) from None
+    with plan.checkpoint:
+        _run_conversion(plan, output, quant, group_size, threads)
+
+
+def _run_conversion(plan: Any, output: Path, quant: str, group_size: int, threads: int | None) -> None:
+    import os
+    import time
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from ktforge import convert as convert_mod
+
+    todo = plan.todo
+    total_bytes = sum(plan.source_bytes(layer) for layer in todo)
+    skipped = len(plan.layers) - len(todo)
+    arch = plan.checkpoint.arch.label
+    typer.echo(
+        f"kt convert: {arch}, {len(plan.layers)} MoE layer(s) x {plan.checkpoint.experts} experts -> {quant}"
+        + (f" (group {group_size})" if quant == "int4" else "")
+        + (f"; {skipped} already done, resuming" if skipped else ""),
+        err=True,
+    )
+    interactive = sys.stderr.isatty()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    started = time.perf_counter()
+    last_logged = [skipped]
+    with Progress(*columns, disable=not interactive, transient=False) as progress:
+        task = progress.add_task("converting", total=total_bytes)
+
+        def on_progress(done: int, finished: int, label: str) -> None:
+            progress.update(task, completed=done, description=f"{label} ({finished}/{len(plan.layers)} layers)")
+            if not interactive and finished > last_logged[0]:
+                last_logged[0] = finished
+                typer.echo(f"  {finished}/{len(plan.layers)} layers, {done / 1e9:.2f} GB read", err=True)
+
+        try:
+            manifest = convert_mod.run(plan, threads or len(os.sched_getaffinity(0)), on_progress)
+        except KeyboardInterrupt:
+            typer.echo("kt convert: interrupted; finished layers are kept: run the same command to resume", err=True)
+            raise typer.Exit(130) from None
+        except ValueError as error:
+            typer.echo(f"kt convert: {error}", err=True)
+            raise typer.Exit(1) from None
+    seconds = time.perf_counter() - started
+    rate = f", {total_bytes / seconds / 1e9:.2f} GB/s of input" if total_bytes and seconds > 0 else ""
+    typer.echo(
+        f"kt convert: {len(manifest['layers'])} layer(s) in {output} ({total_bytes / 1e9:.2f} GB read in "
+        f"{seconds:.1f} s{rate})",
+        err=True,
+    )
+
+
 def main() -> None:
     app()

@@ -13,11 +13,14 @@ Behaviour at the edges, by design:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
-METHODS = ("bf16", "int8", "int4")
+from ktforge.quantize import METHODS, Quantized
+from ktforge.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
+
 BACKENDS = ("auto", "amx", "amd-blis", "avx512", "avx2", "reference", "amx-model")
 BACKEND_VARIABLE = "KTFORGE_BACKEND"
 
@@ -165,6 +168,7 @@ class MoE:
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.method = method
+        self._group = int(group_size)
         if backend == "auto" and _SELECTED_BACKEND:
             backend = _SELECTED_BACKEND
         self._layer = _native.MoELayer(
@@ -178,6 +182,90 @@ class MoE:
             threads or 0,
         )
         self._loaded = False
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike[str],
+        layer: int,
+        *,
+        method: str | None = None,
+        backend: str = "auto",
+        threads: int | None = None,
+        group_size: int | None = None,
+        input_type: str = "auto",
+        verify: bool = True,
+    ) -> MoE:
+        """One MoE layer's routed experts from disk, ready to run.
+
+        ``path`` is either a ``kt convert`` output (the method and group size are the
+        conversion's; checksums are verified unless ``verify=False``) or an original Hugging
+        Face checkpoint (Qwen3-MoE, DeepSeek-V3, Mixtral; bf16/fp16/fp32, or FP8 with block
+        scales), quantized here for ``method`` (default bf16) exactly as ``kt convert`` would:
+        both give the same results. ``layer`` is the model's layer index.
+        """
+        from pathlib import Path
+
+        from ktforge import convert
+        from ktforge.checkpoint import Checkpoint
+
+        directory = Path(path)
+        if (directory / convert.MANIFEST).is_file() or (directory / convert.STATE).is_file():
+            manifest, projections = convert.load_layer(directory, layer, verify)
+            stored_group = manifest.get("group_size") or 128
+            if method is not None and method != manifest["method"]:
+                raise ValueError(
+                    f"{directory} was converted for {manifest['method']}, not {method}; convert again with "
+                    f"--quant {method}, or load the original checkpoint"
+                )
+            if group_size is not None and manifest["method"] == "int4" and group_size != stored_group:
+                raise ValueError(f"{directory} was converted with group size {stored_group}, not {group_size}")
+            moe = cls(
+                manifest["num_experts"],
+                manifest["top_k"],
+                manifest["hidden_size"],
+                manifest["intermediate_size"],
+                method=manifest["method"],
+                backend=backend,
+                threads=threads,
+                group_size=stored_group,
+            )
+            moe.load_quantized(projections["gate"], projections["up"], projections["down"])
+            return moe
+        method = method or "bf16"
+        group = group_size or 128
+        with Checkpoint(directory, input_type) as checkpoint:
+            if layer not in checkpoint.moe_layers:
+                raise ValueError(
+                    f"{directory}: layer {layer} holds no routed experts; MoE layers are "
+                    f"{convert.format_layers(checkpoint.moe_layers)}"
+                )
+            moe = cls(
+                checkpoint.experts,
+                checkpoint.top_k,
+                checkpoint.hidden,
+                checkpoint.intermediate,
+                method=method,
+                backend=backend,
+                threads=threads,
+                group_size=group,
+            )
+            options = convert.Options(method, group if method == "int4" else 0, input_type)
+            tensors = convert.layer_tensors(
+                method, checkpoint.experts, checkpoint.hidden, checkpoint.intermediate, options.group_size
+            )
+            arrays = {name: np.empty(shape, _SAFETENSORS_NUMPY[dtype]) for name, (dtype, shape) in tensors.items()}
+            for expert, quantized, _ in convert.quantized_experts(
+                checkpoint, layer, options, threads or len(os.sched_getaffinity(0))
+            ):
+                for projection, q in quantized.items():
+                    arrays[f"{projection}.weight"][expert] = q.weight
+                    if q.scale is not None:
+                        arrays[f"{projection}.scale"][expert] = q.scale
+        moe.load_quantized(
+            *(Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale")) for p in ("gate", "up", "down"))
+        )
+        return moe
 
     @property
     def info(self) -> dict[str, Any]:
@@ -199,6 +287,35 @@ class MoE:
         for name, array in arrays.items():
             _check_finite(array, name)
         self._layer.load_weights(arrays["gate"], arrays["up"], arrays["down"])
+        self._loaded = True
+
+    def load_quantized(self, gate: Quantized, up: Quantized, down: Quantized) -> None:
+        """Weights already quantized for this layer's method, in the portable layout of
+        :mod:`ktforge.quantize` (what ``kt convert`` writes): gate, up ``[E, I, ...]``, down
+        ``[E, H, ...]``. Gives exactly the results of ``load_weights`` on the float weights."""
+        from ktforge.quantize import shapes
+
+        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
+        arrays: list[np.ndarray[Any, Any]] = []
+        for name, q, (N, K) in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I))):
+            if not isinstance(q, Quantized):
+                raise TypeError(f"{name} must be a ktforge.quantize.Quantized, got {type(q).__name__}")
+            for part, (shape, dtype) in shapes(self.method, N, K, self._group).items():
+                expected = np.dtype(_SAFETENSORS_NUMPY[dtype])
+                array = np.asarray(getattr(q, part))
+                if array.shape != (E, *shape) or array.dtype != expected:
+                    raise ValueError(
+                        f"{name}.{part} is {array.dtype} {tuple(array.shape)}; {self.method} with group size "
+                        f"{self._group} needs {expected} {(E, *shape)}"
+                    )
+                arrays.append(np.ascontiguousarray(array))
+        if self.method == "bf16":
+            self.load_weights(*arrays)
+            return
+        for name, scale in zip(("gate", "up", "down"), arrays[1::2], strict=True):
+            if not np.isfinite(scale).all() or (scale <= 0).any():
+                raise ValueError(f"{name}.scale holds values that are not positive and finite")
+        self._layer.load_quantized(*arrays)
         self._loaded = True
 
     def forward(self, x: Any, ids: Any, weights: Any, *, copy: bool = False) -> Any:

@@ -1,0 +1,219 @@
+"""A Hugging Face checkpoint's routed experts: found by name, read one expert at a time.
+
+``Checkpoint(path)`` reads ``config.json``, the shard index (or the shards' own headers) and
+finds the layers holding routed experts by the naming of the architecture in
+``data/checkpoint_architectures.toml``. ``expert(layer, e, projection)`` returns one expert's
+weights as float32 ``[N, K]`` in Hugging Face orientation, de-quantizing FP8 E4M3 weights with
+their ``weight_scale_inv`` block scales (DeepSeek-V3: 128 x 128 blocks, from
+``quantization_config.weight_block_size``). Every failure names the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ktforge.resources import data_path, load_toml
+from ktforge.safetensors_io import SafetensorsError, SafetensorsFile
+
+Array = np.ndarray[Any, Any]
+PROJECTIONS = ("gate", "up", "down")
+INPUT_TYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32", "fp8": "F8_E4M3"}
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """The checkpoint is missing something, or holds something ktforge cannot convert."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    label: str
+    tensor: str
+    projections: dict[str, str]
+    config: dict[str, str]
+
+    def tensor_name(self, layer: int, expert: int, projection: str) -> str:
+        return self.tensor.format(layer=layer, expert=expert, projection=self.projections[projection])
+
+
+def architectures() -> dict[str, Architecture]:
+    raw = load_toml(data_path("checkpoint_architectures.toml"))
+    return {name: Architecture(model_type=name, **fields) for name, fields in raw.items()}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Checkpoint:
+    def __init__(self, path: str | Path, input_type: str = "auto") -> None:
+        self.path = Path(path)
+        if input_type != "auto" and input_type not in INPUT_TYPES:
+            raise CheckpointError(f"input type must be auto or one of {', '.join(INPUT_TYPES)}, got {input_type!r}")
+        self.input_type = input_type
+        config_path = self.path / "config.json"
+        if not config_path.is_file():
+            raise CheckpointError(f"{config_path}: not found (expected a Hugging Face checkpoint directory)")
+        try:
+            self.config: dict[str, Any] = json.loads(config_path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise CheckpointError(f"{config_path}: cannot be read as JSON ({error})") from error
+        model_type = str(self.config.get("model_type", ""))
+        known = architectures()
+        if model_type not in known:
+            names = ", ".join(f"{a.label} ({a.model_type})" for a in known.values())
+            raise CheckpointError(
+                f"{config_path}: model_type {model_type!r} is not an MoE architecture ktforge knows; supported: {names}"
+            )
+        self.arch = known[model_type]
+        sizes = {}
+        for key, field in self.arch.config.items():
+            value = self.config.get(field)
+            if not isinstance(value, int) or value <= 0:
+                raise CheckpointError(f"{config_path}: {field} must be a positive integer for {self.arch.label}")
+            sizes[key] = value
+        self.hidden, self.intermediate = sizes["hidden"], sizes["intermediate"]
+        self.experts, self.top_k = sizes["experts"], sizes["top_k"]
+        block = (self.config.get("quantization_config") or {}).get("weight_block_size", [128, 128])
+        self.fp8_block = (int(block[0]), int(block[1]))
+        self._files: dict[str, SafetensorsFile] = {}
+        self._lock = threading.Lock()  # experts are read from several threads
+        self.weight_map = self._weight_map()
+        self.moe_layers = self._moe_layers()
+
+    # ---- where tensors are ------------------------------------------------------------
+
+    def _weight_map(self) -> dict[str, str]:
+        index = self.path / INDEX_NAME
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+                raise CheckpointError(f"{index}: not a valid shard index ({error})") from error
+            return {str(k): str(v) for k, v in weight_map.items()}
+        shards = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if not shards:
+            raise CheckpointError(f"{self.path}: no *.safetensors files and no {INDEX_NAME}")
+        return {name: shard for shard in shards for name in self._open(shard).tensors}
+
+    def _open(self, shard: str) -> SafetensorsFile:
+        with self._lock:
+            if shard not in self._files:
+                path = self.path / shard
+                if not path.is_file():
+                    raise CheckpointError(f"{path}: listed in {INDEX_NAME} but missing")
+                self._files[shard] = SafetensorsFile(path)
+            return self._files[shard]
+
+    def _moe_layers(self) -> list[int]:
+        pattern = re.escape(self.arch.tensor_name(0, 0, "gate")).replace(re.escape("layers.0."), r"layers\.(\d+)\.", 1)
+        layers = sorted({int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(pattern, name))})
+        if not layers:
+            example = self.arch.tensor_name(0, 0, "gate")
+            raise CheckpointError(f"{self.path}: no routed expert tensors named like {example!r} ({self.arch.label})")
+        return layers
+
+    def source_identity(self) -> dict[str, Any]:
+        """What identifies the source: config and index hashes, each shard's size and header hash
+        (the header lists every tensor with its offsets; hashing whole shards would mean reading
+        the whole model)."""
+        identity: dict[str, Any] = {"config.json": sha256_file(self.path / "config.json")}
+        if (self.path / INDEX_NAME).is_file():
+            identity[INDEX_NAME] = sha256_file(self.path / INDEX_NAME)
+        identity["shards"] = {
+            shard: {"bytes": f.size, "header_sha256": hashlib.sha256(f.header_bytes).hexdigest()}
+            for shard in sorted(set(self.weight_map.values()))
+            for f in [self._open(shard)]
+        }
+        return identity
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ---- reading experts ----------------------------------------------------------------
+
+    def shape(self, projection: str) -> tuple[int, int]:
+        """[N, K] of one expert's projection."""
+        return (self.hidden, self.intermediate) if projection == "down" else (self.intermediate, self.hidden)
+
+    def source_bytes(self, layer: int, expert: int, projection: str) -> int:
+        """Bytes a projection occupies in the checkpoint (with its FP8 block scales)."""
+        total = 0
+        name = self.arch.tensor_name(layer, expert, projection)
+        for tensor in (name, name + "_scale_inv"):
+            shard = self.weight_map.get(tensor)
+            if shard is not None and tensor in self._open(shard).tensors:
+                info = self._open(shard).tensors[tensor]
+                total += info.end - info.begin
+        return total
+
+    def _tensor(self, name: str, why: str) -> tuple[SafetensorsFile, Array]:
+        shard = self.weight_map.get(name)
+        if shard is None:
+            raise CheckpointError(f"{self.path}: tensor {name!r} ({why}) is missing")
+        f = self._open(shard)
+        try:
+            return f, f.get(name)
+        except SafetensorsError as error:
+            raise CheckpointError(str(error)) from error
+
+    def expert(self, layer: int, expert: int, projection: str) -> Array:
+        """One expert's weights, float32 [N, K]."""
+        name = self.arch.tensor_name(layer, expert, projection)
+        f, w = self._tensor(name, f"layer {layer}, expert {expert}, {projection}")
+        where = f"{f.path}: tensor {name!r}"
+        dtype = f.info(name).dtype
+        if self.input_type != "auto" and dtype != INPUT_TYPES[self.input_type]:
+            raise CheckpointError(f"{where} is {dtype}, but the input type was given as {self.input_type}")
+        if w.shape != self.shape(projection):
+            raise CheckpointError(
+                f"{where} has shape {list(w.shape)}; config.json implies {list(self.shape(projection))}"
+            )
+        if dtype == "F8_E4M3":
+            return self._dequantize_fp8(name, where, w)
+        if dtype not in ("BF16", "F16", "F32"):
+            raise CheckpointError(f"{where} is {dtype}; expected bf16, fp16, fp32 or fp8 (F8_E4M3) weights")
+        out = w.astype(np.float32)
+        if not np.isfinite(out).all():
+            raise CheckpointError(f"{where} contains NaN or infinite values")
+        return out
+
+    def _dequantize_fp8(self, name: str, where: str, w: Array) -> Array:
+        scale_name = name + "_scale_inv"
+        _, scale = self._tensor(scale_name, f"the block scales of {name}")
+        (bn, bk), (N, K) = self.fp8_block, w.shape
+        blocks = (-(-N // bn), -(-K // bk))
+        if scale.shape != blocks:
+            raise CheckpointError(
+                f"{where}: {scale_name} has shape {list(scale.shape)}; "
+                f"{bn}x{bk} blocks of [{N}, {K}] need {list(blocks)}"
+            )
+        s = scale.astype(np.float32)
+        if not np.isfinite(s).all():
+            raise CheckpointError(f"{where}: {scale_name} contains NaN or infinite values")
+        values = w.astype(np.float32)
+        if not np.isfinite(values).all():
+            raise CheckpointError(f"{where} contains NaN (FP8 E4M3 has no infinity)")
+        expanded = np.repeat(np.repeat(s, bn, axis=0)[:N], bk, axis=1)[:, :K]
+        return values * expanded

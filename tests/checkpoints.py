@@ -1,0 +1,135 @@
+"""Tiny synthetic Hugging Face checkpoints, written with the `safetensors` package.
+
+Each names its tensors as the real architecture does (routed experts, plus the dense MLP,
+shared experts, attention and embeddings that a converter must leave alone), is sharded
+with an index like the real ones, and returns the float32 weights its experts stand for.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+Array = np.ndarray[Any, Any]
+
+NAMING = {
+    "qwen3_moe": ("model.layers.{L}.mlp.experts.{E}.{P}.weight", ("gate_proj", "up_proj", "down_proj")),
+    "deepseek_v3": ("model.layers.{L}.mlp.experts.{E}.{P}.weight", ("gate_proj", "up_proj", "down_proj")),
+    "mixtral": ("model.layers.{L}.block_sparse_moe.experts.{E}.{P}.weight", ("w1", "w3", "w2")),
+}
+DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _config(
+    arch: str, E: int, k: int, H: int, I: int, layers: int, fp8_block: tuple[int, int] | None
+) -> dict[str, Any]:
+    base: dict[str, Any] = {"model_type": arch, "hidden_size": H, "num_hidden_layers": layers, "num_experts_per_tok": k}
+    if arch == "qwen3_moe":
+        base |= {"architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": I, "num_experts": E}
+    elif arch == "deepseek_v3":
+        base |= {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "moe_intermediate_size": I,
+            "n_routed_experts": E,
+            "first_k_dense_replace": 1,
+            "n_shared_experts": 1,
+        }
+    else:
+        base |= {"architectures": ["MixtralForCausalLM"], "intermediate_size": I, "num_local_experts": E}
+    if fp8_block:
+        base["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(fp8_block)}
+    return base
+
+
+def _fp8_blocks(w: Array, block: tuple[int, int]) -> tuple[Array, Array, Array]:
+    """FP8 E4M3 weights with 128x128-style block scales (scale_inv), and what they stand for."""
+    bn, bk = block
+    N, K = w.shape
+    gn, gk = -(-N // bn), -(-K // bk)
+    padded = np.zeros((gn * bn, gk * bk), np.float32)
+    padded[:N, :K] = w
+    max_abs = np.abs(padded.reshape(gn, bn, gk, bk)).max(axis=(1, 3))
+    scale = np.where(max_abs > 0, max_abs / 448.0, 1.0).astype(np.float32)
+    expanded = np.repeat(np.repeat(scale, bn, axis=0), bk, axis=1)[:N, :K]
+    q = (w / expanded).astype(ml_dtypes.float8_e4m3fn)
+    return q, scale, q.astype(np.float32) * expanded
+
+
+def write_checkpoint(
+    directory: Path,
+    arch: str = "qwen3_moe",
+    *,
+    dtype: str = "bf16",
+    E: int = 4,
+    k: int = 2,
+    H: int = 40,
+    I: int = 24,
+    moe_layers: tuple[int, ...] = (1, 2),
+    shards: int = 2,
+    seed: int = 0,
+    fp8_block: tuple[int, int] = (16, 16),
+    drop: tuple[str, ...] = (),
+    config_overrides: dict[str, Any] | None = None,
+) -> dict[int, tuple[Array, Array, Array]]:
+    """Writes the checkpoint; returns {layer: (gate [E,I,H], up [E,I,H], down [E,H,I])} in float32."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    layers = max(moe_layers) + 1
+    config = _config(arch, E, k, H, I, layers, fp8_block if dtype == "fp8" else None) | (config_overrides or {})
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors: dict[str, Array] = {"model.embed_tokens.weight": rng.standard_normal((16, H)).astype(np.float32)}
+    pattern, names = NAMING[arch]
+    truth: dict[int, tuple[Array, Array, Array]] = {}
+    for layer in range(layers):
+        tensors[f"model.layers.{layer}.self_attn.q_proj.weight"] = rng.standard_normal((H, H)).astype(np.float32)
+        if layer not in moe_layers:  # a dense MLP, named like the experts' projections
+            for p in names[:2]:
+                tensors[f"model.layers.{layer}.mlp.{p}.weight"] = rng.standard_normal((I, H)).astype(np.float32)
+            continue
+        if arch == "deepseek_v3":  # a shared expert: not routed, left alone
+            tensors[f"model.layers.{layer}.mlp.shared_experts.gate_proj.weight"] = np.ones((I, H), np.float32)
+        projections: list[list[Array]] = [[], [], []]
+        for e in range(E):
+            for j, p in enumerate(names):
+                shape = (H, I) if j == 2 else (I, H)
+                w = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+                name = pattern.format(L=layer, E=e, P=p)
+                if dtype == "fp8":
+                    q, scale, w = _fp8_blocks(w, fp8_block)
+                    tensors[name], tensors[name + "_scale_inv"] = q, scale
+                else:
+                    tensors[name] = w.astype(DTYPES[dtype])
+                    w = tensors[name].astype(np.float32)
+                projections[j].append(w)
+        truth[layer] = (np.stack(projections[0]), np.stack(projections[1]), np.stack(projections[2]))
+    for name in drop:
+        del tensors[name]
+    names_sorted = sorted(tensors)
+    if shards == 1:
+        save_file(tensors, str(directory / "model.safetensors"))
+        return truth
+    weight_map = {}
+    for i in range(shards):
+        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names_sorted[i::shards]}
+        save_file(part, str(directory / shard))
+        weight_map |= dict.fromkeys(part, shard)
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return truth
+
+
+def expert_tensor(arch: str, layer: int, expert: int, projection: int) -> str:
+    pattern, names = NAMING[arch]
+    return pattern.format(L=layer, E=expert, P=names[projection])
+
+
+def shard_of(directory: Path, tensor: str) -> Path:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        return directory / json.loads(index.read_text())["weight_map"][tensor]
+    return directory / "model.safetensors"
