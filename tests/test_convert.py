@@ -63,6 +63,32 @@ def test_quantize_matches_the_independent_definition(method: str) -> None:
     assert back.shape == w.shape and (np.abs(back - w) <= step / 2 + 1e-7).all()
 
 
+def test_fp8_decoding_is_exact_for_every_code_and_uses_its_block_scale() -> None:
+    import ml_dtypes
+
+    import ktforge._native as _native
+
+    codes = np.arange(256, dtype=np.uint8).reshape(8, 32)
+    scale = np.array([[2.0, 0.5], [1.0, 3.0]], np.float32)  # 4x16 blocks
+    finite = codes.copy()
+    finite[(codes & 0x7F) == 0x7F] = 0
+    got = _native.dequantize_fp8(finite, scale, 4, 16)
+    want = finite.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.repeat(np.repeat(scale, 4, 0), 16, 1)
+    assert np.array_equal(got, want)
+    assert np.isnan(codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)).sum() == 2  # 0x7F and 0xFF
+    with pytest.raises(ValueError, match=r"NaN in FP8 weights \(row 3\)"):  # 0x7F is in row 3
+        _native.dequantize_fp8(codes, scale, 4, 16)
+    with pytest.raises(ValueError, match="block scales do not match"):
+        _native.dequantize_fp8(codes, scale[:1], 4, 16)
+
+
+def test_quantize_refuses_non_finite_weights() -> None:
+    w = np.ones((3, 64), np.float32)
+    w[2, 5] = np.inf
+    with pytest.raises(ValueError, match=r"NaN or infinite values \(row 2\)"):
+        quantize(w, "int8")
+
+
 @pytest.mark.parametrize("method", ["bf16", "int8", "int4"])
 @pytest.mark.parametrize("backend", ["reference", "avx512", "avx2"])
 def test_load_quantized_gives_exactly_the_results_of_load_weights(method: str, backend: str) -> None:
@@ -260,20 +286,43 @@ def test_wrong_shape_and_dtype_and_input_type(tmp_path: Path) -> None:
     assert kt_convert(src2, tmp_path / "out3", "--input-type", "int3").exit_code == 2
 
 
-def test_integer_weights_are_refused(tmp_path: Path) -> None:
+def _rewrite(shard: Path, name: str, change: Any) -> None:
     from safetensors.numpy import save_file
 
+    from ktforge.safetensors_io import SafetensorsFile
+
+    with SafetensorsFile(shard) as f:
+        tensors = {n: np.array(f.get(n)) for n in f.tensors}
+    tensors[name] = change(tensors[name])
+    save_file(tensors, str(shard))
+
+
+def test_integer_weights_are_refused(tmp_path: Path) -> None:
     src = tmp_path / "hf"
     write_checkpoint(src, "qwen3_moe", shards=1)
     name = expert_tensor("qwen3_moe", 1, 0, 2)
-    from ktforge.safetensors_io import SafetensorsFile
-
-    with SafetensorsFile(src / "model.safetensors") as f:
-        tensors = {n: np.array(f.get(n)) for n in f.tensors}
-    tensors[name] = tensors[name].astype(np.float32).astype(np.int32)
-    save_file(tensors, str(src / "model.safetensors"))
+    _rewrite(src / "model.safetensors", name, lambda t: t.astype(np.float32).astype(np.int32))
     with pytest.raises(CheckpointError, match=f"tensor '{name}' is I32; expected bf16, fp16, fp32 or fp8"):
         ktforge.MoE.from_pretrained(src, layer=1)
+
+
+@pytest.mark.parametrize(("dtype", "quant"), [("bf16", "int8"), ("bf16", "bf16"), ("fp8", "int4"), ("fp8", "bf16")])
+def test_nan_weights_name_the_tensor(tmp_path: Path, dtype: str, quant: str) -> None:
+    src = tmp_path / "hf"
+    write_checkpoint(src, "deepseek_v3", dtype=dtype, shards=1)
+    name = expert_tensor("deepseek_v3", 2, 1, 0)
+
+    def poison(t: Any) -> Any:
+        t = t.copy()
+        t[3, 4] = np.nan
+        return t
+
+    _rewrite(src / "model.safetensors", name, poison)
+    result = kt_convert(src, tmp_path / "out", "--quant", quant)
+    assert result.exit_code == 1
+    assert f"model.safetensors: tensor '{name}': " in result.output
+    assert "NaN" in result.output
+    assert not (tmp_path / "out" / "manifest.json").exists()
 
 
 def test_truncated_and_corrupt_shards(tmp_path: Path) -> None:
@@ -355,7 +404,7 @@ def test_conversion_memory_is_bounded_by_a_few_experts(tmp_path: Path) -> None:
     plan.checkpoint.expert = tracking  # type: ignore[method-assign]
     consumed: list[int] = []
     with plan.checkpoint:
-        for expert, _, _ in convert.quantized_experts(plan.checkpoint, 1, plan.options, threads=2):
+        for expert, _, _ in convert.quantized_experts(plan.checkpoint, 1, plan.options, 2, lambda *_: None):
             consumed.append(expert)
             assert max(seen) - expert <= 4  # at most 2 x threads experts in flight
     assert consumed == list(range(16))

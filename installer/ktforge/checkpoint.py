@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ktforge.quantize import Fp8Blocks
 from ktforge.resources import data_path, load_toml
 from ktforge.safetensors_io import SafetensorsError, SafetensorsFile
 
@@ -178,8 +179,13 @@ class Checkpoint:
         except SafetensorsError as error:
             raise CheckpointError(str(error)) from error
 
-    def expert(self, layer: int, expert: int, projection: str) -> Array:
-        """One expert's weights, float32 [N, K]."""
+    def describe(self, layer: int, expert: int, projection: str) -> str:
+        name = self.arch.tensor_name(layer, expert, projection)
+        return f"{self.path / self.weight_map.get(name, '?')}: tensor {name!r}"
+
+    def expert(self, layer: int, expert: int, projection: str) -> Array | Fp8Blocks:
+        """One expert's weights [N, K]: bfloat16 and float32 as stored (memory-mapped), float16
+        widened to float32, FP8 with its block scales (ktforge.quantize takes each of them)."""
         name = self.arch.tensor_name(layer, expert, projection)
         f, w = self._tensor(name, f"layer {layer}, expert {expert}, {projection}")
         where = f"{f.path}: tensor {name!r}"
@@ -191,15 +197,12 @@ class Checkpoint:
                 f"{where} has shape {list(w.shape)}; config.json implies {list(self.shape(projection))}"
             )
         if dtype == "F8_E4M3":
-            return self._dequantize_fp8(name, where, w)
+            return self._fp8_blocks(name, where, w)
         if dtype not in ("BF16", "F16", "F32"):
             raise CheckpointError(f"{where} is {dtype}; expected bf16, fp16, fp32 or fp8 (F8_E4M3) weights")
-        out = w.astype(np.float32)
-        if not np.isfinite(out).all():
-            raise CheckpointError(f"{where} contains NaN or infinite values")
-        return out
+        return w if dtype in ("BF16", "F32") else w.astype(np.float32)
 
-    def _dequantize_fp8(self, name: str, where: str, w: Array) -> Array:
+    def _fp8_blocks(self, name: str, where: str, w: Array) -> Fp8Blocks:
         scale_name = name + "_scale_inv"
         _, scale = self._tensor(scale_name, f"the block scales of {name}")
         (bn, bk), (N, K) = self.fp8_block, w.shape
@@ -209,11 +212,7 @@ class Checkpoint:
                 f"{where}: {scale_name} has shape {list(scale.shape)}; "
                 f"{bn}x{bk} blocks of [{N}, {K}] need {list(blocks)}"
             )
-        s = scale.astype(np.float32)
+        s = np.ascontiguousarray(scale, dtype=np.float32)
         if not np.isfinite(s).all():
             raise CheckpointError(f"{where}: {scale_name} contains NaN or infinite values")
-        values = w.astype(np.float32)
-        if not np.isfinite(values).all():
-            raise CheckpointError(f"{where} contains NaN (FP8 E4M3 has no infinity)")
-        expanded = np.repeat(np.repeat(s, bn, axis=0)[:N], bk, axis=1)[:, :K]
-        return values * expanded
+        return Fp8Blocks(w.view(np.uint8), s, (bn, bk))

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from ktforge import __version__
-from ktforge.checkpoint import PROJECTIONS, Checkpoint
-from ktforge.quantize import GROUP_SIZES, METHODS, Quantized, quantize, shapes
+from ktforge.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
+from ktforge.quantize import GROUP_SIZES, METHODS, Array, Quantized, quantize, shapes
 from ktforge.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter
 
 FORMAT = "ktforge-moe-experts"
@@ -108,29 +108,37 @@ def layer_tensors(
     return tensors
 
 
+Sink = Callable[[int, str, Quantized], None]
+
+
 def quantized_experts(
-    checkpoint: Checkpoint, layer: int, options: Options, threads: int
+    checkpoint: Checkpoint, layer: int, options: Options, threads: int, sink: Sink
 ) -> Iterator[tuple[int, dict[str, Quantized], int]]:
-    """(expert, its three quantized projections, source bytes read), in expert order; a few
-    experts in flight on ``threads`` threads (NumPy releases the GIL while it computes)."""
+    """Quantizes a layer's experts on ``threads`` threads, a few experts in flight (the
+    extension and NumPy release the GIL); ``sink(expert, projection, q)`` runs on the worker
+    (writing its slice). Yields (expert, its projections, source bytes read) in expert order."""
 
     def one(expert: int) -> tuple[dict[str, Quantized], int]:
         out, read = {}, 0
         for projection in PROJECTIONS:
             w = checkpoint.expert(layer, expert, projection)
             read += checkpoint.source_bytes(layer, expert, projection)
-            out[projection] = quantize(w, options.method, options.group_size)
+            try:
+                q = quantize(w, options.method, options.group_size)
+            except ValueError as error:
+                raise CheckpointError(f"{checkpoint.describe(layer, expert, projection)}: {error}") from error
+            sink(expert, projection, q)
+            out[projection] = q
         return out, read
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        pending: deque[tuple[int, Future[tuple[dict[str, Quantized], int]]]] = deque()
+        pending: deque[Future[tuple[dict[str, Quantized], int]]] = deque()
         next_expert = 0
-        while next_expert < checkpoint.experts or pending:
+        for expert in range(checkpoint.experts):
             while next_expert < checkpoint.experts and len(pending) < 2 * max(1, threads):
-                pending.append((next_expert, pool.submit(one, next_expert)))
+                pending.append(pool.submit(one, next_expert))
                 next_expert += 1
-            expert, future = pending.popleft()
-            projections, read = future.result()
+            projections, read = pending.popleft().result()
             yield expert, projections, read
 
 
@@ -149,15 +157,19 @@ def convert_layer(
     }
     writer = StreamingWriter(path, tensors, metadata)
     digests = {name: hashlib.sha256() for name in tensors}
+
+    def write(expert: int, projection: str, q: Quantized) -> None:
+        for part, array in (("weight", q.weight), ("scale", q.scale)):
+            if array is not None:
+                writer.write(f"{projection}.{part}", expert, array)
+
     try:
-        for expert, projections, read in quantized_experts(checkpoint, layer, options, threads):
+        # slices are written by the workers; the checksums need them in order, here
+        for _, projections, read in quantized_experts(checkpoint, layer, options, threads, write):
             for projection, q in projections.items():
                 for part, array in (("weight", q.weight), ("scale", q.scale)):
-                    if array is None:
-                        continue
-                    name = f"{projection}.{part}"
-                    writer.write(name, expert, array)
-                    digests[name].update(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+                    if array is not None:
+                        digests[f"{projection}.{part}"].update(_bytes(array))
             advance(read)
         writer.commit()
     except BaseException:
@@ -171,6 +183,10 @@ def convert_layer(
             for name, (dtype, shape) in tensors.items()
         },
     }
+
+
+def _bytes(array: Array) -> memoryview:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:

@@ -255,13 +255,15 @@ class MoE:
                 method, checkpoint.experts, checkpoint.hidden, checkpoint.intermediate, options.group_size
             )
             arrays = {name: np.empty(shape, _SAFETENSORS_NUMPY[dtype]) for name, (dtype, shape) in tensors.items()}
-            for expert, quantized, _ in convert.quantized_experts(
-                checkpoint, layer, options, threads or len(os.sched_getaffinity(0))
-            ):
-                for projection, q in quantized.items():
-                    arrays[f"{projection}.weight"][expert] = q.weight
-                    if q.scale is not None:
-                        arrays[f"{projection}.scale"][expert] = q.scale
+
+            def store(expert: int, projection: str, q: Quantized) -> None:
+                arrays[f"{projection}.weight"][expert] = q.weight
+                if q.scale is not None:
+                    arrays[f"{projection}.scale"][expert] = q.scale
+
+            workers = threads or len(os.sched_getaffinity(0))
+            for _ in convert.quantized_experts(checkpoint, layer, options, workers, store):
+                pass
         moe.load_quantized(
             *(Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale")) for p in ("gate", "up", "down"))
         )

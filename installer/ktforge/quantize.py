@@ -1,8 +1,9 @@
 """Weight quantization, defined once for the converter and for loading: the portable layout.
 
-The arithmetic is the kernels' own (native/src/kernels/pack.cpp) in float32, step for step,
-so weights quantized here and loaded with ``MoE.load_quantized`` give exactly the results of
-``MoE.load_weights`` on the float weights (a test holds both to bit equality).
+int8 and int4 are computed by the extension's ``quantize_weight_row`` — the function the
+kernels' packer applies to float weights — so weights quantized here and loaded with
+``MoE.load_quantized`` give exactly the results of ``MoE.load_weights`` on the float weights
+(tests hold both to bit equality, and to an independent NumPy definition).
 
 Layout, for a projection of ``N`` output rows and ``K`` inputs (``[..., N, K]`` in, as in
 Hugging Face checkpoints):
@@ -35,40 +36,55 @@ class Quantized:
     scale: Array | None
 
 
-def _symmetric_scale(max_abs: Array, qmax: int) -> Array:
-    safe = np.where(max_abs > 0, max_abs, np.float32(qmax))
-    return np.where(max_abs > 0, safe / np.float32(qmax), np.float32(1)).astype(np.float32)
+@dataclass(frozen=True)
+class Fp8Blocks:
+    """FP8 E4M3 weights ``[N, K]`` (as their uint8 codes) with float32 block scales
+    ``[ceil(N / rows), ceil(K / cols)]``: DeepSeek-V3's ``weight`` and ``weight_scale_inv``."""
+
+    codes: Array
+    scale: Array
+    block: tuple[int, int]
+
+    def to_float32(self) -> Array:
+        import ktforge._native as _native
+
+        return _native.dequantize_fp8(self.codes, self.scale, *self.block)
 
 
-def _round(w: Array, scale: Array, qmax: int) -> Array:
-    inverse = (np.float32(1) / scale).astype(np.float32)
-    return np.clip(np.rint(w * inverse), -qmax, qmax).astype(np.int8)
+def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quantized:
+    """Quantizes weights ``[..., N, K]`` given as float32 or bfloat16 (others are widened to
+    float32 first), or FP8 blocks (de-quantized row by row on the way); NaN or infinity
+    raises ValueError."""
+    import ml_dtypes
 
+    import ktforge._native as _native
 
-def quantize(w: Array, method: str, group_size: int = 128) -> Quantized:
-    """Quantizes float weights ``[..., N, K]`` (float32, or anything that widens to it exactly)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    if method == "bf16":
-        import ml_dtypes
-
-        return Quantized(np.ascontiguousarray(w, dtype=ml_dtypes.bfloat16), None)
-    w = np.asarray(w, dtype=np.float32)
-    if not np.isfinite(w).all():
-        raise ValueError("weights contain NaN or infinite values")
-    if method == "int8":
-        scale = _symmetric_scale(np.abs(w).max(axis=-1), 127)
-        return Quantized(_round(w, scale[..., None], 127), scale)
-    if group_size not in GROUP_SIZES:
+    if method == "int4" and group_size not in GROUP_SIZES:
         raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r}")
-    K = w.shape[-1]
-    padded = -(-K // group_size) * group_size
-    if padded != K:
-        w = np.concatenate([w, np.zeros((*w.shape[:-1], padded - K), np.float32)], axis=-1)
-    grouped = w.reshape(*w.shape[:-1], padded // group_size, group_size)
-    scale = _symmetric_scale(np.abs(grouped).max(axis=-1), 7)
-    q = (_round(grouped, scale[..., None], 7).reshape(w.shape) + 8).astype(np.uint8)
-    return Quantized(np.ascontiguousarray(q[..., 0::2] | (q[..., 1::2] << 4)), scale)
+    if isinstance(w, Fp8Blocks):
+        if method != "bf16":
+            q, scale = _native.quantize_weights(w.codes, method, group_size, w.scale, *w.block)
+            return Quantized(q, scale)
+        w = w.to_float32()
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    w = np.asarray(w)
+    w = np.ascontiguousarray(w if w.dtype in (np.float32, bf16) else w.astype(np.float32))
+    if method == "bf16":
+        if w.dtype == bf16:
+            if ((w.view(np.uint16) & 0x7F80) == 0x7F80).any():  # exponent all ones: NaN or inf
+                raise ValueError("weights contain NaN or infinite values")
+            return Quantized(w, None)
+        if not np.isfinite(w).all():
+            raise ValueError("weights contain NaN or infinite values")
+        bits = w.view(np.uint32)  # round to nearest even, as the kernels' f32_to_bf16
+        rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(
+            np.uint16
+        )
+        return Quantized(rounded.view(bf16), None)
+    q, scale = _native.quantize_weights(w.view(np.uint16) if w.dtype == bf16 else w, method, group_size)
+    return Quantized(q, scale)
 
 
 def dequantize(q: Quantized, method: str, K: int) -> Array:

@@ -16,12 +16,15 @@
 #include <cerrno>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "arch/features.hpp"
 #include "kernels/registry.hpp"
+#include "kernels/pack.hpp"
+#include "kernels/scalar.hpp"
 #include "moe/layer.hpp"
 #include "runtime/aligned.hpp"
 #include "runtime/cpu_features.hpp"
@@ -165,6 +168,122 @@ class PyMoE {
 
 }  // namespace
 
+// Weights [..., K] float32 -> the portable layout of ktforge.quantize: int8 values and one
+// scale per row, or int4 (K padded to the group) as q + 8 nibble pairs and a scale per group.
+py::tuple quantize_weights(const py::array& w, const std::string& method_name, int group,
+                           const std::optional<py::array_t<float, py::array::c_style>>& fp8_scale, int bn, int bk) {
+  const Method method = parse_method(method_name);
+  if (method == Method::bf16) throw std::invalid_argument("bf16 weights are rounded, not quantized");
+  if (method == Method::int4 && group != 32 && group != 64 && group != 128)
+    throw std::invalid_argument("group_size must be 32, 64 or 128");
+  if (w.ndim() < 1) throw std::invalid_argument("weights need at least one dimension");
+  if (!(w.flags() & py::array::c_style)) throw std::invalid_argument("weights must be C-contiguous");
+  // float32, bfloat16 as its uint16 bits, or FP8 E4M3 codes (uint8) with their block scales
+  const bool fp8 = w.dtype().is(py::dtype::of<uint8_t>());
+  const DType dtype = fp8 ? DType::f32 : dtype_of(w, "weights");
+  if (fp8 != fp8_scale.has_value()) throw std::invalid_argument("FP8 (uint8) weights need their block scales, and only they");
+  const py::ssize_t K = w.shape(w.ndim() - 1), rows = K ? w.size() / K : 0;
+  const py::ssize_t Kp = method == Method::int8 ? K : (K + group - 1) / group * group;
+  const py::ssize_t groups = method == Method::int8 ? 1 : Kp / group;
+  std::vector<py::ssize_t> q_shape(w.shape(), w.shape() + w.ndim()), s_shape(q_shape.begin(), q_shape.end() - 1);
+  q_shape.back() = method == Method::int8 ? K : Kp / 2;
+  if (method == Method::int4) s_shape.push_back(groups);
+  py::array q = method == Method::int8 ? py::array(py::array_t<int8_t>(q_shape)) : py::array(py::array_t<uint8_t>(q_shape));
+  py::array_t<float> scales(s_shape);
+  const auto* src = static_cast<const char*>(w.data());
+  const std::size_t elem = fp8 ? 1 : dtype == DType::f32 ? 4 : 2;
+  const float* block_scales = nullptr;
+  py::ssize_t gk = 0;
+  if (fp8) {
+    const auto& sc = *fp8_scale;
+    const py::ssize_t N = w.ndim() >= 2 ? w.shape(w.ndim() - 2) : 1;
+    gk = (K + bk - 1) / bk;
+    if (bn <= 0 || bk <= 0 || sc.ndim() != 2 || sc.shape(0) != (N + bn - 1) / bn || sc.shape(1) != gk || rows != N)
+      throw std::invalid_argument("FP8 block scales do not match the weights' [N, K] blocks");
+    block_scales = sc.data();
+  }
+  float fp8_table[256];
+  for (int b = 0; b < 256; ++b) fp8_table[b] = fp8_e4m3_to_f32(static_cast<uint8_t>(b));
+  auto* q_out = static_cast<char*>(q.mutable_data());
+  float* s_out = scales.mutable_data();
+  const py::ssize_t q_row = q_shape.back();
+  int64_t bad_row = -1;
+  {
+    py::gil_scoped_release release;
+    std::vector<float> row(Kp, 0.f);
+    std::vector<int8_t> values(Kp);
+    for (py::ssize_t r = 0; r < rows && bad_row < 0; ++r) {
+      // float32 rows of int8 (and of int4 with K a whole number of groups) are used in place
+      const float* in = reinterpret_cast<const float*>(src + r * K * elem);
+      if (fp8) {  // decoded and scaled here: the float32 matrix is never materialised
+        const auto* codes = reinterpret_cast<const uint8_t*>(src + r * K);
+        const float* row_scales = block_scales + (r / bn) * gk;
+        bool nan = false;
+        for (py::ssize_t k0 = 0; k0 < K; k0 += bk)
+          for (py::ssize_t k = k0; k < std::min(K, k0 + bk); ++k) {
+            nan |= (codes[k] & 0x7F) == 0x7F;
+            row[k] = fp8_table[codes[k]] * row_scales[k0 / bk];
+          }
+        if (nan) bad_row = r;
+        in = row.data();
+      } else if (dtype == DType::bf16) {
+        const auto* bits = reinterpret_cast<const uint16_t*>(src + r * K * elem);
+        for (py::ssize_t k = 0; k < K; ++k) row[k] = bf16_to_f32(bits[k]);
+        in = row.data();
+      } else if (Kp != K) {
+        std::copy(in, in + K, row.begin());
+        in = row.data();
+      }
+      int8_t* q_dst = method == Method::int8 ? reinterpret_cast<int8_t*>(q_out) + r * q_row : values.data();
+      if (!quantize_weight_row(method, group, in, static_cast<int>(Kp), q_dst, s_out + r * groups) && bad_row < 0)
+        bad_row = r;
+      if (method == Method::int4) {
+        auto* bytes = reinterpret_cast<uint8_t*>(q_out) + r * q_row;
+        for (py::ssize_t j = 0; j < q_row; ++j)
+          bytes[j] = static_cast<uint8_t>((values[2 * j] + 8) | ((values[2 * j + 1] + 8) << 4));
+      }
+    }
+  }
+  if (bad_row >= 0) throw std::invalid_argument("weights contain NaN or infinite values (row " + std::to_string(bad_row) + ")");
+  return py::make_tuple(q, scales);
+}
+
+// FP8 E4M3 weights [N, K] (as bytes) times their [ceil(N / bn), ceil(K / bk)] block scales.
+py::array_t<float> dequantize_fp8(const py::array_t<uint8_t, py::array::c_style>& w,
+                                  const py::array_t<float, py::array::c_style>& scale, int bn, int bk) {
+  if (w.ndim() != 2 || scale.ndim() != 2 || bn <= 0 || bk <= 0)
+    throw std::invalid_argument("dequantize_fp8 takes [N, K] weights, 2-D block scales and positive block sizes");
+  const py::ssize_t N = w.shape(0), K = w.shape(1), gk = scale.shape(1);
+  if (scale.shape(0) != (N + bn - 1) / bn || gk != (K + bk - 1) / bk)
+    throw std::invalid_argument("block scales do not match the weights' blocks");
+  py::array_t<float> out({N, K});
+  const uint8_t* src = w.data();
+  const float* s = scale.data();
+  float* dst = out.mutable_data();
+  py::ssize_t nan_row = -1;
+  {
+    py::gil_scoped_release release;
+    float table[256];
+    for (int b = 0; b < 256; ++b) table[b] = fp8_e4m3_to_f32(static_cast<uint8_t>(b));
+    for (py::ssize_t n = 0; n < N; ++n) {
+      const float* row_scales = s + (n / bn) * gk;
+      const uint8_t* in = src + n * K;
+      float* o = dst + n * K;
+      bool nan = false;
+      for (py::ssize_t k0 = 0; k0 < K; k0 += bk) {
+        const float block_scale = row_scales[k0 / bk];
+        for (py::ssize_t k = k0; k < std::min(K, k0 + bk); ++k) {
+          nan |= (in[k] & 0x7F) == 0x7F;
+          o[k] = table[in[k]] * block_scale;
+        }
+      }
+      if (nan && nan_row < 0) nan_row = n;
+    }
+  }
+  if (nan_row >= 0) throw std::invalid_argument("NaN in FP8 weights (row " + std::to_string(nan_row) + ")");
+  return out;
+}
+
 PYBIND11_MODULE(_native, m) {
   m.doc() = "ktforge native MoE kernels";
   m.def(
@@ -273,6 +392,10 @@ PYBIND11_MODULE(_native, m) {
         return pool.last_task_counts();
       },
       py::arg("threads"), py::arg("tasks"));
+  m.def("quantize_weights", &quantize_weights, py::arg("weights"), py::arg("method"), py::arg("group_size"),
+        py::arg("fp8_scale") = py::none(), py::arg("block_rows") = 128, py::arg("block_cols") = 128);
+  m.def("dequantize_fp8", &dequantize_fp8, py::arg("weights"), py::arg("scale"), py::arg("block_rows"),
+        py::arg("block_cols"));
   py::class_<PyMoE>(m, "MoELayer")
       .def(py::init<int, int, int, int, const std::string&, int, const std::string&, int>(), py::arg("num_experts"),
            py::arg("top_k"), py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("method"),

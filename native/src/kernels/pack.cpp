@@ -4,6 +4,8 @@
 #include <atomic>
 #include <string>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "kernels/scalar.hpp"
@@ -59,6 +61,43 @@ void put_int4_row(PackedMatrix& out, int n, const int8_t* q, const float* scales
 
 }  // namespace
 
+// Cloned for AVX-512/AVX2 with a run-time pick (this file has no ISA flags): converting a
+// whole checkpoint runs through here. |w| is maximised on its bit pattern, which orders
+// like the value for non-negative floats and puts NaN/inf above every finite value.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+bool quantize_weight_row(Method method, int group, const float* w, int K, int8_t* q, float* scales) {
+  const int step = method == Method::int8 ? K : group;
+  const int qmax = method == Method::int8 ? 127 : 7;
+  bool finite = true;
+  for (int g0 = 0; g0 < K; g0 += step) {
+    uint32_t max_bits = 0;
+    for (int k = g0; k < g0 + step; ++k) {
+      uint32_t bits;
+      std::memcpy(&bits, w + k, 4);
+      max_bits = std::max(max_bits, bits & 0x7fffffffu);
+    }
+    finite &= max_bits < 0x7f800000u;
+    float max_abs;
+    std::memcpy(&max_abs, &max_bits, 4);
+    const float scale = symmetric_scale(max_abs, qmax), inverse = 1.f / scale;
+    scales[g0 / step] = scale;
+    for (int k = g0; k < g0 + step; ++k) q[k] = static_cast<int8_t>(quantize(w[k], inverse, qmax));
+  }
+  return finite;
+}
+
+float fp8_e4m3_to_f32(uint8_t bits) {
+  const int sign = bits >> 7, exponent = (bits >> 3) & 0xF, mantissa = bits & 7;
+  float magnitude;
+  if (exponent == 0xF && mantissa == 7)
+    magnitude = std::numeric_limits<float>::quiet_NaN();  // E4M3FN has no infinity
+  else if (exponent == 0)
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m / 8 * 2^-6
+  else
+    magnitude = std::ldexp(1.f + mantissa / 8.f, exponent - 7);
+  return sign ? -magnitude : magnitude;
+}
+
 void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K) {
   const int N = static_cast<int>(rows.size());
   shape(out, method, group, N, K);
@@ -75,30 +114,18 @@ void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<co
             f32_to_bf16(value(n, k));
     return;
   }
+  // each row widened to Kp floats (zeros past K), then quantized as quantize_weight_row does
+  std::vector<float> row(out.Kp);
   std::vector<int8_t> q(out.Kp);
-  if (method == Method::int8) {
-    begin_quantized(out);
-    for (int n = 0; n < out.Np; ++n) {
-      float max_abs = 0.f;
-      for (int k = 0; k < K; ++k) max_abs = std::max(max_abs, std::fabs(value(n, k)));
-      const float scale = symmetric_scale(max_abs, 127);
-      for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>(quantize(value(n, k), 1.f / scale, 127));
-      put_int8_row(out, n, q.data(), scale);
-    }
-    return;
-  }
-  // int4, symmetric per (column, group) in [-7, 7]
+  std::vector<float> scales(std::max(1, out.groups()));
   begin_quantized(out);
-  std::vector<float> scales(out.groups());
   for (int n = 0; n < out.Np; ++n) {
-    for (int g = 0; g < out.groups(); ++g) {
-      float max_abs = 0.f;
-      for (int k = g * group; k < (g + 1) * group; ++k) max_abs = std::max(max_abs, std::fabs(value(n, k)));
-      scales[g] = symmetric_scale(max_abs, 7);
-      for (int k = g * group; k < (g + 1) * group; ++k)
-        q[k] = static_cast<int8_t>(quantize(value(n, k), 1.f / scales[g], 7));
-    }
-    put_int4_row(out, n, q.data(), scales.data());
+    for (int k = 0; k < out.Kp; ++k) row[k] = value(n, k);
+    quantize_weight_row(method, group, row.data(), out.Kp, q.data(), scales.data());
+    if (method == Method::int8)
+      put_int8_row(out, n, q.data(), scales[0]);
+    else
+      put_int4_row(out, n, q.data(), scales.data());
   }
 }
 

@@ -16,6 +16,15 @@ enum class DType { f32, bf16 };
 // as one matrix whose 16-column blocks alternate gate, up, gate, up, ...
 void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K);
 
+// The weight quantization, defined once: symmetric, per row (int8, qmax 127) or per group of
+// `group` values (int4, qmax 7); scale = max|w| / qmax (1 for all zeros), q = round-to-even
+// of w * (1 / scale) clamped to +-qmax. K must be a multiple of the group for int4. Writes K
+// values to q and one scale (int8) or K / group scales (int4); false if w holds NaN or inf.
+bool quantize_weight_row(Method method, int group, const float* w, int K, int8_t* q, float* scales);
+
+// FP8 E4M3 (the "fn" variant: no infinities, 0x7F/0xFF are NaN) to float, exactly.
+float fp8_e4m3_to_f32(uint8_t bits);
+
 // One already-quantized weight row in the portable layout of `kt convert` (values nullptr:
 // a zero row). int8: K int8 values and one scale. int4: round_up(K, group) / 2 bytes, two
 // values per byte (even k in the low nibble), each stored as q + 8 with q in [-7, 7], and
