@@ -285,6 +285,9 @@ def _run_conversion(plan: Any, output: Path, quant: str, group_size: int, thread
     from ktforge import convert as convert_mod
 
     todo = plan.todo
+    if not todo and (output / convert_mod.MANIFEST).is_file():
+        typer.echo(f"kt convert: {output} already holds these {len(plan.layers)} layer(s); nothing to do", err=True)
+        return
     total_bytes = sum(plan.source_bytes(layer) for layer in todo)
     skipped = len(plan.layers) - len(todo)
     arch = plan.checkpoint.arch.label

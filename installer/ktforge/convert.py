@@ -22,8 +22,9 @@ import hashlib
 import json
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,7 @@ Sink = Callable[[int, str, Quantized], None]
 
 def quantized_experts(
     checkpoint: Checkpoint, layer: int, options: Options, threads: int, sink: Sink
-) -> Iterator[tuple[int, dict[str, Quantized], int]]:
+) -> Generator[tuple[int, dict[str, Quantized], int], None, None]:
     """Quantizes a layer's experts on ``threads`` threads, a few experts in flight (the
     extension and NumPy release the GIL); ``sink(expert, projection, q)`` runs on the worker
     (writing its slice). Yields (expert, its projections, source bytes read) in expert order."""
@@ -134,12 +135,18 @@ def quantized_experts(
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         pending: deque[Future[tuple[dict[str, Quantized], int]]] = deque()
         next_expert = 0
-        for expert in range(checkpoint.experts):
-            while next_expert < checkpoint.experts and len(pending) < 2 * max(1, threads):
-                pending.append(pool.submit(one, next_expert))
-                next_expert += 1
-            projections, read = pending.popleft().result()
-            yield expert, projections, read
+        try:
+            for expert in range(checkpoint.experts):
+                while next_expert < checkpoint.experts and len(pending) < 2 * max(1, threads):
+                    pending.append(pool.submit(one, next_expert))
+                    next_expert += 1
+                projections, read = pending.popleft().result()
+                yield expert, projections, read
+        finally:
+            # stopped early (an error, an interrupt): queued experts are dropped, and leaving
+            # the pool waits for the running ones, so nothing writes after the caller moves on
+            for future in pending:
+                future.cancel()
 
 
 def convert_layer(
@@ -165,12 +172,13 @@ def convert_layer(
 
     try:
         # slices are written by the workers; the checksums need them in order, here
-        for _, projections, read in quantized_experts(checkpoint, layer, options, threads, write):
-            for projection, q in projections.items():
-                for part, array in (("weight", q.weight), ("scale", q.scale)):
-                    if array is not None:
-                        digests[f"{projection}.{part}"].update(_bytes(array))
-            advance(read)
+        with closing(quantized_experts(checkpoint, layer, options, threads, write)) as experts:
+            for _, projections, read in experts:
+                for projection, q in projections.items():
+                    for part, array in (("weight", q.weight), ("scale", q.scale)):
+                        if array is not None:
+                            digests[f"{projection}.{part}"].update(_bytes(array))
+                advance(read)
         writer.commit()
     except BaseException:
         writer.abort()

@@ -204,6 +204,7 @@ class MoE:
         scales), quantized here for ``method`` (default bf16) exactly as ``kt convert`` would:
         both give the same results. ``layer`` is the model's layer index.
         """
+        from contextlib import closing
         from pathlib import Path
 
         from ktforge import convert
@@ -262,8 +263,9 @@ class MoE:
                     arrays[f"{projection}.scale"][expert] = q.scale
 
             workers = threads or len(os.sched_getaffinity(0))
-            for _ in convert.quantized_experts(checkpoint, layer, options, workers, store):
-                pass
+            with closing(convert.quantized_experts(checkpoint, layer, options, workers, store)) as experts:
+                for _ in experts:
+                    pass
         moe.load_quantized(
             *(Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale")) for p in ("gate", "up", "down"))
         )
