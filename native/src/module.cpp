@@ -70,7 +70,8 @@ class PyMoE {
  public:
   PyMoE(int experts, int top_k, int hidden, int intermediate, const std::string& method, int group,
         const std::string& backend, int threads)
-      : layer_(MoeConfig{experts, top_k, hidden, intermediate, parse_method(method), group}, backend, threads) {}
+      : layer_(MoeConfig{experts, top_k, hidden, intermediate, parse_method(method), group}, backend, threads),
+        backend_(backend) {}
 
   void load(const py::array& gate, const py::array& up, const py::array& down) {
     const auto& c = layer_.config();
@@ -153,6 +154,11 @@ class PyMoE {
                                 std::to_string(layer_.aocl_min_rows()) + " tokens, else " +
                                 layer_.kernels().describe(layer_.config().method);
     }
+    if (backend_ == "amd-blis" && layer_.config().method == Method::int4) {
+      d["name"] = "amd-blis";
+      d["kernel"] = std::string(layer_.kernels().describe(Method::int4)) +
+                    " (AOCL's aocl_gemm_bf16s4f32of32 measured about 6x slower here: scripts/aocl_int4_compare.py)";
+    }
     d["threads"] = layer_.threads();
     d["packed_bytes"] = layer_.packed_bytes();
     d["loaded"] = layer_.loaded();
@@ -164,6 +170,7 @@ class PyMoE {
 
  private:
   MoeLayer layer_;
+  std::string backend_;
 };
 
 }  // namespace
