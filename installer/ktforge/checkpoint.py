@@ -169,6 +169,14 @@ class Checkpoint:
                 total += info.end - info.begin
         return total
 
+    def release(self, layer: int, expert: int, projection: str) -> None:
+        """Done with this projection: its mapped pages leave the process (see SafetensorsFile.release)."""
+        name = self.arch.tensor_name(layer, expert, projection)
+        for tensor in (name, name + "_scale_inv"):
+            shard = self.weight_map.get(tensor)
+            if shard is not None and tensor in self._open(shard).tensors:
+                self._open(shard).release(tensor)
+
     def _tensor(self, name: str, why: str) -> tuple[SafetensorsFile, Array]:
         shard = self.weight_map.get(name)
         if shard is None:

@@ -129,6 +129,7 @@ def quantized_experts(
             except ValueError as error:
                 raise CheckpointError(f"{checkpoint.describe(layer, expert, projection)}: {error}") from error
             sink(expert, projection, q)
+            checkpoint.release(layer, expert, projection)
             out[projection] = q
         return out, read
 

@@ -133,6 +133,17 @@ class SafetensorsFile:
         start = 8 + len(self.header_bytes) + t.begin
         return memoryview(self._map)[start : start + t.end - t.begin]
 
+    def release(self, name: str) -> None:
+        """Drops the tensor's pages from this process (they stay in the page cache): a
+        checkpoint read once, tensor by tensor, then never holds more than what is in use."""
+        t = self.info(name)
+        if self._map is None or t.end == t.begin:
+            return
+        page = mmap.PAGESIZE
+        start = (8 + len(self.header_bytes) + t.begin) // page * page
+        end = min(-(-(8 + len(self.header_bytes) + t.end) // page) * page, self.size)
+        self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def get(self, name: str) -> Array:
         """The tensor as a read-only array on the mapped file (no copy)."""
         t = self.info(name)
