@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import ktforge
 
 from .conftest import read_proc_cpuinfo_flags
@@ -113,6 +115,30 @@ def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
         np.testing.assert_array_equal(outs["amx"], outs["amx-model"])
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_on_tiles_is_bit_identical_to_avx512(group: int) -> None:
+    import numpy as np
+
+    E, k, H, I, T = 3, 2, 200, 72, 150  # 100 tokens per expert: above the int4 tile threshold
+    rng = np.random.default_rng(group)
+    g, u = (rng.standard_normal((E, I, H)).astype(np.float32) / 10 for _ in range(2))
+    d = rng.standard_normal((E, H, I)).astype(np.float32) / 8
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)])
+    w = rng.random((T, k)).astype(np.float32)
+    outs = {}
+    backends = ["amx-model", "avx512"] + (["amx"] if "amx_tile" in read_proc_cpuinfo_flags() else [])
+    for backend in backends:
+        moe = ktforge.MoE(E, k, H, I, method="int4", backend=backend, group_size=group)
+        moe.load_weights(g, u, d)
+        outs[backend] = moe.forward(x, ids, w)
+        if backend != "avx512":
+            assert "tdpbssd" in moe.info["kernel"]
+    # exact group sums on the tiles, then the AVX-512 kernel's order of scaling: same bits
+    for backend in backends[:1] + backends[2:]:
+        np.testing.assert_array_equal(outs[backend], outs["avx512"])
+
+
 def test_the_extension_contains_real_tile_instructions() -> None:
     native = Path(ktforge.__file__).parent
     so = next(
@@ -127,7 +153,7 @@ def test_the_extension_contains_real_tile_instructions() -> None:
     disassembly = subprocess.run(
         ["objdump", "-d", "--no-show-raw-insn", str(so)], capture_output=True, text=True
     ).stdout
-    for instruction in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tdpbusd", "tilestored", "tilerelease"):
+    for instruction in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tdpbusd", "tdpbssd", "tilestored", "tilerelease"):
         assert instruction in disassembly, instruction
     assert sys.platform == "linux"
 

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include <immintrin.h>
+
 #include "arch/features.hpp"
 #include "arch/x86/amx/tile.hpp"
 #include "kernels/registry.hpp"
@@ -38,6 +40,10 @@ namespace {
 // 70 ms with 16; with 1, decode got 30% slower. To be re-measured on other AMX machines:
 // `kt bench --backend amx,avx512` (or scripts/amx_report.sh) prints both paths.
 constexpr int kAmxMinRows = 4;
+// int4 pays a tile flush per group (scales are per group), so tiles win later: measured on
+// the same machine (Qwen3 layer, tokens per expert 8 / 16 / 32 / 64 / 128: 0.66x / 0.82x /
+// 1.07x / 1.41x / 1.50x the AVX-512 int4 speed).
+constexpr int kAmxInt4MinRows = 32;
 
 // AMX tile data needs a per-process permission from Linux; asked for once. When refused,
 // the backend keeps working on its AVX-512 kernels (describe() says why).
@@ -59,9 +65,20 @@ tile::Config full_tiles() {
   return c;
 }
 
+// K steps of `kbytes` int8 values (64, or 32 for int4 group size 32): A tiles 16 x kbytes,
+// B tiles kbytes / 4 rows of 64 bytes, C tiles 16 x 16 int32.
+tile::Config int8_tiles(int kbytes) {
+  tile::Config c = full_tiles();
+  c.set(4, 16, kbytes), c.set(5, 16, kbytes);
+  c.set(6, kbytes / 4, 64), c.set(7, kbytes / 4, 64);
+  return c;
+}
+
 struct Scratch {
   aligned_vector<uint8_t> a;  // gathered activation rows, [rows rounded to 32][Kp] elements
+  aligned_vector<int8_t> b;   // int4: two column blocks unpacked to int8 B-tile rows
   alignas(64) int32_t c[32 * 32];
+  alignas(64) float acc[32 * 32];
 };
 Scratch& scratch() {
   static thread_local Scratch s;
@@ -143,24 +160,102 @@ void amx_gemm(const GemmArgs& g) {
   tile::release();
 }
 
+// int4 panel rows ([Kp/8][16 columns][4 bytes], byte b holding k = 8j+b low and 8j+4+b high,
+// each as q + 8) -> signed int8 B-tile rows ([Kp/4][16][4]): row 2j the low nibbles, 2j+1
+// the high ones.
+void unpack_int4(const uint8_t* panel, int kp, int8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  for (int j = 0; j < kp / 8; ++j) {
+    const __m512i v = _mm512_loadu_si512(panel + j * 64);
+    _mm512_storeu_si512(out + 2 * j * 64, _mm512_sub_epi8(_mm512_and_si512(v, low), eight));
+    _mm512_storeu_si512(out + (2 * j + 1) * 64, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight));
+  }
+}
+
+// int4 on tiles: a column-block pair is unpacked once per task into int8 B tiles (2 x 16 x Kp
+// bytes, L2-resident) that every 32-row block reuses; tdpbssd on the signed activations gives
+// each group's exact sums, which are scaled into float accumulators at the group's end in the
+// AVX-512 kernel's order (fma per group, then the token's scale): bit-identical results.
+void amx_int4(const GemmArgs& g) {
+  const PackedMatrix& w = *g.w;
+  const Activations& act = *g.act;
+  const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
+  const std::size_t row_bytes = static_cast<std::size_t>(kp);
+  const int m_pad = (g.m + 31) / 32 * 32;
+  const uint8_t* a = gather(g, reinterpret_cast<const uint8_t*>(act.q.data()), row_bytes, m_pad);
+  auto& b = scratch().b;
+  b.resize(static_cast<std::size_t>(2) * kp * 16);
+  int8_t* b_blocks[2] = {b.data(), b.data() + static_cast<std::size_t>(kp) * 16};
+  int32_t* c = scratch().c;
+  float* acc = scratch().acc;
+  tile::configure(int8_tiles(kbytes));  // per call: see amx_gemm
+  for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
+    const bool pair = blk + 1 < g.n1 / 16;
+    const int halves = pair ? 2 : 1;
+    for (int h = 0; h < halves; ++h) unpack_int4(w.block(blk + h), kp, b_blocks[h]);
+    const float* scales[2] = {w.scale.data() + static_cast<int64_t>(blk) * G * 16,
+                              w.scale.data() + static_cast<int64_t>(blk + 1) * G * 16};
+    // The next pair's panels stream into L2 while this pair computes: unpacking reads them
+    // from there instead of waiting on memory.
+    const int next_blocks = std::max(0, std::min(2, g.n1 / 16 - (blk + 2)));
+    const int panel_lines = kp / 8, lines_per_group = (panel_lines + G - 1) / G;
+    for (int i0 = 0; i0 < m_pad; i0 += 32) {
+      const uint8_t* ai = a + static_cast<std::size_t>(i0) * row_bytes;
+      const int rows = std::min(32, g.m - i0);
+      std::fill(acc, acc + 32 * 32, 0.f);
+      for (int grp = 0; grp < G; ++grp) {
+        if (i0 == 0)
+          for (int h = 0; h < next_blocks; ++h)
+            for (int l = grp * lines_per_group; l < std::min(panel_lines, (grp + 1) * lines_per_group); ++l)
+              _mm_prefetch(reinterpret_cast<const char*>(w.block(blk + 2 + h) + l * 64), _MM_HINT_T1);
+        tile::zero<0>(), tile::zero<1>(), tile::zero<2>(), tile::zero<3>();
+        for (int s = 0; s < steps; ++s) {
+          const int ks = grp * steps + s;
+          tile::load<4>(ai + ks * kbytes, static_cast<int64_t>(row_bytes));
+          tile::load<5>(ai + 16 * row_bytes + ks * kbytes, static_cast<int64_t>(row_bytes));
+          tile::load<6>(b_blocks[0] + ks * kbytes * 16, 64);
+          tile::dpbssd<0, 4, 6>(), tile::dpbssd<2, 5, 6>();
+          if (pair) {
+            tile::load<7>(b_blocks[1] + ks * kbytes * 16, 64);
+            tile::dpbssd<1, 4, 7>(), tile::dpbssd<3, 5, 7>();
+          }
+        }
+        tile::store<0>(c, 128), tile::store<2>(c + 16 * 32, 128);
+        if (pair) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
+        for (int h = 0; h < halves; ++h) {
+          const __m512 ws = _mm512_loadu_ps(scales[h] + grp * 16);
+          for (int i = 0; i < rows; ++i) {
+            const __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(c + i * 32 + h * 16));
+            _mm512_storeu_ps(acc + i * 32 + h * 16, _mm512_fmadd_ps(v, ws, _mm512_loadu_ps(acc + i * 32 + h * 16)));
+          }
+        }
+      }
+      for (int i = 0; i < rows; ++i) {
+        const __m512 xs = _mm512_set1_ps(act.scale[g.rows[i0 + i]]);
+        float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
+        for (int h = 0; h < halves; ++h) _mm512_storeu_ps(out + h * 16, _mm512_mul_ps(_mm512_loadu_ps(acc + i * 32 + h * 16), xs));
+      }
+    }
+  }
+  tile::release();
+}
+
 bool use_tiles(const GemmArgs& g) {
-  return g.m >= kAmxMinRows && g.w->method != Method::int4 && amx_permission_errno() == 0;
+  return g.m >= (g.w->method == Method::int4 ? kAmxInt4MinRows : kAmxMinRows) && amx_permission_errno() == 0;
 }
 
 void gemm(const GemmArgs& g) {
-  if (use_tiles(g)) return amx_gemm(g);
-  avx512_kernels.gemm(g);  // decode, int4, or no permission
+  if (use_tiles(g)) return g.w->method == Method::int4 ? amx_int4(g) : amx_gemm(g);
+  avx512_kernels.gemm(g);  // decode, or no permission
 }
 
 std::string describe(Method m) {
   const std::string simd = avx512_kernels.describe(m);
-  // int4 on tiles (nibbles unpacked per K step, scales applied at each group's flush)
-  // measured 2.8x slower than AVX-512 here in a first version: int4 stays on AVX-512.
-  if (m == Method::int4) return simd;
   if (const int err = amx_permission_errno())
     return simd + " (AMX permission refused: errno " + std::to_string(err) + ")";
-  const std::string op = m == Method::bf16 ? "tdpbf16ps" : "tdpbusd";
-  return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(kAmxMinRows) + " tokens per expert, else " +
+  const std::string op = m == Method::bf16 ? "tdpbf16ps" : m == Method::int8 ? "tdpbusd" : "tdpbssd (nibbles unpacked to int8)";
+  const int min_rows = m == Method::int4 ? kAmxInt4MinRows : kAmxMinRows;
+  return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows) + " tokens per expert, else " +
          simd;
 }
 
