@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,11 +93,12 @@ def test_tile_model_instructions_by_hand(tmp_path: Path) -> None:
     assert "0 failures" in ran.stdout
 
 
-def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
+def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: int = 128) -> dict[str, Any]:
+    """One layer on the modelled tiles, AVX-512 and (where this CPU has them) real tiles."""
     import numpy as np
 
-    E, k, H, I, T = 3, 2, 130, 70, 100
-    rng = np.random.default_rng(9)
+    E, k, H, I, T = shape
+    rng = np.random.default_rng(seed)
     g, u = (rng.standard_normal((E, I, H)).astype(np.float32) / 10 for _ in range(2))
     d = rng.standard_normal((E, H, I)).astype(np.float32) / 8
     x = rng.standard_normal((T, H)).astype(np.float32)
@@ -105,10 +107,19 @@ def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
     outs = {}
     backends = ["amx-model", "avx512"] + (["amx"] if "amx_tile" in read_proc_cpuinfo_flags() else [])
     for backend in backends:
-        moe = ktforge.MoE(E, k, H, I, method="int8", backend=backend)
+        moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group)
         moe.load_weights(g, u, d)
         outs[backend] = moe.forward(x, ids, w)
         assert moe.info["name"] == backend
+        if backend != "avx512":
+            assert {"int8": "tdpbusd", "int4": "tdpbssd"}[method] in moe.info["kernel"]
+    return outs
+
+
+def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
+    import numpy as np
+
+    outs = _outputs_per_backend("int8", (3, 2, 130, 70, 100), seed=9)
     # int32 tile accumulation is exact: the model, the hardware and AVX-512 VNNI agree
     np.testing.assert_allclose(outs["amx-model"], outs["avx512"], rtol=0, atol=1e-6)
     if "amx" in outs:
@@ -119,23 +130,10 @@ def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
 def test_int4_on_tiles_is_bit_identical_to_avx512(group: int) -> None:
     import numpy as np
 
-    E, k, H, I, T = 3, 2, 200, 72, 150  # 100 tokens per expert: above the int4 tile threshold
-    rng = np.random.default_rng(group)
-    g, u = (rng.standard_normal((E, I, H)).astype(np.float32) / 10 for _ in range(2))
-    d = rng.standard_normal((E, H, I)).astype(np.float32) / 8
-    x = rng.standard_normal((T, H)).astype(np.float32)
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)])
-    w = rng.random((T, k)).astype(np.float32)
-    outs = {}
-    backends = ["amx-model", "avx512"] + (["amx"] if "amx_tile" in read_proc_cpuinfo_flags() else [])
-    for backend in backends:
-        moe = ktforge.MoE(E, k, H, I, method="int4", backend=backend, group_size=group)
-        moe.load_weights(g, u, d)
-        outs[backend] = moe.forward(x, ids, w)
-        if backend != "avx512":
-            assert "tdpbssd" in moe.info["kernel"]
+    # 100 tokens per expert: above the int4 tile threshold
+    outs = _outputs_per_backend("int4", (3, 2, 200, 72, 150), seed=group, group=group)
     # exact group sums on the tiles, then the AVX-512 kernel's order of scaling: same bits
-    for backend in backends[:1] + backends[2:]:
+    for backend in set(outs) - {"avx512"}:
         np.testing.assert_array_equal(outs[backend], outs["avx512"])
 
 

@@ -14,6 +14,15 @@
 namespace kt {
 namespace {
 
+// Sum of each group of quantized activations (int4 removes the weights' +8 offset with them).
+inline void group_sums(const int8_t* q, int Kp, int group, int32_t* gsum) {
+  for (int g = 0; g < Kp / group; ++g) {
+    int32_t sum = 0;
+    for (int k = g * group; k < (g + 1) * group; ++k) sum += q[k];
+    gsum[g] = sum;
+  }
+}
+
 // Returns false when the row holds NaN or infinity (nothing useful can be quantized).
 bool quantize_row_generic(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* q_u8, float* scale,
                           int32_t* gsum) {
@@ -34,12 +43,7 @@ bool quantize_row_generic(const float* x, int K, int Kp, int group, int8_t* q, u
   }
   std::fill(q + K, q + Kp, int8_t{0});
   for (int k = 0; k < Kp; ++k) q_u8[k] = static_cast<uint8_t>(q[k] + 128);
-  if (gsum)
-    for (int g = 0; g < Kp / group; ++g) {
-      int32_t s32 = 0;
-      for (int k = g * group; k < (g + 1) * group; ++k) s32 += q[k];
-      gsum[g] = s32;
-    }
+  if (gsum) group_sums(q, Kp, group, gsum);
   return true;
 }
 

@@ -472,12 +472,7 @@ bool quantize_row(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* 
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), q8);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q_u8 + k), _mm_xor_si128(q8, offset));
   }
-  if (gsum)
-    for (int g = 0; g < Kp / group; ++g) {
-      int32_t s32 = 0;
-      for (int k = g * group; k < (g + 1) * group; ++k) s32 += q[k];
-      gsum[g] = s32;
-    }
+  if (gsum) group_sums(q, Kp, group, gsum);
   return true;
 }
 
