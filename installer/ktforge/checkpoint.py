@@ -158,24 +158,24 @@ class Checkpoint:
         """[N, K] of one expert's projection."""
         return (self.hidden, self.intermediate) if projection == "down" else (self.intermediate, self.hidden)
 
-    def source_bytes(self, layer: int, expert: int, projection: str) -> int:
-        """Bytes a projection occupies in the checkpoint (with its FP8 block scales)."""
-        total = 0
+    def _stored(self, layer: int, expert: int, projection: str) -> list[tuple[SafetensorsFile, str]]:
+        """Where a projection's tensors are: its weight and, for FP8, its block scales."""
         name = self.arch.tensor_name(layer, expert, projection)
+        found = []
         for tensor in (name, name + "_scale_inv"):
             shard = self.weight_map.get(tensor)
             if shard is not None and tensor in self._open(shard).tensors:
-                info = self._open(shard).tensors[tensor]
-                total += info.end - info.begin
-        return total
+                found.append((self._open(shard), tensor))
+        return found
+
+    def source_bytes(self, layer: int, expert: int, projection: str) -> int:
+        """Bytes a projection occupies in the checkpoint (with its FP8 block scales)."""
+        return sum(f.tensors[t].end - f.tensors[t].begin for f, t in self._stored(layer, expert, projection))
 
     def release(self, layer: int, expert: int, projection: str) -> None:
         """Done with this projection: its mapped pages leave the process (see SafetensorsFile.release)."""
-        name = self.arch.tensor_name(layer, expert, projection)
-        for tensor in (name, name + "_scale_inv"):
-            shard = self.weight_map.get(tensor)
-            if shard is not None and tensor in self._open(shard).tensors:
-                self._open(shard).release(tensor)
+        for f, tensor in self._stored(layer, expert, projection):
+            f.release(tensor)
 
     def _tensor(self, name: str, why: str) -> tuple[SafetensorsFile, Array]:
         shard = self.weight_map.get(name)

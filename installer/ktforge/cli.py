@@ -6,11 +6,14 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ktforge import __version__
+
+if TYPE_CHECKING:  # the converter loads only when `kt convert` runs
+    from ktforge.convert import Plan
 
 app = typer.Typer(
     name="kt",
@@ -276,7 +279,7 @@ def convert(
         _run_conversion(plan, output, quant, group_size, threads)
 
 
-def _run_conversion(plan: Any, output: Path, quant: str, group_size: int, threads: int | None) -> None:
+def _run_conversion(plan: Plan, output: Path, quant: str, group_size: int, threads: int | None) -> None:
     import os
     import time
 

@@ -29,12 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ktforge import __version__
 from ktforge.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
-from ktforge.quantize import GROUP_SIZES, METHODS, Array, Quantized, quantize, shapes
-from ktforge.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter
+from ktforge.quantize import GROUP_SIZES, METHODS, Quantized, quantize, shapes
+from ktforge.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
 
 FORMAT = "ktforge-moe-experts"
 FORMAT_VERSION = 1
@@ -117,7 +115,8 @@ def quantized_experts(
 ) -> Generator[tuple[int, dict[str, Quantized], int], None, None]:
     """Quantizes a layer's experts on ``threads`` threads, a few experts in flight (the
     extension and NumPy release the GIL); ``sink(expert, projection, q)`` runs on the worker
-    (writing its slice). Yields (expert, its projections, source bytes read) in expert order."""
+    (writing its slice). Yields (expert, its projections, source bytes read) in expert order;
+    an expert's source pages are dropped when the caller asks for the next one."""
 
     def one(expert: int) -> tuple[dict[str, Quantized], int]:
         out, read = {}, 0
@@ -129,7 +128,6 @@ def quantized_experts(
             except ValueError as error:
                 raise CheckpointError(f"{checkpoint.describe(layer, expert, projection)}: {error}") from error
             sink(expert, projection, q)
-            checkpoint.release(layer, expert, projection)
             out[projection] = q
         return out, read
 
@@ -143,6 +141,10 @@ def quantized_experts(
                     next_expert += 1
                 projections, read = pending.popleft().result()
                 yield expert, projections, read
+                # released once the caller is done with them too (bf16 kept as stored is a view
+                # of the mapping: releasing earlier would read those pages a second time)
+                for projection in PROJECTIONS:
+                    checkpoint.release(layer, expert, projection)
         finally:
             # stopped early (an error, an interrupt): queued experts are dropped, and leaving
             # the pool waits for the running ones, so nothing writes after the caller moves on
@@ -167,18 +169,16 @@ def convert_layer(
     digests = {name: hashlib.sha256() for name in tensors}
 
     def write(expert: int, projection: str, q: Quantized) -> None:
-        for part, array in (("weight", q.weight), ("scale", q.scale)):
-            if array is not None:
-                writer.write(f"{projection}.{part}", expert, array)
+        for part, array in q.parts().items():
+            writer.write(f"{projection}.{part}", expert, array)
 
     try:
         # slices are written by the workers; the checksums need them in order, here
         with closing(quantized_experts(checkpoint, layer, options, threads, write)) as experts:
             for _, projections, read in experts:
                 for projection, q in projections.items():
-                    for part, array in (("weight", q.weight), ("scale", q.scale)):
-                        if array is not None:
-                            digests[f"{projection}.{part}"].update(_bytes(array))
+                    for part, array in q.parts().items():
+                        digests[f"{projection}.{part}"].update(as_bytes(array))
                 advance(read)
         writer.commit()
     except BaseException:
@@ -192,10 +192,6 @@ def convert_layer(
             for name, (dtype, shape) in tensors.items()
         },
     }
-
-
-def _bytes(array: Array) -> memoryview:
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:

@@ -258,9 +258,8 @@ class MoE:
             arrays = {name: np.empty(shape, _SAFETENSORS_NUMPY[dtype]) for name, (dtype, shape) in tensors.items()}
 
             def store(expert: int, projection: str, q: Quantized) -> None:
-                arrays[f"{projection}.weight"][expert] = q.weight
-                if q.scale is not None:
-                    arrays[f"{projection}.scale"][expert] = q.scale
+                for part, array in q.parts().items():
+                    arrays[f"{projection}.{part}"][expert] = array
 
             workers = threads or len(os.sched_getaffinity(0))
             with closing(convert.quantized_experts(checkpoint, layer, options, workers, store)) as experts:

@@ -35,6 +35,10 @@ class Quantized:
     weight: Array
     scale: Array | None
 
+    def parts(self) -> dict[str, Array]:
+        """``{"weight": ..., "scale": ...}``, without the scale bf16 does not have."""
+        return {"weight": self.weight} if self.scale is None else {"weight": self.weight, "scale": self.scale}
+
 
 @dataclass(frozen=True)
 class Fp8Blocks:

@@ -39,6 +39,16 @@ DTYPES: dict[str, Any] = {
 MAX_HEADER_BYTES = 100 << 20  # the format's own limit
 
 
+def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor of this safetensors dtype and shape."""
+    return int(np.prod(shape, dtype=np.int64)) * int(np.dtype(DTYPES[dtype]).itemsize)
+
+
+def as_bytes(array: Array) -> memoryview:
+    """An array's bytes in C order (no copy when it is contiguous; works for bfloat16/FP8)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+
 class SafetensorsError(ValueError):
     """A file that is not a valid safetensors file, or lacks what was asked of it."""
 
@@ -95,8 +105,7 @@ class SafetensorsFile:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has a malformed header entry") from error
             if dtype not in DTYPES:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has dtype {dtype}, which ktforge does not read")
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            if end - begin != count * np.dtype(DTYPES[dtype]).itemsize or begin < 0:
+            if end - begin != nbytes(dtype, shape) or begin < 0:
                 raise SafetensorsError(
                     f"{self.path}: tensor {name!r}: {dtype} {list(shape)} does not match its offsets"
                 )
@@ -150,17 +159,20 @@ class SafetensorsFile:
         return np.frombuffer(self.raw(name), dtype=DTYPES[t.dtype]).reshape(t.shape)
 
 
-def _header(tensors: dict[str, tuple[str, tuple[int, ...]]], metadata: dict[str, str]) -> tuple[bytes, dict[str, int]]:
+def _header(
+    tensors: dict[str, tuple[str, tuple[int, ...]]], metadata: dict[str, str]
+) -> tuple[bytes, dict[str, int], int]:
+    """The header's bytes, each tensor's offset in the data section, and that section's size."""
     entries: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offsets, position = {}, 0
     for name, (dtype, shape) in tensors.items():
-        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype]).itemsize
+        size = nbytes(dtype, shape)
         entries[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [position, position + size]}
         offsets[name] = position
         position += size
     raw = json.dumps(entries, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # data section 8-byte aligned, as the package writes it
-    return raw, offsets
+    return raw, offsets, position
 
 
 class StreamingWriter:
@@ -175,19 +187,14 @@ class StreamingWriter:
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
         self.tensors = tensors
-        header, self._offsets = _header(tensors, metadata)
+        header, self._offsets, data_size = _header(tensors, metadata)
         self._data_start = 8 + len(header)
-        last = list(tensors)[-1] if tensors else None
-        self.size = self._data_start + (self._offsets[last] + self._bytes(last) if last else 0)
+        self.size = self._data_start + data_size
         self._file = self.partial.open("wb")
         self._file.write(struct.pack("<Q", len(header)) + header)
         self._file.flush()
         # sized up front: positional writes past the end of file are ~10x slower (measured)
         self._file.truncate(self.size)
-
-    def _bytes(self, name: str) -> int:
-        dtype, shape = self.tensors[name]
-        return int(np.prod(shape, dtype=np.int64)) * int(np.dtype(DTYPES[dtype]).itemsize)
 
     def write(self, name: str, index: int, array: Array) -> None:
         dtype, shape = self.tensors[name]
@@ -195,7 +202,7 @@ class StreamingWriter:
             raise SafetensorsError(
                 f"{self.path}: {name}[{index}] is {array.dtype} {array.shape}, not {dtype} {shape[1:]}"
             )
-        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        data = as_bytes(array)
         os.pwrite(self._file.fileno(), data, self._data_start + self._offsets[name] + index * data.nbytes)
 
     def commit(self) -> None:

@@ -209,8 +209,6 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
       throw std::invalid_argument("FP8 block scales do not match the weights' [N, K] blocks");
     block_scales = sc.data();
   }
-  float fp8_table[256];
-  for (int b = 0; b < 256; ++b) fp8_table[b] = fp8_e4m3_to_f32(static_cast<uint8_t>(b));
   auto* q_out = static_cast<char*>(q.mutable_data());
   float* s_out = scales.mutable_data();
   const py::ssize_t q_row = q_shape.back();
@@ -223,15 +221,8 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
       // float32 rows of int8 (and of int4 with K a whole number of groups) are used in place
       const float* in = reinterpret_cast<const float*>(src + r * K * elem);
       if (fp8) {  // decoded and scaled here: the float32 matrix is never materialised
-        const auto* codes = reinterpret_cast<const uint8_t*>(src + r * K);
-        const float* row_scales = block_scales + (r / bn) * gk;
-        bool nan = false;
-        for (py::ssize_t k0 = 0; k0 < K; k0 += bk)
-          for (py::ssize_t k = k0; k < std::min(K, k0 + bk); ++k) {
-            nan |= (codes[k] & 0x7F) == 0x7F;
-            row[k] = fp8_table[codes[k]] * row_scales[k0 / bk];
-          }
-        if (nan) bad_row = r;
+        if (!decode_fp8_row(reinterpret_cast<const uint8_t*>(src + r * K), K, block_scales + (r / bn) * gk, bk, row.data()))
+          bad_row = r;
         in = row.data();
       } else if (dtype == DType::bf16) {
         const auto* bits = reinterpret_cast<const uint16_t*>(src + r * K * elem);
@@ -270,22 +261,8 @@ py::array_t<float> dequantize_fp8(const py::array_t<uint8_t, py::array::c_style>
   py::ssize_t nan_row = -1;
   {
     py::gil_scoped_release release;
-    float table[256];
-    for (int b = 0; b < 256; ++b) table[b] = fp8_e4m3_to_f32(static_cast<uint8_t>(b));
-    for (py::ssize_t n = 0; n < N; ++n) {
-      const float* row_scales = s + (n / bn) * gk;
-      const uint8_t* in = src + n * K;
-      float* o = dst + n * K;
-      bool nan = false;
-      for (py::ssize_t k0 = 0; k0 < K; k0 += bk) {
-        const float block_scale = row_scales[k0 / bk];
-        for (py::ssize_t k = k0; k < std::min(K, k0 + bk); ++k) {
-          nan |= (in[k] & 0x7F) == 0x7F;
-          o[k] = table[in[k]] * block_scale;
-        }
-      }
-      if (nan && nan_row < 0) nan_row = n;
-    }
+    for (py::ssize_t n = 0; n < N; ++n)
+      if (!decode_fp8_row(src + n * K, K, s + (n / bn) * gk, bk, dst + n * K) && nan_row < 0) nan_row = n;
   }
   if (nan_row >= 0) throw std::invalid_argument("NaN in FP8 weights (row " + std::to_string(nan_row) + ")");
   return out;

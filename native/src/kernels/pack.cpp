@@ -1,6 +1,7 @@
 #include "kernels/pack.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <string>
 #include <cmath>
@@ -59,6 +60,19 @@ void put_int4_row(PackedMatrix& out, int n, const int8_t* q, const float* scales
   }
 }
 
+// FP8 E4M3 (the "fn" variant: no infinities, 0x7F/0xFF are NaN) to float, exactly.
+float fp8_e4m3_to_f32(uint8_t bits) {
+  const int sign = bits >> 7, exponent = (bits >> 3) & 0xF, mantissa = bits & 7;
+  float magnitude;
+  if (exponent == 0xF && mantissa == 7)
+    magnitude = std::numeric_limits<float>::quiet_NaN();  // E4M3FN has no infinity
+  else if (exponent == 0)
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m / 8 * 2^-6
+  else
+    magnitude = std::ldexp(1.f + mantissa / 8.f, exponent - 7);
+  return sign ? -magnitude : magnitude;
+}
+
 }  // namespace
 
 // Cloned for AVX-512/AVX2 with a run-time pick (this file has no ISA flags): converting a
@@ -86,16 +100,21 @@ bool quantize_weight_row(Method method, int group, const float* w, int K, int8_t
   return finite;
 }
 
-float fp8_e4m3_to_f32(uint8_t bits) {
-  const int sign = bits >> 7, exponent = (bits >> 3) & 0xF, mantissa = bits & 7;
-  float magnitude;
-  if (exponent == 0xF && mantissa == 7)
-    magnitude = std::numeric_limits<float>::quiet_NaN();  // E4M3FN has no infinity
-  else if (exponent == 0)
-    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m / 8 * 2^-6
-  else
-    magnitude = std::ldexp(1.f + mantissa / 8.f, exponent - 7);
-  return sign ? -magnitude : magnitude;
+bool decode_fp8_row(const uint8_t* codes, int64_t K, const float* block_scales, int64_t bk, float* out) {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[b] = fp8_e4m3_to_f32(static_cast<uint8_t>(b));
+    return t;
+  }();
+  bool nan = false;
+  for (int64_t k0 = 0; k0 < K; k0 += bk) {
+    const float scale = block_scales[k0 / bk];
+    for (int64_t k = k0; k < std::min(K, k0 + bk); ++k) {
+      nan |= (codes[k] & 0x7F) == 0x7F;
+      out[k] = table[codes[k]] * scale;
+    }
+  }
+  return !nan;
 }
 
 void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K) {

@@ -22,8 +22,9 @@ void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<co
 // values to q and one scale (int8) or K / group scales (int4); false if w holds NaN or inf.
 bool quantize_weight_row(Method method, int group, const float* w, int K, int8_t* q, float* scales);
 
-// FP8 E4M3 (the "fn" variant: no infinities, 0x7F/0xFF are NaN) to float, exactly.
-float fp8_e4m3_to_f32(uint8_t bits);
+// A row of K FP8 E4M3 codes (the "fn" variant: no infinities, 0x7F/0xFF are NaN), decoded
+// exactly and multiplied by its block scale (one per bk values) into out; false if a code is NaN.
+bool decode_fp8_row(const uint8_t* codes, int64_t K, const float* block_scales, int64_t bk, float* out);
 
 // One already-quantized weight row in the portable layout of `kt convert` (values nullptr:
 // a zero row). int8: K int8 values and one scale. int4: round_up(K, group) / 2 bytes, two
