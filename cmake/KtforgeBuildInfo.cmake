@@ -9,8 +9,15 @@ set(KTFORGE_ARCH_FLAGS "-march=native" CACHE STRING "ISA flags for the SIMD back
 set(KTFORGE_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(KTFORGE_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c)
 set(KTFORGE_FLAGS_amx ${KTFORGE_FLAGS_avx512} -mamx-tile -mamx-int8 -mamx-bf16)
-# the AMX kernels on the software tile unit: AVX-512 flags only (it needs no AMX)
-set(KTFORGE_FLAGS_amx_model ${KTFORGE_FLAGS_avx512} -DKTFORGE_AMX_MODEL)
+# the AMX kernels on the software tile unit: AVX2 flags only, so the tile code is tested on
+# any AVX2 CPU (its non-tile work goes to the avx512 or avx2 backend at run time)
+set(KTFORGE_FLAGS_amx_model ${KTFORGE_FLAGS_avx2} -DKTFORGE_AMX_MODEL)
+# Backends whose flags are exactly their level's: the host's -march must not let the
+# compiler emit anything above it (AVX-512 in an AVX2 backend).
+set(KTFORGE_FIXED_LEVEL_BACKENDS avx2 amx_model)
+# What each backend calls into: amx and amx_model use the SIMD tables for non-tile work.
+set(KTFORGE_NEEDS_amx avx512)
+set(KTFORGE_NEEDS_amx_model avx2)
 set(KTFORGE_DIR_avx2 arch/x86/avx2)
 set(KTFORGE_DIR_avx512 arch/x86/avx512)
 set(KTFORGE_DIR_amx arch/x86/amx)
@@ -23,9 +30,14 @@ function(ktforge_add_backend name)
     message(FATAL_ERROR "Unknown backend '${name}' in KTFORGE_BACKENDS (known: amx, avx512, avx2, amx_model).")
   endif()
   separate_arguments(_arch UNIX_COMMAND "${KTFORGE_ARCH_FLAGS}")
-  # avx2 stays a true AVX2 build: host flags must not let the compiler emit AVX-512 there
-  if(name STREQUAL "avx2")
-    set(_flags ${KTFORGE_FLAGS_avx2} -mtune=native)
+  foreach(needed IN LISTS KTFORGE_NEEDS_${name})
+    if(NOT needed IN_LIST KTFORGE_BACKENDS)
+      message(FATAL_ERROR "Backend '${name}' needs backend '${needed}': add it to KTFORGE_BACKENDS "
+                          "(now '${KTFORGE_BACKENDS}').")
+    endif()
+  endforeach()
+  if(name IN_LIST KTFORGE_FIXED_LEVEL_BACKENDS)
+    set(_flags ${KTFORGE_FLAGS_${name}} -mtune=native)
   else()
     set(_flags ${_arch} ${KTFORGE_FLAGS_${name}})
   endif()

@@ -15,16 +15,11 @@ import pytest
 
 import ktforge
 
+from . import host
 from .moe_reference import expected, float_reference
 
-# Every backend every build has (the AMX kernels run on the software tile unit as
-# "amx-model" on any AVX-512 CPU), plus the real "amx" where this machine has it.
-ALWAYS = ("reference", "avx2", "avx512", "amx-model")
 METHODS = ("bf16", "int8", "int4")
-
-
-def runnable_backends() -> list[str]:
-    return [b["name"] for b in ktforge.build_info()["backends"] if b["runs_here"]]
+runnable_backends = host.runnable_backends
 
 
 def make_layer(E: int, H: int, I: int, seed: int = 0) -> tuple[np.ndarray[Any, Any], ...]:
@@ -46,23 +41,21 @@ def rel_err(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
     return float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-12))
 
 
-def _host_has_amx() -> bool:
-    from .conftest import read_proc_cpuinfo_flags
-
-    return "amx_tile" in read_proc_cpuinfo_flags()
-
-
-ALL_BACKENDS = ALWAYS + (("amx",) if _host_has_amx() else ())
+# Every backend of this build that this CPU runs: the reference, the recipe's SIMD levels
+# and the AMX kernels on the software tile unit ("amx-model", any AVX2 CPU), plus the real
+# "amx" where the CPU, the OS and Linux's permission allow tiles.
+ALL_BACKENDS = tuple(reversed(runnable_backends()))  # reference first
 
 
 def test_every_backend_this_build_promises_is_compiled_and_runs_here() -> None:
-    info = ktforge.build_info()
-    names = [b["name"] for b in info["backends"]]
+    names = [b["name"] for b in ktforge.build_info()["backends"]]
     assert names[-1] == "reference"
-    assert set(ALWAYS) <= set(names)  # the default build compiles every SIMD path and the tile model
-    # every machine ktforge is developed and tested on has AVX-512: nothing may be skipped;
-    # the real AMX backend runs exactly where the CPU has AMX
-    assert set(runnable_backends()) == set(ALL_BACKENDS)
+    # ./install.sh built the recipe the live report recommends, with every backend it lists
+    assert host.recipe_backends() <= set(names)
+    # the tile model and at least one SIMD level run on every x86-64 machine with AVX2
+    assert {"reference", "amx-model", "avx2"} <= set(runnable_backends())
+    # the extension's own CPU check agrees with the probes on what may run here
+    assert set(runnable_backends()) == host.backends_the_report_allows()
 
 
 SHAPES = [  # (E, k, H, I, T): H and I not multiples of 16 or 64, E=1, k=E, T=1 and T=1000
@@ -138,13 +131,25 @@ def test_bfloat16_in_bfloat16_out() -> None:
     assert rel_err(y.astype(np.float32), ref) < 1e-2  # output rounded to bf16
 
 
-def test_info_names_backend_kernel_and_threads() -> None:
-    moe = ktforge.MoE(2, 1, 32, 32, method="int8", backend="avx512", threads=2)
+@pytest.mark.parametrize("backend", [b for b in ALL_BACKENDS if b in ("avx512", "avx2")])
+def test_info_names_backend_kernel_and_threads(backend: str) -> None:
+    moe = ktforge.MoE(2, 1, 32, 32, method="int8", backend=backend, threads=2)
     info = moe.info
-    assert info["name"] == "avx512" and info["method"] == "int8" and info["threads"] == 2
-    assert "vpdpbusd" in info["kernel"]
-    assert "avx512_vnni" in info["required_cpu_features"]
+    assert info["name"] == backend and info["method"] == "int8" and info["threads"] == 2
+    # the int8 dot product the CPU has: VNNI where the build and CPU have it, else maddubs
+    vnni = backend == "avx512" and "avx512_vnni" in info["required_cpu_features"]
+    assert ("vpdpbusd" if vnni else "maddubs") in info["kernel"]
+    assert set(info["required_cpu_features"]) <= host.usable_features()
 
 
-def test_auto_picks_the_best_backend_this_cpu_runs() -> None:
-    assert ktforge.MoE(2, 1, 32, 32).info["name"] == runnable_backends()[0]
+def test_a_backend_this_cpu_cannot_run_is_refused_with_the_reason() -> None:
+    compiled = {b["name"] for b in host.build_backends()}
+    missing = [b["name"] for b in host.build_backends() if not b["runs_here"]]
+    absent = [b for b in ("amx", "avx512", "avx2") if b not in compiled]
+    for name in missing:
+        with pytest.raises(ValueError, match="needs CPU features this machine lacks"):
+            ktforge.MoE(2, 1, 32, 32, method="int8", backend=name)
+    for name in absent:
+        with pytest.raises(ValueError, match="not compiled into this build"):
+            ktforge.MoE(2, 1, 32, 32, method="int8", backend=name)
+    assert missing or absent or compiled >= {"amx", "avx512", "avx2"}

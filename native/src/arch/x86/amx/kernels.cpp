@@ -1,8 +1,10 @@
 // AMX kernels for prefill (tdpbf16ps, tdpbusd), AVX-512 for decode, in one backend.
 //
-// Compiled twice: with -mamx-* as the `amx` backend, and with KTFORGE_AMX_MODEL as
-// `amx-model`, where kt::tile is a software model of the tile unit: the same kernel code
-// runs (slowly) on any AVX-512 CPU and is tested there.
+// Compiled twice: with -mamx-* as the `amx` backend, and with KTFORGE_AMX_MODEL (AVX2 flags
+// only) as `amx-model`, where kt::tile is a software model of the tile unit: the same kernel
+// code runs (slowly) on any AVX2 CPU and is tested there. What is not tile code (decode, row
+// operations) goes to the AVX-512 kernels, or in the model to the best SIMD table this CPU
+// runs, so on an AVX-512 CPU the model and the hardware take the same non-tile paths.
 //
 // Tiles: C0..C3 hold a 32 x 32 fp32/int32 block of the output (2 x 2 tiles of 16 x 16),
 // A4/A5 two 16-row slices of the activations, B6/B7 two 16-column blocks of the weights.
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 
@@ -22,6 +25,7 @@
 #include "arch/features.hpp"
 #include "arch/x86/amx/tile.hpp"
 #include "kernels/registry.hpp"
+#include "runtime/cpu_features.hpp"
 
 #ifdef KTFORGE_AMX_MODEL
 #define KT_AMX_TABLE amx_model_kernels
@@ -33,6 +37,19 @@
 
 namespace kt {
 namespace {
+
+// The kernels for everything that is not tile work.
+const KernelTable& simd() {
+#ifndef KTFORGE_AMX_MODEL
+  return avx512_kernels;
+#else
+#ifdef KTFORGE_HAVE_AVX512
+  static const bool avx512_runs = missing_features(simd().compiled_features()).empty();
+  if (avx512_runs) return avx512_kernels;
+#endif
+  return avx2_kernels;
+#endif
+}
 
 // Fewest tokens per expert for which the tiles are used; below it (decode) the AVX-512
 // kernels stream the weights better. Measured on a 2-core Sapphire Rapids guest (Qwen3
@@ -164,12 +181,39 @@ void amx_gemm(const GemmArgs& g) {
 // each as q + 8) -> signed int8 B-tile rows ([Kp/4][16][4]): row 2j the low nibbles, 2j+1
 // the high ones.
 void unpack_int4(const uint8_t* panel, int kp, int8_t* out) {
+#ifndef KTFORGE_AMX_MODEL
   const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   for (int j = 0; j < kp / 8; ++j) {
     const __m512i v = _mm512_loadu_si512(panel + j * 64);
     _mm512_storeu_si512(out + 2 * j * 64, _mm512_sub_epi8(_mm512_and_si512(v, low), eight));
     _mm512_storeu_si512(out + (2 * j + 1) * 64, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight));
   }
+#else
+  for (int j = 0; j < kp / 8; ++j)
+    for (int b = 0; b < 64; ++b) {
+      out[2 * j * 64 + b] = static_cast<int8_t>((panel[j * 64 + b] & 0x0F) - 8);
+      out[(2 * j + 1) * 64 + b] = static_cast<int8_t>((panel[j * 64 + b] >> 4) - 8);
+    }
+#endif
+}
+
+// acc[16] += float(c[16]) * ws[16], fused (one rounding, as vfmadd: the model is bit-identical).
+inline void fma_group(const int32_t* c, const float* ws, float* acc) {
+#ifndef KTFORGE_AMX_MODEL
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(c));
+  _mm512_storeu_ps(acc, _mm512_fmadd_ps(v, _mm512_loadu_ps(ws), _mm512_loadu_ps(acc)));
+#else
+  for (int n = 0; n < 16; ++n) acc[n] = std::fma(static_cast<float>(c[n]), ws[n], acc[n]);
+#endif
+}
+
+// out[16] = acc[16] * xs
+inline void scale_out(const float* acc, float xs, float* out) {
+#ifndef KTFORGE_AMX_MODEL
+  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_loadu_ps(acc), _mm512_set1_ps(xs)));
+#else
+  for (int n = 0; n < 16; ++n) out[n] = acc[n] * xs;
+#endif
 }
 
 // int4 on tiles: a column-block pair is unpacked once per task into int8 B tiles (2 x 16 x Kp
@@ -222,18 +266,13 @@ void amx_int4(const GemmArgs& g) {
         }
         tile::store<0>(c, 128), tile::store<2>(c + 16 * 32, 128);
         if (pair) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
-        for (int h = 0; h < halves; ++h) {
-          const __m512 ws = _mm512_loadu_ps(scales[h] + grp * 16);
-          for (int i = 0; i < rows; ++i) {
-            const __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(c + i * 32 + h * 16));
-            _mm512_storeu_ps(acc + i * 32 + h * 16, _mm512_fmadd_ps(v, ws, _mm512_loadu_ps(acc + i * 32 + h * 16)));
-          }
-        }
+        for (int h = 0; h < halves; ++h)
+          for (int i = 0; i < rows; ++i) fma_group(c + i * 32 + h * 16, scales[h] + grp * 16, acc + i * 32 + h * 16);
       }
       for (int i = 0; i < rows; ++i) {
-        const __m512 xs = _mm512_set1_ps(act.scale[g.rows[i0 + i]]);
+        const float xs = act.scale[g.rows[i0 + i]];
         float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
-        for (int h = 0; h < halves; ++h) _mm512_storeu_ps(out + h * 16, _mm512_mul_ps(_mm512_loadu_ps(acc + i * 32 + h * 16), xs));
+        for (int h = 0; h < halves; ++h) scale_out(acc + i * 32 + h * 16, xs, out + h * 16);
       }
     }
   }
@@ -246,37 +285,37 @@ bool use_tiles(const GemmArgs& g) {
 
 void gemm(const GemmArgs& g) {
   if (use_tiles(g)) return g.w->method == Method::int4 ? amx_int4(g) : amx_gemm(g);
-  avx512_kernels.gemm(g);  // decode, or no permission
+  simd().gemm(g);  // decode, or no permission
 }
 
 std::string describe(Method m) {
-  const std::string simd = avx512_kernels.describe(m);
+  const std::string fallback = simd().describe(m);
   if (const int err = amx_permission_errno())
-    return simd + " (AMX permission refused: errno " + std::to_string(err) + ")";
+    return fallback + " (AMX permission refused: errno " + std::to_string(err) + ")";
   const std::string op = m == Method::bf16 ? "tdpbf16ps" : m == Method::int8 ? "tdpbusd" : "tdpbssd (nibbles unpacked to int8)";
   const int min_rows = m == Method::int4 ? kAmxInt4MinRows : kAmxMinRows;
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows) + " tokens per expert, else " +
-         simd;
+         fallback;
 }
 
 std::vector<std::string> features() { return compiled_features(); }
 
-// Row operations and bandwidth are the AVX-512 backend's (looked up when called, not at
+// Row operations and bandwidth are the SIMD backend's (looked up when called, not at
 // static initialisation, whose order across files is unspecified).
-void silu_mul(const float* g, const float* u, float* o, int n) { avx512_kernels.silu_mul(g, u, o, n); }
+void silu_mul(const float* g, const float* u, float* o, int n) { simd().silu_mul(g, u, o, n); }
 bool quantize_row(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* u8, float* s, int32_t* gs) {
-  return avx512_kernels.quantize_row(x, K, Kp, group, q, u8, s, gs);
+  return simd().quantize_row(x, K, Kp, group, q, u8, s, gs);
 }
-bool to_bf16_row(const float* x, int K, int Kp, uint16_t* out) { return avx512_kernels.to_bf16_row(x, K, Kp, out); }
+bool to_bf16_row(const float* x, int K, int Kp, uint16_t* out) { return simd().to_bf16_row(x, K, Kp, out); }
 void combine(const float* const* rows, const float* w, int k, int n, float* out) {
-  avx512_kernels.combine(rows, w, k, n, out);
+  simd().combine(rows, w, k, n, out);
 }
-uint64_t read_stream(const uint8_t* data, std::size_t bytes) { return avx512_kernels.read_stream(data, bytes); }
+uint64_t read_stream(const uint8_t* data, std::size_t bytes) { return simd().read_stream(data, bytes); }
 
 // Tile peaks: 4 independent accumulator tiles, one 16x16x32 (bf16) or 16x16x64 (int8)
 // product each per instruction.
 double peak_ops(int kind, int64_t iterations) {
-  if (kind == 0 || amx_permission_errno() != 0) return avx512_kernels.peak_ops(kind, iterations);
+  if (kind == 0 || amx_permission_errno() != 0) return simd().peak_ops(kind, iterations);
   alignas(64) static uint8_t ones[1024];
   std::fill(ones, ones + 1024, uint8_t{1});
   tile::configure(full_tiles());

@@ -1,0 +1,63 @@
+"""What the tests may expect of the machine they run on, read from the live report.
+
+The suite runs on whatever CPU it lands on (Sapphire Rapids with AMX, Zen 4 with AVX-512,
+Zen 3 with AVX2 only, ...). Nothing here is assumed: the machine report (probes) says what
+the CPU and OS allow and which recipe ./install.sh builds, and the installed extension's
+build_info() says what it compiled; the tests compare the two.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import ktforge
+from ktforge import evidence, recipes
+from ktforge.report import build_report
+
+
+@functools.cache
+def live_report() -> dict[str, Any]:
+    return build_report(evidence.collect_live(with_blis=True))
+
+
+def usable_features() -> frozenset[str]:
+    return frozenset(live_report()["cpu"]["usable_features"] or ())
+
+
+def recommended_recipe() -> recipes.Recipe:
+    name = live_report()["backend"]["recommended"]
+    return next(r for r in recipes.load_recipes() if r.name == name)
+
+
+def recipe_backends() -> set[str]:
+    """The kernel backends the recipe ./install.sh builds here compiles (the names the kernels report)."""
+    return {b.replace("_", "-") for b in recommended_recipe().backends} | {"reference"}
+
+
+def build_backends() -> list[dict[str, Any]]:
+    try:
+        return list(ktforge.build_info()["backends"])
+    except Exception:  # no extension: the tests that need one fail on their own
+        return []
+
+
+def runnable_backends() -> list[str]:
+    """Backends of the installed build that the extension says this CPU runs, best first."""
+    return [b["name"] for b in build_backends() if b["runs_here"]]
+
+
+def backends_the_report_allows() -> set[str]:
+    """Compiled backends whose required CPU features the probes found usable."""
+    have = usable_features()
+    return {b["name"] for b in build_backends() if set(b["required_cpu_features"]) <= have}
+
+
+def has(*features: str) -> bool:
+    return set(features) <= usable_features()
+
+
+def aocl_gemm_works() -> bool:
+    """The BLIS probe found a library whose aocl_gemm add-on computed a correct GEMM here."""
+    blis = live_report()["blis"] or {}
+    return bool(blis.get("selected"))
