@@ -127,7 +127,7 @@ def test_tiger_lake_cpuid_dump_named_from_model_table() -> None:
     report = build_report(evidence.from_file(CPUINFO_FIXTURES / "windows-cpuid-icelake"))
     uarch = report["cpu"]["microarchitecture"]
     # i7-1185G7 is family 6 model 140: Tiger Lake, which archspec files under icelake's features
-    assert (uarch["name"], uarch["source"]) == ("tigerlake", "ktforge-table")
+    assert (uarch["name"], uarch["source"]) == ("tigerlake", "model-table")
 
 
 def test_darwin_haswell_is_rejected_for_the_os_not_the_cpu() -> None:

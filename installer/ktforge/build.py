@@ -137,6 +137,23 @@ def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None 
     compilers = [c for c in (report.get("toolchain") or {}).get("compilers", []) if c.get("language") == "c++"]
     compiler = compilers[0] if compilers else None
     missing: list[dict[str, str]] = []
+    if name == "unknown":
+        unseen = report["backend"]["unseen"]
+        return Plan(
+            "none",
+            False,
+            target,
+            [],
+            [],
+            [f"cannot choose a recipe: the machine report does not show {'; '.join(unseen)}"],
+            rejected,
+            [
+                {"gate": "cpu_features", "detail": d, "remedy": "run `kt doctor` to see why the CPU probe failed"}
+                for d in unseen
+            ],
+            compiler,
+            None,
+        )
     if name == "none":
         lowest = min(evaluated.values(), key=lambda r: r["priority"])
         missing = [

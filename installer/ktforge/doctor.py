@@ -587,34 +587,39 @@ def _memory(r: dict[str, Any]) -> Finding:
 def _hypervisor(r: dict[str, Any]) -> Finding:
     cpu = r["cpu"]
     hv = cpu["hypervisor"]
-    table = cpu["microarchitecture"].get("model_table") or {}
-    hidden = table.get("missing_expected") or []
+    uarch = cpu["microarchitecture"]
+    name = uarch["name"]
+    used = uarch.get("hidden_used_by_kernels") or []
+    unused = sorted(set(uarch.get("hidden") or []) - set(used))
+    also = f"; also hidden, not used by the kernels: {', '.join(unused)}" if unused else ""
     if hv is None:
-        if hidden:
+        if used:
             return _f(
                 "system.hypervisor",
                 "warn",
-                f"a {table['name']} should have {', '.join(hidden)} but they are missing",
+                f"a {name} has {', '.join(used)}, which this machine does not show{also}",
                 "check BIOS settings and kernel boot parameters (clearcpuid)",
                 "cat /proc/cmdline",
             )
-        return _f("system.hypervisor", "ok", "bare metal (no hypervisor bit)")
-    if hidden:
+        return _f("system.hypervisor", "ok", "bare metal (no hypervisor bit)" + also)
+    if used:
         return _f(
             "system.hypervisor",
             "warn",
-            f"{hv} guest: a {table['name']} has {', '.join(hidden)}, which this guest does not see",
+            f"{hv} guest: a {name} has {', '.join(used)}, which this guest does not see; the kernels "
+            f"can only use what the guest sees{also}",
             "give the guest the host's CPU model",
             "qemu-system-x86_64 -cpu host ...   # QEMU/KVM",
             "virsh edit VM  # <cpu mode='host-passthrough'/>   # libvirt",
         )
-    closest = cpu["microarchitecture"].get("closest_newer")
+    closest = uarch.get("closest_newer")
     note = (
         (f"; features match {closest['name']} except {', '.join(closest['missing'])} (not used by the kernels)")
         if closest
         else ""
     )
-    return _f("system.hypervisor", "ok", f"{hv} guest; every kernel-relevant feature is visible{note}")
+    hidden_note = f"; the {hv} CPU model hides {', '.join(unused)} (not used by the kernels)" if unused else ""
+    return _f("system.hypervisor", "ok", f"{hv} guest; every kernel-relevant feature is visible{note}{hidden_note}")
 
 
 @check("sources.agree", "system", "CPUID, XCR0, /proc/cpuinfo and the model number agree")
@@ -656,6 +661,14 @@ def _backend(r: dict[str, Any]) -> Finding:
         if not x["eligible"] and x["priority"] > next((y["priority"] for y in b["recipes"] if y["name"] == name), -1)
     ]
     why = f" (not {' / '.join(rejected)})" if rejected else ""
+    if name == "unknown":
+        return _f(
+            "backend.recommended",
+            "unknown",
+            f"cannot choose: the {r['source']['kind']} does not show {'; '.join(b['unseen'])}{why}",
+            "give the whole output (lscpu with its Flags line, /proc/cpuinfo), or run `kt doctor` on the machine",
+            "kt doctor",
+        )
     if name == "none":
         # The lowest recipe is the lowest bar: its reasons say what is missing.
         lowest = min(b["recipes"], key=lambda x: x["priority"])

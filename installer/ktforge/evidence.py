@@ -58,9 +58,9 @@ def from_text(text: str, origin: str | None = None) -> Evidence:
     """Evidence from a file given to ``kt doctor --from`` (format recognised by content)."""
     kind = dumps.sniff(text)
     if kind == "snapshot":
-        return Evidence.from_snapshot(json.loads(text), origin)
+        return Evidence.from_snapshot(dumps.json_document(text), origin)
     if kind == "lscpu-json":
-        return Evidence(source=kind, origin=origin, lscpu_json=json.loads(text))
+        return Evidence(source=kind, origin=origin, lscpu_json=dumps.json_document(text))
     if kind == "cpuid-dump":
         return Evidence(source=kind, origin=origin, cpuid_rows=dumps.parse_cpuid_rows(text))
     if kind == "sysctl":

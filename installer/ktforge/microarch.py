@@ -1,9 +1,13 @@
-"""Naming the microarchitecture: archspec from the feature set, our model table for the rest.
+"""Naming the microarchitecture: from vendor, family and model where the table knows them,
+else from the features (archspec).
 
-archspec judges by features (what the kernels can use); the model table
-(``data/cpu_models.toml``) knows names archspec lacks (Emerald and Granite Rapids) and
-what each model number must and cannot have, which exposes hypervisors that hide
-features or mask the model number.
+Hypervisors and BIOSes hide flags (KVM's named CPU models drop pku, waitpkg, ...; some
+clouds hide AVX-512), so a name judged by features alone falls generations short. The model
+table (``data/cpu_models.toml``) names the generation from the model number and says what
+it must and cannot have: the name comes from the table unless the features contradict the
+model number (a masked model: features it cannot have), and the result lists what the
+generation has that this machine does not show (``hidden``) and which of those the kernels
+would use. The recipes always judge by the visible features.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ktforge.features import REPORTED
 from ktforge.resources import data_path, load_toml
 
 
@@ -22,6 +27,7 @@ class ModelEntry:
     family: int
     name: str
     archspec: str
+    products: str
     expects: frozenset[str]
     lacks: frozenset[str]
     models: tuple[tuple[int, int], ...]
@@ -54,6 +60,7 @@ def model_table() -> tuple[ModelEntry, ...]:
                 family=item["family"],
                 name=item["name"],
                 archspec=item.get("archspec", item["name"]),
+                products=item.get("products", ""),
                 expects=frozenset(item.get("expects", [])),
                 lacks=frozenset(item.get("lacks", [])),
                 models=tuple(ranges),
@@ -98,6 +105,11 @@ def from_features(arch: str | None, vendor: str | None, features: Iterable[str])
     return {"name": best.name, "closest_newer": closest}
 
 
+def _target_features(name: str) -> frozenset[str]:
+    target = _archspec_targets().get(name)
+    return frozenset(target.features) if target is not None else frozenset()
+
+
 def identify(
     arch: str | None,
     vendor: str | None,
@@ -106,18 +118,29 @@ def identify(
     stepping: int | None,
     features: Iterable[str],
 ) -> dict[str, Any]:
+    """``name`` (the generation), ``source`` (model-table or archspec), ``by_features``
+    (archspec's name for the visible flags), ``hidden`` (what the generation has that is not
+    visible), ``hidden_used_by_kernels``, ``products``, ``closest_newer`` and ``model_table``."""
     features = frozenset(features)
     result = from_features(arch, vendor, features)
+    result.update(source="archspec", by_features=result["name"], hidden=[], hidden_used_by_kernels=[], products=None)
     entry = lookup_model(vendor, family, model, stepping) if arch == "x86_64" else None
-    result["source"] = "archspec"
     result["model_table"] = None
     if entry is None:
         return result
     missing = sorted(entry.expects - features)
     surplus = sorted(entry.lacks & features)
     result["model_table"] = {"name": entry.name, "missing_expected": missing, "unexpected": surplus}
-    # Names archspec lacks: use ours when the features agree with the model.
-    if entry.name != entry.archspec and result["name"] == entry.archspec and not missing and not surplus:
-        result["name"] = entry.name
-        result["source"] = "ktforge-table"
+    if surplus:  # the model number cannot be right: a hypervisor masks it; trust the features
+        return result
+    have = set(features) | ({"sse3"} if features & {"pni", "ssse3"} else set())
+    hidden = sorted(_target_features(entry.archspec) - have)
+    result.update(
+        name=entry.name,
+        source="model-table",
+        products=entry.products or None,
+        hidden=hidden,
+        hidden_used_by_kernels=sorted(set(hidden) & set(REPORTED)),
+        closest_newer=None,
+    )
     return result

@@ -15,6 +15,8 @@ from typing import Any
 from ktforge.resources import data_path, load_toml
 
 LIBRARY_GATES = frozenset({"blis_addon"})
+# Gates on what the machine is: unseen, they leave the choice open instead of provisional.
+FACT_GATES = frozenset({"arch", "vendor", "cpu_features"})
 
 
 @dataclass(frozen=True)
@@ -114,13 +116,17 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
 
     failed = [g for g in gates if g["status"] == "fail" or (g["status"] == "unknown" and g["gate"] in LIBRARY_GATES)]
     unknown = [g for g in gates if g["status"] == "unknown" and g["gate"] not in LIBRARY_GATES]
+    # What the CPU is (its features, vendor, architecture, OS) must be seen to choose a recipe;
+    # OS state and permissions that a dump cannot show only make the choice provisional.
+    unseen = [g for g in unknown if g["gate"] in FACT_GATES]
     return {
         "name": recipe.name,
         "priority": recipe.priority,
         "summary": recipe.summary,
         "compiler_must_accept": list(recipe.compiler_must_accept),
-        "eligible": not failed,
-        "provisional": not failed and bool(unknown),
+        "eligible": not failed and not unseen,
+        "undetermined": not failed and bool(unseen),
+        "provisional": not failed and not unseen and bool(unknown),
         "why_not": [f"{g['gate']}: {g['detail']}" for g in failed],
         "unverified": [f"{g['gate']}: {g['detail']}" for g in unknown],
         "gates": gates,
@@ -128,11 +134,23 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def choose(facts: dict[str, Any]) -> dict[str, Any]:
-    """The recommended backend: the highest-priority eligible recipe, or ``none``."""
+    """The recommended backend: the highest-priority eligible recipe; ``unknown`` when a better
+    recipe's gates need a fact that was not seen (a dump without flags, say); ``none`` when
+    every recipe fails. ``unseen`` names the facts that were missing."""
     evaluated = [evaluate(r, facts) for r in load_recipes()]
-    chosen = next((e for e in evaluated if e["eligible"]), None)
+    chosen = next((e for e in evaluated if e["eligible"] or e["undetermined"]), None)
+    unseen = sorted(
+        {
+            g["detail"]
+            for e in evaluated
+            if e["undetermined"]
+            for g in e["gates"]
+            if g["status"] == "unknown" and g["gate"] in FACT_GATES
+        }
+    )
     return {
-        "recommended": chosen["name"] if chosen else "none",
+        "recommended": "unknown" if chosen and chosen["undetermined"] else chosen["name"] if chosen else "none",
         "provisional": bool(chosen and chosen["provisional"]),
+        "unseen": unseen,
         "recipes": evaluated,
     }

@@ -30,7 +30,11 @@ def headline(report: dict[str, Any]) -> str:
     cpu = report["cpu"]
     uarch = cpu["microarchitecture"]
     closest = uarch.get("closest_newer")
-    label = uarch["name"] + (f"; {closest['name']} but for {', '.join(closest['missing'])}" if closest else "")
+    label = uarch["name"] + (f": {uarch['products']}" if uarch.get("products") else "")
+    if closest:
+        label += f"; {closest['name']} but for {', '.join(closest['missing'])}"
+    if uarch.get("hidden"):
+        label += f"; not visible here: {', '.join(uarch['hidden'])}"
     parts = [cpu["brand"] or cpu["vendor"] or "unknown CPU", f"[{label}]"]
     if cpu["hypervisor"]:
         parts.append(f"under {cpu['hypervisor']}")

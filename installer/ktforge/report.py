@@ -262,6 +262,17 @@ def recipe_facts(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _not_seen(ev: Evidence) -> list[str]:
+    missing = []
+    if ev.cpu_probe is None:
+        missing.append("XCR0 (the OS register state; a text dump implies it from the kernel's flags)")
+    if ev.amx_probe is None:
+        missing.append("AMX permission (arch_prctl) and a tile execution proof")
+    if ev.blis is None:
+        missing.append("BLIS libraries (which one has a working aocl_gemm add-on)")
+    return missing
+
+
 def build_report(ev: Evidence) -> dict[str, Any]:
     cpu, disagreements = _cpu_section(ev)
     usable = set(cpu["usable_features"] or ())
@@ -295,4 +306,7 @@ def build_report(ev: Evidence) -> dict[str, Any]:
     if cpu_has_amx and "amx_tile" not in usable and cpu["os_state"]["amx"] is not False:
         report["disagreements"].append({"topic": "amx", "detail": "amx_tile reported but not usable"})
     report["backend"] = recipes.choose(recipe_facts(report))
+    if report["backend"]["provisional"] or report["backend"]["recommended"] == "unknown":
+        # what a dump cannot show, whatever the recipe: the facts only probes read
+        report["backend"]["not_seen_by_source"] = _not_seen(ev)
     return report
