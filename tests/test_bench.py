@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import ktforge
 from ktforge import bench, cli
 
 TINY = bench.Model("tiny", hidden=96, intermediate=80, experts=16, top_k=4)
@@ -62,3 +63,19 @@ def test_cli_bench_json_on_a_tiny_layer(monkeypatch: pytest.MonkeyPatch) -> None
 def test_cli_bench_rejects_unknown_models() -> None:
     result = CliRunner().invoke(cli.app, ["bench", "--model", "gpt-5"])
     assert result.exit_code == 2 and "unknown model" in result.stderr
+
+
+def test_cli_bench_names_a_backend_this_machine_cannot_run_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "models", lambda: {"tiny": TINY})
+    monkeypatch.delenv("KTFORGE_BLIS_LIBRARY", raising=False)
+    compiled = {b["name"] for b in ktforge.build_info()["backends"]}
+    # amd-blis without a linked library, or the AMX tiles in a build without them
+    backend = "amx" if "amx" not in compiled else "amd-blis"
+    args = ["bench", "--model", "tiny", "--tokens", "1", "--method", "int8", "--repeats", "1", "--no-peer"]
+    result = CliRunner().invoke(cli.app, [*args, "--backend", backend])
+    if backend == "amd-blis" and ktforge.build_info()["blis"]:  # an amd-blis build here: it runs
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 2
+    assert result.stderr.startswith("kt bench: ") and "Traceback" not in result.output
+    assert "not compiled into this build" in result.stderr or "kt build --backend amd-blis" in result.stderr

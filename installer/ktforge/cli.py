@@ -223,28 +223,32 @@ def bench(
             peer = False
     results: list[dict[str, Any]] = []
     header: dict[str, Any] = {}
-    with Progress(transient=True, disable=json_output or not sys.stderr.isatty()) as progress:
-        task = progress.add_task("measuring peaks", total=None)
-        for item in bench_mod.run(
-            names,
-            _csv(method),
-            backends,
-            [int(t) for t in _csv(tokens)],
-            _csv(routing),
-            threads,
-            repeats,
-            peer,
-            max_weight_gib,
-            lambda label: progress.update(task, description=label),
-        ):
-            if "peaks" in item:
-                header = item
+    try:
+        with Progress(transient=True, disable=json_output or not sys.stderr.isatty()) as progress:
+            task = progress.add_task("measuring peaks", total=None)
+            for item in bench_mod.run(
+                names,
+                _csv(method),
+                backends,
+                [int(t) for t in _csv(tokens)],
+                _csv(routing),
+                threads,
+                repeats,
+                peer,
+                max_weight_gib,
+                lambda label: progress.update(task, description=label),
+            ):
+                if "peaks" in item:
+                    header = item
+                    if not json_output:
+                        typer.echo(bench_mod.format_peaks(item["peaks"], item["threads"]))
+                    continue
+                results.append(item["result"])
                 if not json_output:
-                    typer.echo(bench_mod.format_peaks(item["peaks"], item["threads"]))
-                continue
-            results.append(item["result"])
-            if not json_output:
-                typer.echo(bench_mod.format_row(item["result"]))
+                    typer.echo(bench_mod.format_row(item["result"]))
+    except ValueError as exc:  # a backend or method this machine cannot run, named with the reason
+        typer.echo(f"kt bench: {exc}", err=True)
+        raise typer.Exit(2) from None
     if json_output:
         typer.echo(
             json.dumps({"schema_version": 1, "ktforge_version": __version__, **header, "results": results}, indent=1)

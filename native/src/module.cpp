@@ -270,6 +270,10 @@ py::array_t<float> dequantize_fp8(const py::array_t<uint8_t, py::array::c_style>
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "ktforge native MoE kernels";
+#ifdef KTFORGE_HAVE_BLIS
+  // The one build-time setting the core needs at run time: it is compiled into this module only.
+  Aocl::set_linked_library(KTFORGE_BLIS_LIBRARY);
+#endif
   m.def(
       "build_info",
       [] {

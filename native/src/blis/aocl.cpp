@@ -2,13 +2,81 @@
 
 #include <dlfcn.h>
 
+#include <cstring>
+
 #include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace kt {
+
+namespace {
+std::mutex linked_mutex;
+std::string& linked_path() {
+  static std::string path;
+  return path;
+}
+}  // namespace
+
+void Aocl::set_linked_library(const std::string& path) {
+  std::lock_guard<std::mutex> lock(linked_mutex);
+  linked_path() = path;
+}
+
+std::string Aocl::linked_library() {
+  std::lock_guard<std::mutex> lock(linked_mutex);
+  return linked_path();
+}
+
+void Aocl::verify(Method m) const {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, std::string> verdicts;  // "" = correct
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(path_, static_cast<int>(m));
+  auto found = verdicts.find(key);
+  if (found == verdicts.end()) {
+    // Odd sizes exercise the fringe paths; small integers are exact in int32 and in fp32 sums.
+    const int M = 3, N = 5, K = 7;
+    std::vector<int32_t> want(M * N, 0);
+    std::vector<int> a(M * K), b(K * N);
+    for (int i = 0; i < M * K; ++i) a[i] = (i * 37) % 7 - 3;
+    for (int i = 0; i < K * N; ++i) b[i] = (i * 53) % 5 - 2;
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j)
+        for (int k = 0; k < K; ++k) want[i * N + j] += a[i * K + k] * b[k * N + j];
+    bool ok = true;
+    std::string entry;
+    if (m == Method::int8) {
+      entry = "aocl_gemm_s8s8s32os32";
+      std::vector<int8_t> a8(a.begin(), a.end()), b8(b.begin(), b.end());
+      std::vector<int32_t> c(M * N, -1);
+      gemm_s8_('r', 'n', 'n', M, N, K, 1, a8.data(), K, 'n', b8.data(), N, 'n', 0, c.data(), N, nullptr);
+      ok = c == want;
+    } else if (m == Method::bf16 && gemm_bf16_) {
+      entry = "aocl_gemm_bf16bf16f32of32";
+      auto bf16 = [](int v) {  // small integers are exact in bf16: the top half of the float
+        float f = static_cast<float>(v);
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        return static_cast<int16_t>(bits >> 16);
+      };
+      std::vector<int16_t> a16(M * K), b16(K * N);
+      for (int i = 0; i < M * K; ++i) a16[i] = bf16(a[i]);
+      for (int i = 0; i < K * N; ++i) b16[i] = bf16(b[i]);
+      std::vector<float> c(M * N, -1.f);
+      gemm_bf16_('r', 'n', 'n', M, N, K, 1.f, a16.data(), K, 'n', b16.data(), N, 'n', 0.f, c.data(), N, nullptr);
+      for (int i = 0; i < M * N; ++i) ok = ok && c[i] == static_cast<float>(want[i]);
+    }
+    found = verdicts.emplace(key, ok ? "" : entry).first;
+  }
+  if (!found->second.empty())
+    throw std::invalid_argument(path_ + " (" + version_ + "): " + found->second +
+                                " gives wrong results on this CPU (AOCL's aocl_gemm kernels for it need AVX-512 "
+                                "VNNI/BF16, AMD Zen 4 or newer); use backend='auto' (`kt doctor --check blis.gemm`)");
+}
 
 const Aocl& Aocl::load(const std::string& path) {
   static std::mutex mutex;

@@ -14,6 +14,15 @@ class Aocl {
  public:
   // Throws std::invalid_argument naming the library and what is missing.
   static const Aocl& load(const std::string& path);
+  // The library an amd-blis build linked: registered by the module at import (it alone is
+  // compiled with the build's KTFORGE_BLIS_LIBRARY), read by the layers; "" when none.
+  static void set_linked_library(const std::string& path);
+  static std::string linked_library();
+
+  // A small GEMM with a known answer through the entry point `m` uses (once per library and
+  // method); throws std::invalid_argument when AOCL computes it wrong on this CPU (its integer
+  // kernels need AVX-512 VNNI: on a Zen 3 it returns without a correct result).
+  void verify(Method m) const;
 
   const std::string& path() const { return path_; }
   const std::string& version() const { return version_; }

@@ -41,16 +41,13 @@ const char* method_name(Method m) { return m == Method::bf16 ? "bf16" : m == Met
 namespace {
 
 // The BLIS library of the amd-blis backend: KTFORGE_BLIS_LIBRARY, else the one an amd-blis
-// build linked.
+// build linked (registered by the module when it is imported).
 std::string blis_library_path() {
   if (const char* env = std::getenv("KTFORGE_BLIS_LIBRARY"); env && *env) return env;
-#ifdef KTFORGE_BLIS_LIBRARY
-  return KTFORGE_BLIS_LIBRARY;
-#else
+  if (std::string linked = Aocl::linked_library(); !linked.empty()) return linked;
   throw std::invalid_argument(
       "backend 'amd-blis' needs AOCL-BLAS with the aocl_gemm add-on: build with `kt build --backend amd-blis`, or "
       "set KTFORGE_BLIS_LIBRARY to the library (`kt doctor --check blis.addon` shows which works)");
-#endif
 }
 
 }  // namespace
@@ -62,6 +59,7 @@ MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int thre
   if (backend == "amd-blis" && config.method != Method::int4) aocl_ = &Aocl::load(blis_library_path());
   if (aocl_ && config.method == Method::bf16 && !aocl_->has_bf16())
     throw std::invalid_argument(aocl_->path() + " lacks aocl_gemm_bf16bf16f32of32");
+  if (aocl_) aocl_->verify(config.method);  // never a fast wrong answer (calibration only times)
   if (config.experts <= 0 || config.top_k <= 0 || config.hidden <= 0 || config.intermediate <= 0)
     throw std::invalid_argument("num_experts, top_k, hidden_size and intermediate_size must be positive");
   if (config.top_k > config.experts) throw std::invalid_argument("top_k cannot exceed num_experts");
