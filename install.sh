@@ -6,7 +6,7 @@
 #   ./install.sh build      build, verify and install the kernels of the best recipe for this machine
 #                           (`kt build`), then run `kt doctor`; options go to `kt build`:
 #                           --backend auto|amx|amd-blis|avx512|avx2, --plan, --target NAME
-#   ./install.sh test       install the test tools and run the test suite
+#   ./install.sh test       install the test tools (and upstream BLIS, a test fixture) and run the suite
 #   --with-blis             with deps: also AOCL-BLAS with the aocl_gemm add-on (the `aoclda` wheel)
 #   --dry-run               print the system-package commands instead of running them
 #   -h, --help              this help
@@ -88,16 +88,30 @@ system_deps() {
     missing+=(venv)
   fi
   if [ ${#missing[@]} = 0 ]; then say "system packages: all present"; return; fi
-  # the per-distribution table is Python data (installer/ktforge/data/system_packages.toml)
+  install_packages "$py" "${missing[@]}"
+}
+
+# Install what the per-distribution table (installer/ktforge/data/system_packages.json) names
+# for the given keys.
+install_packages() {
+  local py=$1; shift
   local plan
-  plan=$(PYTHONPATH="$ROOT/installer" "$py" -m ktforge.sysdeps "${missing[@]}") \
-    || die "missing ${missing[*]}; install them with your package manager"
-  say "installing system packages for: ${missing[*]}"
+  plan=$(PYTHONPATH="$ROOT/installer" "$py" -m ktforge.sysdeps "$@") \
+    || die "missing $*; install them with your package manager"
+  say "installing system packages for: $*"
   while IFS= read -r line; do
     [ -n "$line" ] || continue
     eval "set -- $line"
     as_root "$@"
   done <<<"$plan"
+}
+
+# What the test suite needs beyond ktforge itself: upstream BLIS (no aocl_gemm add-on), the
+# negative case of the BLIS probe; AOCL-BLAS (the aoclda wheel) comes with tests/requirements.txt.
+test_system_deps() {
+  local py=$1
+  if { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libblis\.so'; then return; fi
+  install_packages "$py" blis_upstream
 }
 
 build() {
@@ -129,6 +143,7 @@ build() {
 run_tests() {
   local py=$1
   "$py" -c 'import ktforge' 2>/dev/null || die "ktforge is not installed in $py; run ./install.sh first"
+  test_system_deps "$(base_python)"
   say "test tools into $py"
   "$py" -m pip install -q --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
   cd "$ROOT"

@@ -18,6 +18,7 @@ from ktforge import cli, convert
 from ktforge.checkpoint import Checkpoint, CheckpointError
 from ktforge.quantize import Quantized, dequantize, quantize
 
+from . import host
 from .checkpoints import expert_tensor, shard_of, write_checkpoint
 from .moe_reference import expected, float_reference, quantize_groups, quantize_rows
 
@@ -90,7 +91,7 @@ def test_quantize_refuses_non_finite_weights() -> None:
 
 
 @pytest.mark.parametrize("method", ["bf16", "int8", "int4"])
-@pytest.mark.parametrize("backend", ["reference", "avx512", "avx2"])
+@pytest.mark.parametrize("backend", host.runnable_backends())
 def test_load_quantized_gives_exactly_the_results_of_load_weights(method: str, backend: str) -> None:
     E, k, H, I = 5, 2, 88, 72
     rng = np.random.default_rng(1)

@@ -7,6 +7,7 @@ was found and, for anything not ok, the remedy and the exact commands.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -65,6 +66,23 @@ def _is_x86(r: dict[str, Any]) -> bool | None:
 def _has_amx_cpu(r: dict[str, Any]) -> bool | None:
     features = r["cpu"]["features"]
     return None if features is None else "amx_tile" in features
+
+
+def _no_compiler(r: dict[str, Any]) -> bool:
+    """The probes could not be compiled: no C compiler yet (a fresh server before deps)."""
+    probes = [p for p in r["probes"].values() if p is not None]
+    return any(p["status"] == "no-compiler" for p in probes)
+
+
+def _compiler_commands() -> tuple[str, ...]:
+    """./install.sh deps, and the package manager's own command from the same table."""
+    from ktforge import sysdeps
+
+    try:
+        direct = [shlex.join(c) for c in sysdeps.commands(["cc", "cxx"], sysdeps.distribution_ids())]
+    except LookupError:
+        direct = []
+    return ("./install.sh deps", *direct)
 
 
 def _amd(r: dict[str, Any]) -> bool:
@@ -256,6 +274,16 @@ def _amx_permission(r: dict[str, Any]) -> Finding:
     a = r["amx"]
     if a["probe_status"] is None:
         return _f("amx.permission", "unknown" if _has_amx_cpu(r) is not False else "info", a["explanation"])
+    if a["probe_status"] == "no-compiler":
+        if _has_amx_cpu(r) is False:
+            return _f("amx.permission", "info", "not needed: this CPU has no AMX (the probe needs a C compiler)")
+        return _f(
+            "amx.permission",
+            "unknown",
+            "not asked: the permission probe is compiled on the spot and there is no C compiler yet",
+            "install the build tools, then run `kt doctor` again",
+            *_compiler_commands(),
+        )
     if a["verdict"] == "probe-failed":
         return _f("amx.permission", "warn", a["explanation"], "run `kt doctor --json` and report the probe detail")
     if a["permitted"]:
@@ -296,6 +324,11 @@ def _amx_execution(r: dict[str, Any]) -> Finding:
 
 _BLIS_REMEDY = "install AOCL-BLAS with the aocl_gemm add-on (the `aoclda` wheel ships one)"
 _BLIS_COMMAND = "python -m pip install aoclda"
+_BLIS_UNPROBED = "not checked: the BLIS probe (which loads each library and runs a GEMM) needs a C compiler"
+
+
+def _blis_unprobed(b: dict[str, Any]) -> bool:
+    return any(lib["probe_status"] == "no-compiler" for lib in b["libraries"])
 
 
 @check("blis.found", "blis", "BLIS library")
@@ -303,6 +336,8 @@ def _blis_found(r: dict[str, Any]) -> Finding:
     b = r["blis"]
     if b is None:
         return _f("blis.found", "unknown", "no evidence of BLIS (text dumps carry none)")
+    if _blis_unprobed(b):
+        return _f("blis.found", "unknown", _BLIS_UNPROBED, "install the build tools", *_compiler_commands())
     libs = b["libraries"]
     if not libs:
         status = "warn" if _amd(r) else "info"
@@ -332,6 +367,8 @@ def _blis_addon(r: dict[str, Any]) -> Finding:
     b = r["blis"]
     if b is None:
         return _f("blis.addon", "unknown", "no evidence of BLIS (text dumps carry none)")
+    if _blis_unprobed(b):
+        return _f("blis.addon", "unknown", _BLIS_UNPROBED, "install the build tools", *_compiler_commands())
     with_addon = [lib for lib in b["libraries"] if lib["has_addon"]]
     if with_addon:
         lib = with_addon[0]
@@ -361,6 +398,8 @@ def _blis_gemm(r: dict[str, Any]) -> Finding:
     b = r["blis"]
     if b is None:
         return _f("blis.gemm", "unknown", "no evidence of BLIS (text dumps carry none)")
+    if _blis_unprobed(b):
+        return _f("blis.gemm", "unknown", _BLIS_UNPROBED, "install the build tools", *_compiler_commands())
     with_addon = [lib for lib in b["libraries"] if lib["has_addon"]]
     if not with_addon:
         return _f("blis.gemm", "info", "not run: no library with the add-on")
@@ -370,6 +409,16 @@ def _blis_gemm(r: dict[str, Any]) -> Finding:
             "blis.gemm", "ok", f"3x5x7 s8s8s32 GEMM (plain and reordered B) matches the reference in {good[0]['path']}"
         )
     lib = with_addon[0]
+    usable = _usable(r)
+    if usable is not None and "avx512_vnni" not in usable:
+        # AOCL's integer aocl_gemm kernels need AVX-512 VNNI (AMD: Zen 4 and newer); without it
+        # the library returns without a correct result. Not a broken install: the wrong CPU.
+        return _f(
+            "blis.gemm",
+            "info",
+            f"{lib['path']}: GEMM {lib['gemm_s8s8s32']}: AOCL's integer aocl_gemm needs AVX-512 VNNI, which this "
+            "CPU lacks; the amd-blis backend is for Zen 4 and newer (ktforge's own kernels run here)",
+        )
     return _f(
         "blis.gemm",
         "error",
@@ -640,6 +689,17 @@ def _probes(r: dict[str, Any]) -> Finding:
     if not probes:
         return _f("probes.ran", "unknown", f"no probe ran (evidence from a {r['source']['kind']} dump)")
     bad = {k: v for k, v in probes.items() if v["status"] != "ok"}
+    if _no_compiler(r):
+        cpuid = r["cpu"]["cpuid_source"]
+        seen = "CPUID read through py-cpuinfo" if cpuid == "py-cpuinfo" else "no CPUID read (py-cpuinfo failed)"
+        return _f(
+            "probes.ran",
+            "warn",
+            f"no C compiler yet: {seen}, features from /proc/cpuinfo; XCR0 (the OS state), the AMX permission "
+            "and the BLIS check need the probes, which are compiled on the spot",
+            "install the build tools (./install.sh deps does), then run `kt doctor` again",
+            *_compiler_commands(),
+        )
     if bad:
         return _f(
             "probes.ran",

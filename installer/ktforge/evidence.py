@@ -23,6 +23,7 @@ class Evidence:
     source: str  # live, snapshot, cpuinfo, lscpu, lscpu-json, cpuid-dump, sysctl
     origin: str | None = None  # the file it came from
     cpu_probe: dict[str, Any] | None = None  # ProbeOutcome JSON of probes/cpu.c
+    pycpuinfo: dict[str, Any] | None = None  # CPUID through py-cpuinfo (ktforge.pycpuinfo)
     amx_probe: dict[str, Any] | None = None  # ProbeOutcome JSON of probes/amx_permission.c
     blis: dict[str, Any] | None = None  # {"searched": [...], "candidates": [...]}
     cpuinfo_text: str | None = None
@@ -88,7 +89,7 @@ def _command_output(command: list[str]) -> str | None:
 
 def collect_live(with_blis: bool = True) -> Evidence:
     """Run every probe and read every source on this machine."""
-    from ktforge import blis, extension, system, toolchain
+    from ktforge import blis, extension, pycpuinfo, system, toolchain
     from ktforge.cpuid import decode, leaves_from_rows
     from ktforge.probe_runner import run_probe
 
@@ -112,6 +113,7 @@ def collect_live(with_blis: bool = True) -> Evidence:
     return Evidence(
         source="live",
         cpu_probe=cpu.to_json(),
+        pycpuinfo=pycpuinfo.collect(),
         amx_probe=amx.to_json(),
         blis=blis.discover() if with_blis else None,
         cpuinfo_text=cpuinfo,

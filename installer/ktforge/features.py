@@ -190,6 +190,22 @@ SYSCTL_WORDS: Final[dict[str, str]] = {
 }
 
 
+# py-cpuinfo's CPUID flag names -> linux names, for the features it decodes (leaves 1, 7.0 and
+# 0x80000001; it reads neither leaf 7.1 nor XCR0, so avx512_bf16, avx_vnni and AMX are not
+# among them). Names not listed are spelled as Linux spells them.
+PYCPUINFO_NAMES: Final[dict[str, str]] = {
+    "avx512vnni": "avx512_vnni",
+    "avx512vbmi2": "avx512_vbmi2",
+    "avx512bitalg": "avx512_bitalg",
+    "avx512vpopcntdq": "avx512_vpopcntdq",
+    "rdrnd": "rdrand",
+    "sha": "sha_ni",
+    "tscdeadline": "tsc_deadline_timer",
+}
+# The reported features py-cpuinfo's CPUID decoding can see at all.
+PYCPUINFO_SEES: Final = frozenset(REPORTED) - {"avx512_bf16", "avx512_fp16", "avx_vnni"} - AMX_FAMILY
+
+
 def known_flag_names() -> frozenset[str]:
     """Every flag name ktforge understands (used to mend flag words cut by line wrapping)."""
     names = {name for bits in CPUID_BITS.values() for name in bits.values()}

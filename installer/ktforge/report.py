@@ -13,7 +13,7 @@ from typing import Any
 from ktforge import amx, blis, dumps, microarch, recipes
 from ktforge.cpuid import CpuidFacts, decode, leaves_from_rows
 from ktforge.evidence import Evidence
-from ktforge.features import AMX_FAMILY, AVX512_FAMILY, REPORTED
+from ktforge.features import AMX_FAMILY, AVX512_FAMILY, PYCPUINFO_SEES, REPORTED
 from ktforge.system import kernel_version, parse_meminfo
 
 REPORT_SCHEMA_VERSION = 1
@@ -86,13 +86,31 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
     text = kernel_view or texts.get("sysctl")
     disagreements: list[dict[str, str]] = []
 
+    # py-cpuinfo's CPUID: the identity when the probe could not run (no compiler yet)
+    pyc = ev.pycpuinfo if ev.pycpuinfo and ev.pycpuinfo.get("status") == "ok" else None
+    identity: Any = (
+        facts
+        or (
+            pyc
+            and dumps.TextCpu(
+                arch="x86_64",
+                vendor=pyc["vendor"],
+                brand=pyc["brand"],
+                family=pyc["family"],
+                model=pyc["model"],
+                stepping=pyc["stepping"],
+                flags=frozenset(pyc["flags"]),
+            )
+        )
+        or text
+    )
     machine = (ev.system or {}).get("machine")
-    arch = machine or ("x86_64" if facts else None) or (text.arch if text else None)
-    vendor = facts.vendor if facts else (text.vendor if text else None)
-    family = facts.family if facts else (text.family if text else None)
-    model = facts.model if facts else (text.model if text else None)
-    stepping = facts.stepping if facts else (text.stepping if text else None)
-    brand = (facts.brand if facts and facts.brand else None) or (text.brand if text else None)
+    arch = machine or ("x86_64" if facts or pyc else None) or (text.arch if text else None)
+    vendor = identity.vendor if identity else None
+    family = identity.family if identity else None
+    model = identity.model if identity else None
+    stepping = identity.stepping if identity else None
+    brand = (identity.brand if identity and identity.brand else None) or (text.brand if text else None)
 
     kernel_flags = kernel_view.flags if kernel_view else None
     if facts is not None:
@@ -105,8 +123,12 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
             "amx": facts.os_state.amx,
         }
     elif text is not None:
-        # A text dump: Linux lists a flag only once it has enabled the state it needs.
+        # A text dump (or the live kernel without the probe): Linux lists a flag only once it
+        # has enabled the state it needs.
         features = usable = text.flags
+        os_state = {"xcr0": None, "avx": None, "avx512": None, "amx": None}
+    elif pyc is not None:  # CPUID without XCR0: what the CPU has, not what the OS enabled
+        features, usable = frozenset(pyc["flags"]), None
         os_state = {"xcr0": None, "avx": None, "avx512": None, "amx": None}
     else:
         features = usable = None
@@ -126,6 +148,16 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
             elif in_kernel and not in_cpuid:
                 disagreements.append(
                     {"topic": f"feature.{name}", "detail": f"/proc/cpuinfo lists {name} but CPUID does not report it"}
+                )
+    witness = facts.cpu_features if facts is not None else kernel_flags
+    if pyc is not None and witness is not None:
+        # one more witness: py-cpuinfo decodes leaves 1 and 7.0 itself
+        against = "CPUID (probe)" if facts is not None else "/proc/cpuinfo"
+        for name in sorted(PYCPUINFO_SEES):
+            if (name in pyc["flags"]) != (name in witness):
+                says = "reports" if name in pyc["flags"] else "does not report"
+                disagreements.append(
+                    {"topic": f"feature.{name}", "detail": f"py-cpuinfo's CPUID {says} {name}, unlike {against}"}
                 )
     if facts is not None and kernel_flags is not None:
         if kernel_flags & AMX_FAMILY and os_state["amx"] is False:
@@ -178,7 +210,7 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
         },
         "os_state": os_state,
         "tile_palette": facts.tile_palette.__dict__ if facts and facts.tile_palette else None,
-        "cpuid_source": "probe" if ev.cpu_probe else "dump" if ev.cpuid_rows else None,
+        "cpuid_source": "probe" if facts and ev.cpu_probe else "dump" if facts else "py-cpuinfo" if pyc else None,
         "cpuid_error": cpuid_error,
         "notes": list(facts.notes) if facts else [],
         "logical_cpus": text.cpus if text else None,

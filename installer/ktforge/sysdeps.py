@@ -50,7 +50,10 @@ def commands(missing: list[str], ids: list[str]) -> list[list[str]]:
     found = family(ids)
     if found is None:
         raise LookupError(f"unknown distribution {' '.join(ids) or '(no /etc/os-release)'}")
-    _, entry = found
+    name, entry = found
+    unknown = [m for m in missing if m not in entry["packages"]]
+    if unknown:
+        raise LookupError(f"no {name} package is known for {', '.join(unknown)}")
     packages = list(dict.fromkeys(entry["packages"][m] for m in missing))
     env = [f"{k}={v}" for k, v in entry.get("env", {}).items()]
     prefix = ["env", *env] if env else []
@@ -66,7 +69,7 @@ def main(argv: list[str]) -> int:
         for command in commands(argv, distribution_ids()):
             print(shlex.join(command))
     except LookupError as exc:
-        print(f"{exc}: install a C/C++ compiler, CMake, Ninja and the Python headers yourself", file=sys.stderr)
+        print(f"{exc}: install {', '.join(argv)} yourself", file=sys.stderr)
         return 3
     return 0
 
