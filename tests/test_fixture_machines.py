@@ -7,13 +7,15 @@ dumps carry no BLIS evidence, so amd-blis is never recommended from one.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ktforge import evidence
 from ktforge.doctor import exit_code, run_checks
 from ktforge.report import build_report
 
-from .conftest import CPUINFO_FIXTURES
+from .conftest import CPUINFO_FIXTURES, HOST_FIXTURES
 
 NON_X86 = [
     "bgq-rhel6-power7",
@@ -134,3 +136,39 @@ def test_darwin_haswell_is_rejected_for_the_os_not_the_cpu() -> None:
     report = build_report(evidence.from_file(CPUINFO_FIXTURES / "darwin-mojave-haswell"))
     avx2 = next(r for r in report["backend"]["recipes"] if r["name"] == "avx2")
     assert avx2["why_not"] == ["system: needs Linux, machine runs Darwin"]
+
+
+def test_a_hypervisor_hiding_a_flag_does_not_demote_the_name() -> None:
+    # The EPYC 9654 dump as a KVM guest whose CPU model drops pku (what KVM's named AMD models
+    # do): archspec alone calls that "zen2; zen3 but for pku". The model number says Genoa.
+    text = (CPUINFO_FIXTURES / "linux-rocky8.5-zen4").read_text()
+    guest = re.sub(r"\b(pku|ospke)\b ?", "", text).replace("flags\t\t:", "flags\t\t: hypervisor", 1)
+    report = build_report(evidence.from_text(guest))
+    uarch = report["cpu"]["microarchitecture"]
+    assert uarch["by_features"] == "zen2" and uarch["source"] == "model-table"
+    assert (uarch["name"], uarch["products"]) == ("zen4", "EPYC 9004 (Genoa)")
+    assert uarch["hidden"] == ["pku"] and uarch["hidden_used_by_kernels"] == []
+    assert report["backend"]["recommended"] == "avx512"
+    finding = {f.id: f for f in run_checks(report)}["system.hypervisor"]
+    assert finding.status == "ok" and "hides pku (not used by the kernels)" in finding.finding
+
+
+def test_a_hidden_flag_the_kernels_use_is_a_warning() -> None:
+    # the same guest without AVX-512 (some clouds hide it): still a zen4, and the doctor says
+    # which of the hidden flags the kernels would have used
+    text = (CPUINFO_FIXTURES / "linux-rocky8.5-zen4").read_text()
+    guest = re.sub(r"\bavx512\w*\b ?", "", text).replace("flags\t\t:", "flags\t\t: hypervisor", 1)
+    report = build_report(evidence.from_text(guest))
+    uarch = report["cpu"]["microarchitecture"]
+    assert uarch["name"] == "zen4" and "avx512f" in uarch["hidden_used_by_kernels"]
+    assert report["backend"]["recommended"] == "avx2"  # the kernels can only use what is visible
+    finding = {f.id: f for f in run_checks(report)}["system.hypervisor"]
+    assert finding.status == "warn" and "avx512f" in finding.finding
+
+
+def test_a_masked_model_number_falls_back_to_the_features() -> None:
+    # a Sapphire Rapids whose hypervisor reports model 167 (Rocket Lake, which has no AMX)
+    report = build_report(evidence.from_file(HOST_FIXTURES / "kvm-sapphirerapids-masked.lscpu"))
+    uarch = report["cpu"]["microarchitecture"]
+    assert uarch["source"] == "archspec" and uarch["model_table"]["unexpected"]
+    assert any(d["topic"] == "cpu.model" for d in report["disagreements"])
