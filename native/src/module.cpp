@@ -82,6 +82,7 @@ class PyMoE {
     require(up, {c.experts, c.intermediate, c.hidden}, "up");
     require(down, {c.experts, c.hidden, c.intermediate}, "down");
     py::gil_scoped_release release;
+    auto lock = layer_.lock_calls();
     layer_.load(gate.data(), up.data(), down.data(), d);
   }
 
@@ -115,6 +116,7 @@ class PyMoE {
     auto u = quantized(up, up_scale, c.intermediate, c.hidden, "up");
     auto d = quantized(down, down_scale, c.hidden, c.intermediate, "down");
     py::gil_scoped_release release;
+    auto lock = layer_.lock_calls();
     layer_.load_quantized(g, u, d);
   }
 
@@ -135,23 +137,34 @@ class PyMoE {
     const auto* wp = static_cast<const float*>(weights.data());
     void* op = out.mutable_data();
     py::gil_scoped_release release;
+    auto lock = layer_.lock_calls();
     layer_.forward(xp, xd, T, idp, wp, op, od);
   }
 
-  py::dict info() const {
+  py::dict info() {
+    std::size_t packed = 0;
+    bool loaded = false;
+    int min_rows = 0;
+    {  // what a concurrent load changes
+      py::gil_scoped_release release;
+      auto lock = layer_.lock_calls();
+      packed = layer_.packed_bytes();
+      loaded = layer_.loaded();
+      min_rows = layer_.aocl_min_rows();
+    }
     py::dict d = backend_info(layer_.kernels());
     d["method"] = method_name(layer_.config().method);
     d["kernel"] = layer_.kernels().describe(layer_.config().method);
     if (const Aocl* aocl = layer_.aocl()) {
-      const bool never = layer_.aocl_min_rows() >= (1 << 30);
+      const bool never = min_rows >= (1 << 30);
       const std::string gemm = layer_.config().method == Method::int8 ? "aocl_gemm_s8s8s32os32" : "aocl_gemm_bf16bf16f32of32";
       d["name"] = "amd-blis";
       d["aocl"] = py::dict(py::arg("library") = aocl->path(), py::arg("version") = aocl->version(),
-                           py::arg("min_tokens_per_expert") = never ? py::object(py::none()) : py::int_(layer_.aocl_min_rows()));
+                           py::arg("min_tokens_per_expert") = never ? py::object(py::none()) : py::int_(min_rows));
       d["kernel"] = never ? std::string(layer_.kernels().describe(layer_.config().method)) +
                                 " (AOCL was not clearly faster at any token count up to 256, measured at load)"
                           : gemm + " (" + aocl->version() + ") for experts with >= " +
-                                std::to_string(layer_.aocl_min_rows()) + " tokens, else " +
+                                std::to_string(min_rows) + " tokens, else " +
                                 layer_.kernels().describe(layer_.config().method);
     }
     if (backend_ == "amd-blis" && layer_.config().method == Method::int4) {
@@ -160,13 +173,21 @@ class PyMoE {
                     " (AOCL's aocl_gemm_bf16s4f32of32 measured about 6x slower here: scripts/aocl_int4_compare.py)";
     }
     d["threads"] = layer_.threads();
-    d["packed_bytes"] = layer_.packed_bytes();
-    d["loaded"] = layer_.loaded();
+    d["packed_bytes"] = packed;
+    d["loaded"] = loaded;
     return d;
   }
 
-  std::vector<int64_t> gate_up_task_counts() const { return layer_.gate_up_task_counts(); }
-  std::map<std::string, double> last_profile() const { return layer_.last_profile(); }
+  std::vector<int64_t> gate_up_task_counts() {
+    py::gil_scoped_release release;
+    auto lock = layer_.lock_calls();
+    return layer_.gate_up_task_counts();
+  }
+  std::map<std::string, double> last_profile() {
+    py::gil_scoped_release release;
+    auto lock = layer_.lock_calls();
+    return layer_.last_profile();
+  }
 
  private:
   MoeLayer layer_;

@@ -1,5 +1,7 @@
 #include "moe/layer.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cmath>
@@ -52,10 +54,32 @@ std::string blis_library_path() {
 
 }  // namespace
 
+ThreadPool& MoeLayer::pool() {
+  if (getpid() != pool_pid_) {
+    (void)pool_.release();  // the parent's: its threads do not exist here, so never joined
+    pool_ = std::make_unique<ThreadPool>(pool_threads_);
+    pool_pid_ = getpid();
+  }
+  return *pool_;
+}
+
+std::unique_lock<std::mutex> MoeLayer::lock_calls() {
+  if (getpid() != mutex_pid_) {
+    (void)call_mutex_.release();  // possibly held by a parent thread that is not here
+    call_mutex_ = std::make_unique<std::mutex>();
+    mutex_pid_ = getpid();
+  }
+  return std::unique_lock<std::mutex>(*call_mutex_);
+}
+
 MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int threads)
     : config_(config),
       kernels_(select_backend(backend == "amd-blis" ? "auto" : backend)),
-      pool_(threads > 0 ? threads : available_cpus()) {
+      pool_threads_(std::max(1, threads > 0 ? threads : available_cpus())),
+      pool_(std::make_unique<ThreadPool>(pool_threads_)),
+      pool_pid_(getpid()),
+      call_mutex_(std::make_unique<std::mutex>()),
+      mutex_pid_(getpid()) {
   if (backend == "amd-blis" && config.method != Method::int4) aocl_ = &Aocl::load(blis_library_path());
   if (aocl_ && config.method == Method::bf16 && !aocl_->has_bf16())
     throw std::invalid_argument(aocl_->path() + " lacks aocl_gemm_bf16bf16f32of32");
@@ -67,16 +91,16 @@ MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int thre
   if (config.method == Method::int4 && config.group != 32 && config.group != 64 && config.group != 128)
     throw std::invalid_argument("group_size must be 32, 64 or 128");
   inter_padded_ = static_cast<int>(round_up(config.intermediate, 16));
-  thread_scratch_.resize(pool_.size());
-  thread_a_.resize(pool_.size());
-  thread_acc_.resize(pool_.size());
+  thread_scratch_.resize(pool_threads_);
+  thread_a_.resize(pool_threads_);
+  thread_acc_.resize(pool_threads_);
 }
 
 template <typename Row, typename GateUpRow, typename DownRow, typename Pack>
 void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) {
   const int E = config_.experts, H = config_.hidden, I = config_.intermediate;
   std::vector<PackedMatrix> gate_up(E), down_packed(E);
-  pool_.parallel_for(E, [&](int64_t e, int) {
+  pool().parallel_for(E, [&](int64_t e, int) {
     // gate and up as one matrix, 16-column blocks alternating: one pass over x serves both
     std::vector<Row> rows(2 * static_cast<std::size_t>(inter_padded_), Row{});
     for (int n = 0; n < I; ++n) {
@@ -93,7 +117,7 @@ void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) 
   if (aocl_) {
     aocl_gate_up_.assign(E, {});
     aocl_down_.assign(E, {});
-    pool_.parallel_for(E, [&](int64_t e, int) {
+    pool().parallel_for(E, [&](int64_t e, int) {
       aocl_gate_up_[e] = aocl_->reorder(gate_up_[e]);
       aocl_down_[e] = aocl_->reorder(down_[e]);
     });
@@ -250,7 +274,7 @@ void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const std::vecto
       for (int n0 = 0; n0 < N; n0 += whole ? N : kGateUpCols)
         tasks.push_back({e, whole ? -1 : n0, std::min(N, n0 + kGateUpCols), r0, std::min(offsets[e + 1], r0 + kRowChunk)});
   }
-  pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t index, int thread) {
+  pool().parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t index, int thread) {
     const Task& t = tasks[index];
     if (t.n0 < 0) return aocl_gate_up(t.expert, t.r0, t.r1, token_of_pos.data(), thread);
     auto& scratch = thread_scratch_[thread];
@@ -278,7 +302,7 @@ void MoeLayer::run_down(const std::vector<int64_t>& offsets) {
   }
   std::vector<int32_t> identity(static_cast<std::size_t>(offsets.back()));
   std::iota(identity.begin(), identity.end(), 0);
-  pool_.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t index, int thread) {
+  pool().parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t index, int thread) {
     const Task& t = tasks[index];
     if (t.n0 < 0) return aocl_down(t.expert, t.r0, t.r1, thread);
     GemmArgs args{&act_a_, identity.data() + t.r0, static_cast<int>(t.r1 - t.r0), &down_[t.expert], t.n0, t.n1,
@@ -323,23 +347,23 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
   const int Hp = static_cast<int>(round_up(H, 16));
   const int kp_hidden = gate_up_[0].Kp, kp_inter = down_[0].Kp;
   lap("route_ms");
-  prepare_activations(*kernels_, act_x_, config_.method, config_.group, kp_hidden, x, x_dtype, tokens, H, H, &pool_,
+  prepare_activations(*kernels_, act_x_, config_.method, config_.group, kp_hidden, x, x_dtype, tokens, H, H, &pool(),
                       "x");
   lap("prepare_x_ms");
   a_buf_.resize(static_cast<std::size_t>(slots) * inter_padded_);
   slot_out_.resize(static_cast<std::size_t>(slots) * Hp);
 
   run_gate_up(offsets, token_of_pos);
-  gate_up_task_counts_ = pool_.last_task_counts();
+  gate_up_task_counts_ = pool().last_task_counts();
   lap("gate_up_ms");
   prepare_activations(*kernels_, act_a_, config_.method, config_.group, kp_inter, a_buf_.data(), DType::f32, slots,
-                      I, inter_padded_, &pool_, "the expert intermediate activation");
+                      I, inter_padded_, &pool(), "the expert intermediate activation");
   lap("prepare_a_ms");
   run_down(offsets);
   lap("down_ms");
 
   // y[t] = sum_j w[t, j] * out[position of (t, j)]
-  pool_.parallel_for(tokens, [&](int64_t t, int thread) {
+  pool().parallel_for(tokens, [&](int64_t t, int thread) {
     const float* rows[64];
     for (int j = 0; j < k; ++j) rows[j] = slot_out_.data() + pos_of_slot[t * k + j] * Hp;
     if (y_dtype == DType::f32) {

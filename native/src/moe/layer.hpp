@@ -3,8 +3,12 @@
 // with Hugging Face layouts gate, up: [E, I, H], down: [E, H, I].
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,13 +47,19 @@ class MoeLayer {
   void forward(const void* x, DType x_dtype, int64_t tokens, const int64_t* ids, const float* weights, void* y,
                DType y_dtype);
 
+  // One call at a time per layer: forward, load, load_quantized and reads of what they
+  // change take this lock (with the GIL released while they wait), so Python threads may
+  // share a layer. In a forked child the lock is new: the parent's may be held by a thread
+  // that does not exist there.
+  std::unique_lock<std::mutex> lock_calls();
+
   const MoeConfig& config() const { return config_; }
   const KernelTable& kernels() const { return *kernels_; }
   // amd-blis: the AOCL library, and the fewest tokens per expert from which AOCL is used
   // (measured at load against this layer's own kernels; above every count: never).
   const Aocl* aocl() const { return aocl_; }
   int aocl_min_rows() const { return aocl_min_rows_; }
-  int threads() const { return pool_.size(); }
+  int threads() const { return pool_threads_; }
   std::size_t packed_bytes() const;
   // Tasks each thread ran in the gate/up phase of the last forward() (balance under skew).
   std::vector<int64_t> gate_up_task_counts() const { return gate_up_task_counts_; }
@@ -64,10 +74,17 @@ class MoeLayer {
   void aocl_down(int expert, int64_t r0, int64_t r1, int thread);
   void calibrate_aocl();
   void run_down(const std::vector<int64_t>& offsets);
+  // The pool of this process: a forked child has none of the parent's threads, so it gets
+  // its own on first use (the parent's pool object is left alone: its threads are not here).
+  ThreadPool& pool();
 
   MoeConfig config_;
   const KernelTable* kernels_;
-  ThreadPool pool_;
+  int pool_threads_;
+  std::unique_ptr<ThreadPool> pool_;
+  pid_t pool_pid_;
+  std::unique_ptr<std::mutex> call_mutex_;
+  pid_t mutex_pid_;
   int inter_padded_;  // I rounded up to 16
   std::vector<PackedMatrix> gate_up_, down_;
   const Aocl* aocl_ = nullptr;

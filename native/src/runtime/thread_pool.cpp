@@ -3,6 +3,9 @@
 #include <sched.h>
 
 #include <chrono>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 
 namespace kt {
 namespace {
@@ -24,7 +27,23 @@ int available_cpus() {
 ThreadPool::ThreadPool(int threads) {
   if (threads < 1) threads = 1;
   counts_.assign(threads, 0);
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  try {
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  } catch (const std::system_error& e) {
+    // The system refused a thread (limits, memory): stop the ones started, then say so. A
+    // constructor that throws runs no destructor, and joinable threads left behind would
+    // terminate the process.
+    const std::size_t started = workers_.size();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+    throw std::runtime_error("could not start " + std::to_string(threads - 1) + " worker threads (" +
+                             std::to_string(started) + " started): " + e.what() +
+                             "; pass a smaller threads= or raise the process's thread limit");
+  }
 }
 
 ThreadPool::~ThreadPool() {
