@@ -76,7 +76,7 @@ def test_load_weights_during_forward_gives_one_set_of_weights_or_the_other() -> 
         t.start()
     for i in range(20):
         moe.load_weights(*(a if i % 2 else b))
-        moe.info  # reads what a load changes, under the same lock
+        assert moe.info["loaded"]  # reads what a load changes, under the same lock
     stop.set()
     for t in runners:
         t.join(timeout=120)
@@ -171,7 +171,8 @@ def test_threads_that_cannot_start_raise_instead_of_hanging() -> None:
             raise SystemExit("300 threads started under the limit: the test proves nothing")
         moe = ktforge.MoE(4, 2, 64, 32, method="int8", threads=2)  # the process is fine
         moe.load_weights(*(np.ones(s, np.float32) for s in ((4, 32, 64), (4, 32, 64), (4, 64, 32))))
-        print("ok", moe.forward(np.ones((3, 64), np.float32), np.array([[0, 1]] * 3), np.ones((3, 2), np.float32)).shape)
+        y = moe.forward(np.ones((3, 64), np.float32), np.array([[0, 1]] * 3), np.ones((3, 2), np.float32))
+        print("ok", y.shape)
         """
     )
     assert done.returncode == 0, done.stderr + done.stdout

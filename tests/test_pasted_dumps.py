@@ -9,7 +9,10 @@ piped and through `script` in terminals of 60-200 columns, with util-linux's cat
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -231,3 +234,17 @@ def test_text_that_is_no_dump_is_refused_with_exit_2(tmp_path: Path, text: str) 
     assert result.exit_code == 2
     assert "expected" in result.output or "JSON" in result.output
     assert "Traceback" not in result.output
+
+
+def test_doctor_from_refuses_what_is_no_file_or_too_large(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.txt"
+    with big.open("wb") as handle:  # sparse: 65 MiB of nothing
+        handle.truncate(65 * 2**20)
+    for path, why in (("/dev/zero", "not a regular file"), (str(fifo), "not a regular file"), (str(big), "at most")):
+        done = subprocess.run(
+            [sys.executable, "-m", "ktforge", "doctor", "--from", path], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, (path, done.stderr)
+        assert why in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -82,21 +82,80 @@ def main(argv: list[str] | None = None) -> None:
     Path(args.output).write_text(json.dumps(make_record(args), indent=1) + "\n")
 
 
-def installed_record() -> dict[str, Any] | None:
-    """The record beside the installed extension (None when there is none)."""
+class RecordError(RuntimeError):
+    """The build record is missing, unreadable or disagrees with the extension beside it."""
+
+
+REBUILD = "rebuild: `kt build` (or `./install.sh build`)"
+
+
+def _record_path() -> Path | None:
     import ktforge
 
     spec = ktforge.__spec__
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for location in locations:
-        path = Path(location, RECORD_NAME)
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                return None
-            return data if isinstance(data, dict) else None
+    for location in list(spec.submodule_search_locations or []) if spec else []:
+        if Path(location, RECORD_NAME).is_file():
+            return Path(location, RECORD_NAME)
     return None
+
+
+def installed_record() -> dict[str, Any] | None:
+    """The record beside the installed extension, None when there is none or it is unusable
+    (for reports; the import guard uses :func:`checked_record`, which says why)."""
+    try:
+        return checked_record()
+    except RecordError:
+        return None
+
+
+def checked_record(build_info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The installed build record, checked: present, JSON, this format, every field the guard
+    reads well-formed, and (given the extension's ``build_info()``) naming the same version
+    and backends as the extension. Raises RecordError naming the problem and the fix."""
+    path = _record_path()
+    if path is None:
+        raise RecordError(f"the build record ({RECORD_NAME}) is missing beside the extension; {REBUILD}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        record = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        why = "empty" if not path.stat().st_size else f"unreadable ({exc})"
+        raise RecordError(f"the build record {path} is {why}; {REBUILD}") from exc
+    if not isinstance(record, dict):
+        raise RecordError(f"the build record {path} is not a JSON object; {REBUILD}")
+    if record.get("record_version") != RECORD_VERSION:
+        raise RecordError(
+            f"the build record {path} has format {record.get('record_version')!r}, this ktforge reads "
+            f"{RECORD_VERSION}; {REBUILD}"
+        )
+    backends = record.get("backends")
+    if not isinstance(backends, list) or not all(
+        isinstance(b, dict)
+        and isinstance(b.get("name"), str)
+        and isinstance(b.get("required_cpu_features"), list)
+        and all(isinstance(f, str) for f in b["required_cpu_features"])
+        for b in backends
+    ):
+        raise RecordError(f"the build record {path} has no well-formed backend list; {REBUILD}")
+    names = [b["name"] for b in backends]
+    primary = record.get("primary_backend")
+    if primary is not None and primary not in names:
+        raise RecordError(
+            f"the build record {path} names backend {primary!r}, which it does not list ({', '.join(names)}); {REBUILD}"
+        )
+    if build_info is not None:
+        compiled = [b["name"] for b in build_info.get("backends", [])]
+        if sorted(compiled) != sorted(names):
+            raise RecordError(
+                f"the build record {path} lists backends {', '.join(names)} but the extension has "
+                f"{', '.join(compiled)}: they come from different builds; {REBUILD}"
+            )
+        if record.get("ktforge_version") != build_info.get("version"):
+            raise RecordError(
+                f"the build record {path} is for ktforge {record.get('ktforge_version')}, the extension is "
+                f"{build_info.get('version')}; {REBUILD}"
+            )
+    return record
 
 
 if __name__ == "__main__":

@@ -553,6 +553,8 @@ def _extension(r: dict[str, Any]) -> Finding:
         )
     if status == "stale":
         return _f("extension.installed", "error", str(ext.get("error")), "rebuild", "./install.sh build")
+    if status == "refused":  # the import guard said no: ktforge.MoE() would raise this
+        return _f("extension.installed", "error", str(ext.get("error")), "rebuild", "./install.sh build")
     info = ext.get("build_info") or {}
     missing = ext.get("missing_cpu_features") or []
     if missing:

@@ -8,6 +8,8 @@ by ``kt doctor --snapshot`` replays into exactly the same report.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -71,12 +73,29 @@ def from_text(text: str, origin: str | None = None) -> Evidence:
     return Evidence(source="lscpu", origin=origin, lscpu_text=text)
 
 
+# The largest dump read: /proc/cpuinfo of a 1,024-CPU machine is about 1.6 MB; a snapshot a few.
+MAX_DUMP_BYTES = 64 * 2**20
+
+
 def from_file(path: str | Path) -> Evidence:
+    """Evidence from a regular file of at most MAX_DUMP_BYTES (never /dev/zero, a FIFO or a
+    terminal: those could be read forever)."""
     try:
-        text = Path(path).read_text(errors="replace")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise dumps.DumpFormatError(f"{path} is not a regular file (a dump is a file: save the output first)")
+            if info.st_size > MAX_DUMP_BYTES:
+                raise dumps.DumpFormatError(
+                    f"{path} is {info.st_size / 2**20:.0f} MiB; a dump is at most {MAX_DUMP_BYTES // 2**20} MiB"
+                )
+            data = handle.read(MAX_DUMP_BYTES + 1)
     except OSError as exc:
         raise dumps.DumpFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    return from_text(text, str(path))
+    if len(data) > MAX_DUMP_BYTES:  # it grew while being read
+        raise dumps.DumpFormatError(f"{path} is larger than {MAX_DUMP_BYTES // 2**20} MiB")
+    return from_text(data.decode("utf-8", errors="replace"), str(path))
 
 
 def _command_output(command: list[str]) -> str | None:

@@ -34,6 +34,11 @@ except Exception as exc:
     sys.exit(0)
 import ktforge
 from ktforge.build_record import installed_record
+try:
+    import ktforge.moe  # runs the import guard, exactly as using the kernels does
+except Exception as exc:
+    print(json.dumps({"status": "refused", "path": origin, "error": str(exc), "build_info": dict(info)}))
+    sys.exit(0)
 print(json.dumps({"status": "importable", "path": origin, "build_info": dict(info),
                   "package_version": ktforge.__version__, "record": installed_record()}))
 """

@@ -38,13 +38,12 @@ def import_guard() -> str | None:
     import os
 
     import ktforge._native as native
-    from ktforge.build_record import installed_record
+    from ktforge.build_record import checked_record
 
-    record = installed_record()
+    # a missing, empty, invalid or mismatched record refuses the import: never a skipped guard
+    record = checked_record(dict(native.build_info()))
     selected = os.environ.get(BACKEND_VARIABLE) or None
-    if record is None:
-        return selected
-    backends = {b["name"]: b for b in record.get("backends", [])}
+    backends = {b["name"]: b for b in record["backends"]}
     if selected is not None and selected not in backends:
         raise RuntimeError(
             f"{BACKEND_VARIABLE}={selected} is not compiled into this build (compiled: {', '.join(backends)})"
