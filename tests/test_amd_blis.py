@@ -83,8 +83,18 @@ def test_upstream_blis_without_the_addon_is_a_clear_error(monkeypatch: pytest.Mo
 
 def test_a_missing_library_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("KTFORGE_BLIS_LIBRARY", str(tmp_path / "libblis-mt.so"))
-    with pytest.raises(ValueError, match="cannot load BLIS library"):
+    # the loader's own reason, not "unknown error"
+    with pytest.raises(ValueError, match=r"cannot load BLIS library .*: .*No such file"):
         ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis")
+
+
+def test_a_bad_aocl_threshold_variable_is_named(aocl_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KTFORGE_BLIS_LIBRARY", aocl_path)
+    monkeypatch.setenv("KTFORGE_AOCL_MIN_TOKENS", "abc")
+    gate, up, down = make_layer(4, 64, 48)
+    moe = ktforge.MoE(4, 2, 64, 48, method="bf16", backend="amd-blis")
+    with pytest.raises(ValueError, match="KTFORGE_AOCL_MIN_TOKENS must be a positive token count, got 'abc'"):
+        moe.load_weights(gate, up, down)
 
 
 def test_without_a_named_library_only_an_amd_blis_build_has_one(monkeypatch: pytest.MonkeyPatch) -> None:

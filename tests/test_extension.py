@@ -135,3 +135,11 @@ def test_doctor_with_a_broken_extension_reports_it_and_exits_1(broken_install: d
     assert "./install.sh build" in finding["commands"]
     # every other check still ran
     assert {c["id"] for c in document["checks"]} >= {"cpu.avx512", "amx.permission", "blis.addon"}
+
+
+def test_the_build_is_instrumented_exactly_in_the_sanitizer_run() -> None:
+    # scripts/sanitize.sh sets KTFORGE_EXPECT_SANITIZED: its run must be on an ASan/UBSan build,
+    # and no other build may carry the instrumentation
+    so = next(Path(ktforge.__file__).parent.glob("_native*.so")).read_bytes()
+    instrumented = b"__asan_init" in so and b"__ubsan_handle" in so
+    assert instrumented is bool(os.environ.get("KTFORGE_EXPECT_SANITIZED"))

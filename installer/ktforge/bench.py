@@ -70,6 +70,51 @@ def available_memory() -> int:
         return 8 << 30
 
 
+METHODS = ("bf16", "int8", "int4")
+ROUTINGS = ("uniform", "zipf")
+
+
+def check_options(
+    model_names: list[str],
+    methods: list[str],
+    token_text: list[str],
+    routings: list[str],
+    threads: int | None,
+    repeats: int,
+    budget_gib: float | None,
+) -> list[int]:
+    """Every option value checked before anything is measured; returns the token counts.
+    Raises ValueError naming the option, the value and what is accepted."""
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"--method: {', '.join(bad) or 'none given'}; choose from {', '.join(METHODS)}")
+    bad = [r for r in routings if r not in ROUTINGS]
+    if bad or not routings:
+        raise ValueError(f"--routing: {', '.join(bad) or 'none given'}; choose from {', '.join(ROUTINGS)}")
+    try:
+        tokens = [int(t) for t in token_text]
+    except ValueError:
+        raise ValueError(f"--tokens: {','.join(token_text)!r} is not a list of token counts (e.g. 1,4,128)") from None
+    if not tokens or any(t < 1 or t > 1 << 20 for t in tokens):
+        raise ValueError(f"--tokens: counts from 1 to {1 << 20}, got {','.join(token_text) or 'none'}")
+    if repeats < 1:
+        raise ValueError(f"--repeats: at least 1, got {repeats}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads: at least 1, got {threads}")
+    if budget_gib is not None:
+        if not budget_gib > 0:
+            raise ValueError(f"--max-weight-gib: a positive size, got {budget_gib}")
+        for name in model_names:
+            model = models()[name]
+            if experts_that_fit(model, int(budget_gib * (1 << 30))) < model.top_k:
+                need = model.top_k * 3 * model.hidden * model.intermediate * 4 / (1 << 30)
+                raise ValueError(
+                    f"--max-weight-gib {budget_gib} holds fewer than the {model.top_k} experts one token of {name} "
+                    f"routes to; give at least {need:.2f}"
+                )
+    return tokens
+
+
 def experts_that_fit(model: Model, budget_bytes: int) -> int:
     """bf16 source weights plus the largest packed copy (bf16) must fit in the budget."""
     per_expert = 3 * model.hidden * model.intermediate * (2 + 2)

@@ -69,9 +69,14 @@ class Checkpoint:
         if not config_path.is_file():
             raise CheckpointError(f"{config_path}: not found (expected a Hugging Face checkpoint directory)")
         try:
-            self.config: dict[str, Any] = json.loads(config_path.read_text())
+            config = json.loads(config_path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise CheckpointError(f"{config_path}: not UTF-8 text (byte {error.start}); not a config.json") from error
         except (OSError, json.JSONDecodeError) as error:
             raise CheckpointError(f"{config_path}: cannot be read as JSON ({error})") from error
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_path}: a JSON {type(config).__name__}, not an object of settings")
+        self.config: dict[str, Any] = config
         model_type = str(self.config.get("model_type", ""))
         known = architectures()
         if model_type not in known:
@@ -83,17 +88,42 @@ class Checkpoint:
         sizes = {}
         for key, field in self.arch.config.items():
             value = self.config.get(field)
-            if not isinstance(value, int) or value <= 0:
-                raise CheckpointError(f"{config_path}: {field} must be a positive integer for {self.arch.label}")
+            # bool is an int to Python; `"num_experts": true` is not a size
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value >= 2**31:
+                raise CheckpointError(
+                    f"{config_path}: {field} must be a positive integer below 2^31 for {self.arch.label}, got {value!r}"
+                )
             sizes[key] = value
         self.hidden, self.intermediate = sizes["hidden"], sizes["intermediate"]
         self.experts, self.top_k = sizes["experts"], sizes["top_k"]
-        block = (self.config.get("quantization_config") or {}).get("weight_block_size", [128, 128])
-        self.fp8_block = (int(block[0]), int(block[1]))
+        if self.top_k > self.experts:
+            field = self.arch.config["top_k"]
+            raise CheckpointError(
+                f"{config_path}: {field} = {self.top_k} routes to more experts than there are ({self.experts})"
+            )
+        self.fp8_block = self._fp8_block(config_path)
         self._files: dict[str, SafetensorsFile] = {}
         self._lock = threading.Lock()  # experts are read from several threads
         self.weight_map = self._weight_map()
         self.moe_layers = self._moe_layers()
+
+    def _fp8_block(self, config_path: Path) -> tuple[int, int]:
+        """DeepSeek-V3's FP8 block size (quantization_config.weight_block_size), checked."""
+        quantization = self.config.get("quantization_config")
+        if quantization is None:
+            return (128, 128)
+        if not isinstance(quantization, dict):
+            raise CheckpointError(f"{config_path}: quantization_config must be an object, got {quantization!r}")
+        block = quantization.get("weight_block_size", [128, 128])
+        if (
+            not isinstance(block, list)
+            or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+        ):
+            raise CheckpointError(
+                f"{config_path}: quantization_config.weight_block_size must be two positive integers, got {block!r}"
+            )
+        return (block[0], block[1])
 
     # ---- where tensors are ------------------------------------------------------------
 
@@ -101,10 +131,15 @@ class Checkpoint:
         index = self.path / INDEX_NAME
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+                document = json.loads(index.read_bytes().decode("utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
                 raise CheckpointError(f"{index}: not a valid shard index ({error})") from error
-            return {str(k): str(v) for k, v in weight_map.items()}
+            weight_map = document.get("weight_map") if isinstance(document, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointError(f"{index}: weight_map must map tensor names to shard file names")
+            if any("/" in v or v.startswith(".") for v in weight_map.values()):
+                raise CheckpointError(f"{index}: weight_map names a shard outside the checkpoint directory")
+            return {str(k): v for k, v in weight_map.items()}
         shards = sorted(p.name for p in self.path.glob("*.safetensors"))
         if not shards:
             raise CheckpointError(f"{self.path}: no *.safetensors files and no {INDEX_NAME}")
@@ -125,6 +160,16 @@ class Checkpoint:
         if not layers:
             example = self.arch.tensor_name(0, 0, "gate")
             raise CheckpointError(f"{self.path}: no routed expert tensors named like {example!r} ({self.arch.label})")
+        # the config's expert count must match the files: fewer would silently drop experts
+        template = self.arch.tensor.format(layer=layers[0], expert="EXPERT", projection=self.arch.projections["gate"])
+        expert_pattern = re.escape(template).replace("EXPERT", r"(\d+)", 1)
+        stored = {int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(expert_pattern, name))}
+        if stored and max(stored) >= self.experts:
+            field = self.arch.config["experts"]
+            raise CheckpointError(
+                f"{self.path}: layer {layers[0]} holds expert {max(stored)}, but config.json says {field} = "
+                f"{self.experts}; the config does not describe these files"
+            )
         return layers
 
     def source_identity(self) -> dict[str, Any]:
@@ -172,11 +217,6 @@ class Checkpoint:
         """Bytes a projection occupies in the checkpoint (with its FP8 block scales)."""
         return sum(f.tensors[t].end - f.tensors[t].begin for f, t in self._stored(layer, expert, projection))
 
-    def release(self, layer: int, expert: int, projection: str) -> None:
-        """Done with this projection: its mapped pages leave the process (see SafetensorsFile.release)."""
-        for f, tensor in self._stored(layer, expert, projection):
-            f.release(tensor)
-
     def _tensor(self, name: str, why: str) -> tuple[SafetensorsFile, Array]:
         shard = self.weight_map.get(name)
         if shard is None:
@@ -192,7 +232,7 @@ class Checkpoint:
         return f"{self.path / self.weight_map.get(name, '?')}: tensor {name!r}"
 
     def expert(self, layer: int, expert: int, projection: str) -> Array | Fp8Blocks:
-        """One expert's weights [N, K]: bfloat16 and float32 as stored (memory-mapped), float16
+        """One expert's weights [N, K]: bfloat16 and float32 as stored, float16
         widened to float32, FP8 with its block scales (ktforge.quantize takes each of them)."""
         name = self.arch.tensor_name(layer, expert, projection)
         f, w = self._tensor(name, f"layer {layer}, expert {expert}, {projection}")

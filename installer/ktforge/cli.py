@@ -195,7 +195,7 @@ def bench(
         str, typer.Option(help="Comma-separated backends, 'auto' or 'all' (every one that runs).")
     ] = "auto",
     tokens: Annotated[str, typer.Option(help="Comma-separated token counts.")] = "1,4,128,512",
-    routing: Annotated[str, typer.Option(help="uniform, zipf or both.")] = "uniform,zipf",
+    routing: Annotated[str, typer.Option(help="Comma-separated routings: uniform,zipf.")] = "uniform,zipf",
     threads: Annotated[int | None, typer.Option(help="Threads (default: the CPUs this process may use).")] = None,
     repeats: Annotated[int, typer.Option(help="Timed runs per case (the median is reported).")] = 5,
     peer: Annotated[bool, typer.Option(help="Time a plain PyTorch bf16 loop beside each case.")] = True,
@@ -213,7 +213,15 @@ def bench(
     if unknown:
         typer.echo(f"kt bench: unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_mod.models())}", err=True)
         raise typer.Exit(2)
-    runnable = [b["name"] for b in ktforge.build_info()["backends"] if b["runs_here"] and b["name"] != "reference"]
+    try:
+        token_counts = bench_mod.check_options(
+            names, _csv(method), _csv(tokens), _csv(routing), threads, repeats, max_weight_gib
+        )
+        info = ktforge.build_info()  # the import guard: a bad KTFORGE_BACKEND or build record stops here
+    except (ValueError, RuntimeError, ImportError) as exc:
+        typer.echo(f"kt bench: {exc}", err=True)
+        raise typer.Exit(2) from None
+    runnable = [b["name"] for b in info["backends"] if b["runs_here"] and b["name"] != "reference"]
     backends = runnable if backend == "all" else runnable[:1] if backend == "auto" else _csv(backend)
     if peer:
         import importlib.util
@@ -230,7 +238,7 @@ def bench(
                 names,
                 _csv(method),
                 backends,
-                [int(t) for t in _csv(tokens)],
+                token_counts,
                 _csv(routing),
                 threads,
                 repeats,
@@ -278,6 +286,9 @@ def convert(
         plan = convert_mod.plan(input_dir, output, quant, group_size, input_type, layers)
     except ValueError as error:  # CheckpointError, ConversionError, SafetensorsError
         typer.echo(f"kt convert: {error}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as error:
+        typer.echo(f"kt convert: cannot read {error.filename or input_dir}: {error.strerror or error}", err=True)
         raise typer.Exit(2) from None
     with plan.checkpoint:
         _run_conversion(plan, output, quant, group_size, threads)
@@ -330,6 +341,19 @@ def _run_conversion(plan: Plan, output: Path, quant: str, group_size: int, threa
             raise typer.Exit(130) from None
         except ValueError as error:
             typer.echo(f"kt convert: {error}", err=True)
+            raise typer.Exit(1) from None
+        except ImportError as error:  # the kernels quantize: no extension, no conversion
+            typer.echo(
+                f"kt convert: the native extension cannot be loaded ({error}); build it: ./install.sh build", err=True
+            )
+            raise typer.Exit(1) from None
+        except OSError as error:  # a full disk, a read-only or vanished directory
+            where = error.filename or output
+            typer.echo(
+                f"kt convert: cannot write {where}: {error.strerror or error}; finished layers are kept, the layer "
+                "being written was removed; free space or fix the directory, then run the same command again",
+                err=True,
+            )
             raise typer.Exit(1) from None
     seconds = time.perf_counter() - started
     rate = f", {total_bytes / seconds / 1e9:.2f} GB/s of input" if total_bytes and seconds > 0 else ""

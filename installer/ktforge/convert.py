@@ -12,7 +12,7 @@ Output directory (format ``ktforge-moe-experts``, version 1):
   command again after an interruption skips them. Layer files appear only when complete
   (written as ``*.partial``, fsynced, renamed).
 
-Memory stays bounded by a few experts: each is read (memory-mapped), quantized and written
+Memory stays bounded by a few experts: each is read (pread, tensor by tensor), quantized and written
 into its place in the layer file before the next.
 """
 
@@ -141,10 +141,6 @@ def quantized_experts(
                     next_expert += 1
                 projections, read = pending.popleft().result()
                 yield expert, projections, read
-                # released once the caller is done with them too (bf16 kept as stored is a view
-                # of the mapping: releasing earlier would read those pages a second time)
-                for projection in PROJECTIONS:
-                    checkpoint.release(layer, expert, projection)
         finally:
             # stopped early (an error, an interrupt): queued experts are dropped, and leaving
             # the pool waits for the running ones, so nothing writes after the caller moves on
@@ -235,6 +231,13 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
         raise ConversionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size}")
     if output.resolve() == input_dir.resolve():
         raise ConversionError("--output must not be the input checkpoint directory")
+    for parent in (output, *output.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConversionError(f"--output {output}: {parent} is a file, not a directory")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ConversionError(f"--output {output}: {parent} is not writable")
+            break
     checkpoint = Checkpoint(input_dir, input_type)
     try:
         options = Options(method, group_size if method == "int4" else 0, input_type)
@@ -288,12 +291,16 @@ def run(plan: Plan, threads: int, on_progress: Callable[[int, int, str], None]) 
     plan.output.mkdir(parents=True, exist_ok=True)
     if not plan.todo and (plan.output / MANIFEST).is_file():
         return read_manifest(plan.output)  # nothing to add to a finished conversion
-    for stale in plan.output.glob("*.partial"):
-        stale.unlink()  # an interrupted layer: redone from the start
+    # An interrupted run's temporary files: only the names this conversion writes (never a
+    # *.partial it did not create).
+    ours = [layer_file(layer) for layer in plan.layers] + [MANIFEST, STATE]
+    for name in ours:
+        (plan.output / (name + ".partial")).unlink(missing_ok=True)
     layers = {key: plan.done[key] for key in sorted(plan.done, key=int)}
     state = {**plan.header, "layers": layers}
     _write_json(plan.output / STATE, state)
-    (plan.output / MANIFEST).unlink(missing_ok=True)  # complete again only when the new layers are
+    # A finished conversion's manifest stays until the new one replaces it (atomically, at
+    # the end): a rerun over more layers that fails leaves the old conversion loadable.
     bytes_done, finished = 0, len([layer for layer in plan.layers if str(layer) in plan.done])
     for layer in plan.todo:
         label = f"layer {layer}"
@@ -343,7 +350,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 
 def load_layer(directory: Path, layer: int, verify: bool = True) -> tuple[dict[str, Any], dict[str, Quantized]]:
-    """The manifest and one converted layer's projections (memory-mapped; checksums verified)."""
+    """The manifest and one converted layer's projections (checksums verified)."""
     manifest = read_manifest(directory)
     entry = manifest["layers"].get(str(layer))
     if entry is None:

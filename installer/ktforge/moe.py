@@ -154,6 +154,8 @@ class MoE:
         ):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{label} must be a positive integer, got {value!r}")
+            if value >= 2**31:  # the kernels index with 32-bit integers
+                raise ValueError(f"{label} must be below 2^31, got {value}")
         if top_k > num_experts:
             raise ValueError(f"top_k ({top_k}) cannot exceed num_experts ({num_experts})")
         if method not in METHODS:
@@ -162,8 +164,10 @@ class MoE:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if method == "int4" and group_size not in (32, 64, 128):
             raise ValueError(f"group_size must be 32, 64 or 128, got {group_size!r}")
-        if threads is not None and (not isinstance(threads, int) or threads <= 0):
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        if threads is not None and threads > 4096:
+            raise ValueError(f"threads must be at most 4096, got {threads}")
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.method = method

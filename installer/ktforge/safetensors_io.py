@@ -4,14 +4,18 @@ Reading does not go through the ``safetensors`` package: its NumPy front end can
 FP8 (``F8_E4M3``: DeepSeek-V3's weights) without torch, which the kernels must not depend on,
 and it reports a truncated or corrupt file without saying which tensor is affected. The format
 is small (8-byte little-endian header length, JSON header, raw little-endian data), so the
-header is checked here in full and tensors are memory-mapped: reading a layer touches only
-that layer's bytes. Written files are plain safetensors that the package reads (tested).
+header is checked here in full, as the format requires (dtype x shape = the tensor's bytes;
+tensors back to back from offset 0 to the end of the data section, none overlapping, none
+repeated; all within the file), and each tensor is read with pread when asked for: reading a
+layer touches only that layer's bytes. Not mmap: a file truncated after it was opened (a
+re-download, a full disk) would kill the process with SIGBUS on the next access; a short read
+is an error that names the file and tensor. Written files are plain safetensors that the
+package reads (tested).
 """
 
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -62,8 +66,12 @@ class TensorInfo:
     end: int
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class SafetensorsFile:
-    """One safetensors file, header validated on open, tensors memory-mapped on demand."""
+    """One safetensors file, header validated on open, tensors read on demand."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -72,9 +80,10 @@ class SafetensorsFile:
         except OSError as error:
             raise SafetensorsError(f"{self.path}: cannot open ({error.strerror})") from error
         try:
-            self.size = os.fstat(self._file.fileno()).st_size
+            opened = os.fstat(self._file.fileno())
+            self.size = opened.st_size
+            self._identity = (opened.st_size, opened.st_mtime_ns)
             self.header_bytes, self.tensors, self.metadata = self._read_header()
-            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
         except Exception:
             self._file.close()
             raise
@@ -96,25 +105,45 @@ class SafetensorsFile:
         if not isinstance(header, dict):
             raise SafetensorsError(f"{self.path}: header is not a JSON object")
         metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict):
+            raise SafetensorsError(f"{self.path}: __metadata__ is not a JSON object")
         data_size = self.size - 8 - length
         tensors: dict[str, TensorInfo] = {}
         for name, entry in header.items():
             try:
-                dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+                dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+                begin, end = offsets
             except (KeyError, TypeError, ValueError) as error:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has a malformed header entry") from error
             if dtype not in DTYPES:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has dtype {dtype}, which ktforge does not read")
-            if end - begin != nbytes(dtype, shape) or begin < 0:
+            if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+                raise SafetensorsError(f"{self.path}: tensor {name!r} has shape {shape!r}, not a list of sizes")
+            if not (_is_count(begin) and _is_count(end)):
+                raise SafetensorsError(f"{self.path}: tensor {name!r}: data_offsets {offsets!r} are not byte offsets")
+            if end - begin != nbytes(dtype, tuple(shape)):
                 raise SafetensorsError(
-                    f"{self.path}: tensor {name!r}: {dtype} {list(shape)} does not match its offsets"
+                    f"{self.path}: tensor {name!r}: {dtype} {list(shape)} is {nbytes(dtype, tuple(shape))} bytes, "
+                    f"its data_offsets [{begin}, {end}] hold {end - begin}"
                 )
-            if end > data_size:
+            tensors[name] = TensorInfo(name, dtype, tuple(shape), begin, end)
+        # Back to back, in some order, from 0 to the end of the data section: offsets that overlap,
+        # repeat or leave gaps would hand out aliased or stray bytes.
+        position = 0
+        for t in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+            if t.begin != position:
+                what = "overlaps the tensor before it" if t.begin < position else f"leaves a gap at byte {position}"
+                raise SafetensorsError(f"{self.path}: tensor {t.name!r} at data_offsets [{t.begin}, {t.end}] {what}")
+            if t.end > data_size:
                 raise SafetensorsError(
-                    f"{self.path}: tensor {name!r} ends at byte {end} of a {data_size}-byte data section "
+                    f"{self.path}: tensor {t.name!r} ends at byte {t.end} of a {data_size}-byte data section "
                     "(the file is truncated)"
                 )
-            tensors[name] = TensorInfo(name, dtype, shape, begin, end)
+            position = t.end
+        if position < data_size:
+            raise SafetensorsError(
+                f"{self.path}: {data_size - position} bytes after the last tensor (corrupt, or not safetensors)"
+            )
         return raw, tensors, {str(k): str(v) for k, v in metadata.items()}
 
     def __enter__(self) -> SafetensorsFile:
@@ -124,8 +153,6 @@ class SafetensorsFile:
         self.close()
 
     def close(self) -> None:
-        # arrays handed out keep the mapping alive; it closes when the last one is gone
-        self._map = None
         self._file.close()
 
     def info(self, name: str) -> TensorInfo:
@@ -135,28 +162,31 @@ class SafetensorsFile:
             raise SafetensorsError(f"{self.path}: no tensor {name!r}") from None
 
     def raw(self, name: str) -> memoryview:
-        """The tensor's bytes, without copying."""
+        """The tensor's bytes, read now; the file must still be the one whose header was read."""
         t = self.info(name)
-        if self._map is None:
-            return memoryview(b"")
-        start = 8 + len(self.header_bytes) + t.begin
-        return memoryview(self._map)[start : start + t.end - t.begin]
-
-    def release(self, name: str) -> None:
-        """Drops the tensor's pages from this process (they stay in the page cache): a
-        checkpoint read once, tensor by tensor, then never holds more than what is in use."""
-        t = self.info(name)
-        if self._map is None or t.end == t.begin:
-            return
-        page = mmap.PAGESIZE
-        start = (8 + len(self.header_bytes) + t.begin) // page * page
-        end = min(-(-(8 + len(self.header_bytes) + t.end) // page) * page, self.size)
-        self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        size = t.end - t.begin
+        buffer = bytearray(size)
+        changed = f"{self.path}: changed since it was opened (truncated, rewritten or still being written)"
+        try:
+            now = os.fstat(self._file.fileno())
+            if (now.st_size, now.st_mtime_ns) != self._identity:
+                raise SafetensorsError(f"{changed}; reading tensor {name!r}")
+            view, start, done = memoryview(buffer), 8 + len(self.header_bytes) + t.begin, 0
+            while done < size:
+                got = os.preadv(self._file.fileno(), [view[done:]], start + done)
+                if got == 0:
+                    raise SafetensorsError(f"{changed}: tensor {name!r} ends after {done} of its {size} bytes")
+                done += got
+        except OSError as error:
+            raise SafetensorsError(f"{self.path}: reading tensor {name!r} failed ({error.strerror})") from error
+        return memoryview(buffer)
 
     def get(self, name: str) -> Array:
-        """The tensor as a read-only array on the mapped file (no copy)."""
+        """The tensor as a read-only array of its own (read now, see raw)."""
         t = self.info(name)
-        return np.frombuffer(self.raw(name), dtype=DTYPES[t.dtype]).reshape(t.shape)
+        array = np.frombuffer(self.raw(name), dtype=DTYPES[t.dtype]).reshape(t.shape)
+        array.flags.writeable = False
+        return array
 
 
 def _header(

@@ -88,23 +88,22 @@ const Aocl& Aocl::load(const std::string& path) {
   // Wheels bundle a library's dependencies beside it (libomp for aoclda) without an rpath:
   // load such a sibling by absolute path first, so no LD_LIBRARY_PATH is needed.
   void* handle = nullptr;
+  std::string error;  // the loader's own reason: dlerror() is read once, so it is kept here
   const std::string dir = path.substr(0, path.find_last_of('/') + 1);
   for (int attempt = 0; attempt < 8 && !handle; ++attempt) {
     handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle) break;
     const char* raw = dlerror();
-    const std::string error = raw ? raw : "";
+    error = raw ? raw : "dlopen failed without a reason";
     const std::string missing = error.substr(0, error.find(':'));
     if (missing.find('/') != std::string::npos || !dlopen((dir + missing).c_str(), RTLD_NOW | RTLD_GLOBAL)) {
       dlerror();
       break;
     }
   }
-  if (!handle) {
-    const char* why = dlerror();
-    throw std::invalid_argument("cannot load BLIS library " + path + ": " + (why ? why : "unknown error") +
+  if (!handle)
+    throw std::invalid_argument("cannot load BLIS library " + path + ": " + error +
                                 " (check it with `kt doctor --check blis.found`)");
-  }
   auto lib = std::make_unique<Aocl>();
   lib->path_ = path;
   auto sym = [&](const char* name) { return dlsym(handle, name); };

@@ -164,7 +164,12 @@ void MoeLayer::calibrate_aocl() {
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.f - 1.f;
   aocl_min_rows_ = 1 << 30;
   if (const char* forced = std::getenv("KTFORGE_AOCL_MIN_TOKENS"); forced && *forced) {
-    aocl_min_rows_ = std::max(1, std::atoi(forced));  // the user (or a test) knows better
+    char* end = nullptr;
+    const long value = std::strtol(forced, &end, 10);
+    if (*end != '\0' || value < 1 || value > (1 << 30))
+      throw std::invalid_argument(std::string("KTFORGE_AOCL_MIN_TOKENS must be a positive token count, got '") +
+                                  forced + "'");
+    aocl_min_rows_ = static_cast<int>(value);  // the user (or a test) knows better
     return;
   }
   // AOCL must win clearly (by 10%) at two sizes in a row: the machine is noisy, and a
