@@ -232,3 +232,61 @@ def test_sizes_beyond_32_bits_and_bad_aocl_threshold_are_named() -> None:
         ktforge.MoE(4, 2, 2**31, 64)
     with pytest.raises(ValueError, match="threads must be at most 4096"):
         ktforge.MoE(4, 2, 64, 64, threads=100_000)
+
+
+def test_convert_into_a_read_only_directory_is_one_line(tmp_path: Path) -> None:
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    write_checkpoint(src)
+    ro.mkdir()
+    mounted = os.geteuid() == 0 and (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True).returncode
+        == 0
+    )
+    if not mounted:  # without root, permissions make it read-only
+        ro.chmod(0o500)
+    try:
+        result = kt_convert(src, ro / "out")
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=True)
+        ro.chmod(0o700)
+    assert result.exit_code == 2 and "is not writable" in _one_line(result)
+
+
+def _package_copy(tmp_path: Path, change: Callable[[Path], None]) -> dict[str, str]:
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(ktforge.__file__).parent, site / "ktforge", ignore=shutil.ignore_patterns("__pycache__"))
+    change(site / "ktforge")
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("KTFORGE_")}, "PYTHONPATH": str(site)}
+
+
+def test_convert_without_the_extension_is_one_line(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_checkpoint(src)
+    env = _package_copy(tmp_path, lambda pkg: [p.unlink() for p in pkg.glob("_native*.so")])
+    done = subprocess.run(
+        [sys.executable, "-m", "ktforge", "convert", "--input", str(src), "--output", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "native extension cannot be loaded" in done.stderr.strip().splitlines()[-1]
+
+
+def test_bench_with_a_corrupt_build_record_is_one_line(tmp_path: Path) -> None:
+    env = _package_copy(tmp_path, lambda pkg: (pkg / "build_record.json").write_text(""))
+    done = subprocess.run(
+        [sys.executable, "-m", "ktforge", "bench", "--no-peer", "--tokens", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("kt bench: the build record") and "is empty" in done.stderr

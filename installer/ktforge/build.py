@@ -43,7 +43,8 @@ _REMEDIES = {
     "os_state.amx": "the OS has not enabled AMX tile state: Linux >= 5.16 with AMX support",
     "amx_permission": "the kernel refused AMX permission (ARCH_REQ_XCOMP_PERM); see kt doctor --check amx.permission",
     "amx_execution": "tile instructions do not execute here; see kt doctor --check amx.execution",
-    "blis_addon": "install AOCL-BLAS with the aocl_gemm add-on: ./install.sh deps --with-blis (or set AOCL_ROOT)",
+    "blis_addon": "AOCL-BLAS with a working aocl_gemm add-on: ./install.sh deps --with-blis (or set AOCL_ROOT) "
+    "on a CPU with AVX-512 VNNI (kt doctor --check blis.gemm)",
 }
 
 

@@ -111,6 +111,16 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
             gates.append(_gate("blis_addon", "unknown", "no evidence of a BLIS library (none was searched)"))
         elif blis.get("selected"):
             gates.append(_gate("blis_addon", "pass", f"aocl_gemm works in {blis['selected']}"))
+        elif wrong := [lib for lib in blis.get("libraries", []) if lib.get("has_addon")]:
+            # installed, but its GEMM is wrong here: AOCL's integer kernels need AVX-512 VNNI
+            gates.append(
+                _gate(
+                    "blis_addon",
+                    "fail",
+                    f"{wrong[0]['path']} has the aocl_gemm add-on, but its s8s8s32 GEMM gave "
+                    f"{wrong[0].get('gemm_s8s8s32')} here (AOCL's integer kernels need AVX-512 VNNI)",
+                )
+            )
         else:
             gates.append(_gate("blis_addon", "fail", "no BLIS library with a working aocl_gemm add-on"))
 
