@@ -29,3 +29,14 @@ def read_proc_cpuinfo_flags() -> set[str]:
 @pytest.fixture(scope="session")
 def host_flags() -> set[str]:
     return read_proc_cpuinfo_flags()
+
+
+def terminal_wrap(text: str, width: int) -> str:
+    """Cut every line at ``width`` columns, mid-word, as a narrow terminal shows a flat dump."""
+    out = []
+    for line in text.splitlines():
+        while len(line) > width:
+            out.append(line[:width])
+            line = line[width:]
+        out.append(line)
+    return "\n".join(out) + "\n"

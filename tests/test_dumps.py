@@ -9,7 +9,7 @@ import pytest
 
 from ktforge import dumps
 
-from .conftest import CPUINFO_FIXTURES, HOST_FIXTURES
+from .conftest import CPUINFO_FIXTURES, HOST_FIXTURES, terminal_wrap
 
 LSCPU = (HOST_FIXTURES / "kvm-sapphirerapids-masked.lscpu").read_text()
 LSCPU_JSON = json.loads((HOST_FIXTURES / "kvm-sapphirerapids-masked.lscpu.json").read_text())
@@ -18,17 +18,6 @@ LSCPU_JSON = json.loads((HOST_FIXTURES / "kvm-sapphirerapids-masked.lscpu.json")
 def _flags_line(text: str) -> set[str]:
     line = next(line for line in text.splitlines() if line.startswith("Flags:"))
     return set(line.split(":", 1)[1].split())
-
-
-def _terminal_wrap(text: str, width: int) -> str:
-    """Cut every line at ``width`` columns, mid-word, like a narrow terminal does."""
-    out = []
-    for line in text.splitlines():
-        while len(line) > width:
-            out.append(line[:width])
-            line = line[width:]
-        out.append(line)
-    return "\n".join(out) + "\n"
 
 
 def test_lscpu_text_fields() -> None:
@@ -50,7 +39,7 @@ def test_lscpu_json_matches_text() -> None:
 
 @pytest.mark.parametrize("width", [40, 63, 80, 97])
 def test_lscpu_wrapped_mid_word_is_mended(width: int) -> None:
-    wrapped = _terminal_wrap(LSCPU, width)
+    wrapped = terminal_wrap(LSCPU, width)
     # the wrap really cut words: at least one flag no longer appears whole
     assert not _flags_line(LSCPU) <= set(wrapped.split())
     cpu = dumps.parse_lscpu_text(wrapped)

@@ -262,31 +262,23 @@ def _package_copy(tmp_path: Path, change: Callable[[Path], None]) -> dict[str, s
     return {**{k: v for k, v in os.environ.items() if not k.startswith("KTFORGE_")}, "PYTHONPATH": str(site)}
 
 
+def _kt(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ktforge", *args], capture_output=True, text=True, env=env, timeout=120, cwd=cwd
+    )
+
+
 def test_convert_without_the_extension_is_one_line(tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_checkpoint(src)
     env = _package_copy(tmp_path, lambda pkg: [p.unlink() for p in pkg.glob("_native*.so")])
-    done = subprocess.run(
-        [sys.executable, "-m", "ktforge", "convert", "--input", str(src), "--output", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    done = _kt(env, tmp_path, "convert", "--input", str(src), "--output", str(tmp_path / "out"))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "native extension cannot be loaded" in done.stderr.strip().splitlines()[-1]
 
 
 def test_bench_with_a_corrupt_build_record_is_one_line(tmp_path: Path) -> None:
     env = _package_copy(tmp_path, lambda pkg: (pkg / "build_record.json").write_text(""))
-    done = subprocess.run(
-        [sys.executable, "-m", "ktforge", "bench", "--no-peer", "--tokens", "1"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    done = _kt(env, tmp_path, "bench", "--no-peer", "--tokens", "1")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("kt bench: the build record") and "is empty" in done.stderr

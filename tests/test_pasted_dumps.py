@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from ktforge import cli, dumps, evidence
 from ktforge.report import build_report
 
-from .conftest import CPUINFO_FIXTURES, FIXTURES
+from .conftest import CPUINFO_FIXTURES, FIXTURES, terminal_wrap
 
 PASTED = FIXTURES / "pasted"
 # machine -> (recipe, microarchitecture). Names come from the model number where the table
@@ -167,14 +167,7 @@ def test_pasted_with_decorations(machine: str, stem: str, style: str) -> None:
 def test_flat_layout_wrapped_by_a_narrow_terminal(machine: str, width: int) -> None:
     # A flat (piped or pre-2.37) dump shown in a terminal and copied: every line cut at the
     # width, mid-word, continuation lines at column 0.
-    text = (PASTED / machine / "lscpu-flat.en.txt").read_text()
-    wrapped = []
-    for line in text.splitlines():
-        while len(line) > width:
-            wrapped.append(line[:width])
-            line = line[width:]
-        wrapped.append(line)
-    check(machine, "\n".join(wrapped) + "\n")
+    check(machine, terminal_wrap((PASTED / machine / "lscpu-flat.en.txt").read_text(), width))
 
 
 def test_cpuinfo_with_hundreds_of_processors_and_crlf() -> None:
