@@ -6,28 +6,15 @@
 # step with the fix, rather than being silently dropped.
 set(KTFORGE_ARCH_FLAGS "-march=native" CACHE STRING "ISA flags for the SIMD backends")
 
-set(KTFORGE_FLAGS_avx2 -mavx2 -mfma -mf16c)
-set(KTFORGE_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c)
-set(KTFORGE_FLAGS_amx ${KTFORGE_FLAGS_avx512} -mamx-tile -mamx-int8 -mamx-bf16)
-# the AMX kernels on the software tile unit: AVX2 flags only, so the tile code is tested on
-# any AVX2 CPU (its non-tile work goes to the avx512 or avx2 backend at run time)
-set(KTFORGE_FLAGS_amx_model ${KTFORGE_FLAGS_avx2} -DKTFORGE_AMX_MODEL)
-# Backends whose flags are exactly their level's: the host's -march must not let the
-# compiler emit anything above it (AVX-512 in an AVX2 backend).
-set(KTFORGE_FIXED_LEVEL_BACKENDS avx2 amx_model)
-# What each backend calls into: amx and amx_model use the SIMD tables for non-tile work.
-set(KTFORGE_NEEDS_amx avx512)
-set(KTFORGE_NEEDS_amx_model avx2)
-set(KTFORGE_DIR_avx2 arch/x86/avx2)
-set(KTFORGE_DIR_avx512 arch/x86/avx512)
-set(KTFORGE_DIR_amx arch/x86/amx)
-set(KTFORGE_DIR_amx_model arch/x86/amx)
+# Each backend's flags, folder and dependencies come from the backend table
+# (installer/ktforge/data/backends.json), generated into ktforge_backends.cmake by native/.
 
 include(CheckCXXCompilerFlag)
 
 function(ktforge_add_backend name)
-  if(NOT DEFINED KTFORGE_FLAGS_${name})
-    message(FATAL_ERROR "Unknown backend '${name}' in KTFORGE_BACKENDS (known: amx, avx512, avx2, amx_model).")
+  if(NOT name IN_LIST KTFORGE_KNOWN_BACKENDS)
+    message(FATAL_ERROR "Unknown backend '${name}' in KTFORGE_BACKENDS (known: ${KTFORGE_KNOWN_BACKENDS}; "
+                        "the table is installer/ktforge/data/backends.json).")
   endif()
   separate_arguments(_arch UNIX_COMMAND "${KTFORGE_ARCH_FLAGS}")
   foreach(needed IN LISTS KTFORGE_NEEDS_${name})
@@ -36,7 +23,7 @@ function(ktforge_add_backend name)
                           "(now '${KTFORGE_BACKENDS}').")
     endif()
   endforeach()
-  if(name IN_LIST KTFORGE_FIXED_LEVEL_BACKENDS)
+  if(NOT KTFORGE_HOST_MARCH_${name})  # exactly its level: the host's -march must not add AVX-512
     set(_flags ${KTFORGE_FLAGS_${name}} -mtune=native)
   else()
     set(_flags ${_arch} ${KTFORGE_FLAGS_${name}})
@@ -51,7 +38,7 @@ function(ktforge_add_backend name)
       "`kt doctor --check toolchain.backend_flags` shows what this compiler accepts.")
   endif()
   add_library(ktforge_${name} OBJECT ${CMAKE_CURRENT_SOURCE_DIR}/src/${KTFORGE_DIR_${name}}/kernels.cpp)
-  target_include_directories(ktforge_${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+  target_include_directories(ktforge_${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src ${_ktforge_generated})
   target_compile_options(ktforge_${name} PRIVATE ${_flags} -O3 -Wall -Wextra)
   target_sources(ktforge_core PRIVATE $<TARGET_OBJECTS:ktforge_${name}>)
 endfunction()

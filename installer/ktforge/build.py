@@ -31,7 +31,7 @@ from typing import Any
 from ktforge import recipes, toolchain
 
 PLAN_SCHEMA_VERSION = 1
-BACKEND_CHOICES = ("auto", "amx", "amd-blis", "avx512", "avx2")
+BACKEND_CHOICES = ("auto", *(r.name for r in recipes.load_recipes()))  # the recipes, best first
 _REMEDIES = {
     "system": "ktforge builds on Linux only",
     "arch": "use an x86-64 machine",

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ktforge import backends as backends_table
 from ktforge.features import COMPILER_MACROS
 
 RECORD_NAME = "build_record.json"
@@ -48,7 +49,8 @@ def _git_revision(source_dir: str) -> str:
 def make_record(args: argparse.Namespace) -> dict[str, Any]:
     backends = []
     for spec in args.backend:
-        name, _, flags = spec.partition("=")
+        cmake_name, _, flags = spec.partition("=")
+        name = backends_table.by_name(cmake_name).name  # the name the kernels report (amx-model)
         flag_list = flags.split()
         backends.append(
             {"name": name, "flags": flag_list, "required_cpu_features": compiled_features(args.compiler, flag_list)}
@@ -58,7 +60,7 @@ def make_record(args: argparse.Namespace) -> dict[str, Any]:
         "record_version": RECORD_VERSION,
         "ktforge_version": args.version,
         "recipe": args.recipe or "default",
-        "primary_backend": args.primary or None,
+        "primary_backend": backends_table.by_name(args.primary).name if args.primary else None,
         "target": args.target or None,
         "arch_flags": args.arch_flags,
         "compiler": {"path": args.compiler, "id": args.compiler_id, "version": args.compiler_version},

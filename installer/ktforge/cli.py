@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ktforge import __version__
+from ktforge.recipes import load_recipes
+
+RECIPE_NAMES = tuple(r.name for r in load_recipes())  # best first
 
 if TYPE_CHECKING:  # the converter loads only when `kt convert` runs
     from ktforge.convert import Plan
@@ -115,7 +118,7 @@ def doctor(
 
 @app.command()
 def build(
-    backend: Annotated[str, typer.Option(help="auto, amx, amd-blis, avx512 or avx2.")] = "auto",
+    backend: Annotated[str, typer.Option(help=f"auto, or a recipe: {', '.join(RECIPE_NAMES)}.")] = "auto",
     plan_only: Annotated[bool, typer.Option("--plan", help="Print the plan and why; build nothing.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the plan (and result) as JSON.")] = False,
     target: Annotated[

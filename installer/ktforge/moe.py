@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from ktforge import backends as backends_table
 from ktforge.quantize import METHODS, Quantized
 from ktforge.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
 
-BACKENDS = ("auto", "amx", "amd-blis", "avx512", "avx2", "reference", "amx-model")
+BACKENDS = ("auto", *backends_table.names(), "amd-blis")  # amd-blis: AOCL beside the best SIMD backend
 BACKEND_VARIABLE = "KTFORGE_BACKEND"
 
 

@@ -5,24 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "backends.gen.hpp"
 #include "kernels/types.hpp"
 
 namespace kt {
 
 extern const KernelTable reference_kernels;
-#ifdef KTFORGE_HAVE_AVX2
-extern const KernelTable avx2_kernels;
-#endif
-#ifdef KTFORGE_HAVE_AVX512
-extern const KernelTable avx512_kernels;
-#endif
-#ifdef KTFORGE_HAVE_AMX
-extern const KernelTable amx_kernels;
-#endif
-#ifdef KTFORGE_HAVE_AMX_MODEL
-extern const KernelTable amx_model_kernels;  // AMX kernels on the software tile unit
-#endif
-
+// The compiled SIMD backends' tables, generated from the backend table at configure time.
 // Compiled backends, best first.
 std::vector<const KernelTable*> compiled_backends();
 // A backend by name ("auto": the best one this CPU can run); throws std::invalid_argument

@@ -44,7 +44,7 @@ const KernelTable& simd() {
   return avx512_kernels;
 #else
 #ifdef KTFORGE_HAVE_AVX512
-  static const bool avx512_runs = missing_features(simd().compiled_features()).empty();
+  static const bool avx512_runs = missing_features(avx512_kernels.compiled_features()).empty();
   if (avx512_runs) return avx512_kernels;
 #endif
   return avx2_kernels;
