@@ -37,7 +37,7 @@ def test_the_schema_cli_and_install_sh_name_the_recipes() -> None:
     assert enum == [*RECIPES, "none", "unknown"]
     top = schema["properties"]["recommended_backend"]
     assert top.get("enum", enum) == enum
-    assert BACKEND_CHOICES == ("auto", *RECIPES)
+    assert ("auto", *RECIPES) == BACKEND_CHOICES
     usage = (ROOT / "install.sh").read_text()
     assert f"--backend {'|'.join(BACKEND_CHOICES)}," in usage
     help_text = " ".join(CliRunner().invoke(cli.app, ["build", "--help"], env={"COLUMNS": "200"}).stdout.split())
@@ -52,7 +52,7 @@ def test_the_extension_lists_its_backends_in_the_table_s_order() -> None:
     # and the names ktforge.MoE accepts are the table's
     from ktforge.moe import BACKENDS
 
-    assert BACKENDS == ("auto", *backends.names(), "amd-blis")
+    assert ("auto", *backends.names(), "amd-blis") == BACKENDS
 
 
 def test_the_extension_reads_cpuid_as_the_probes_decode_it() -> None:
