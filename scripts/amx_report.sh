@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For whoever owns an AMX machine (Intel Sapphire Rapids or newer): build the amx recipe,
 # run the MoE suite on real tiles, and measure the tile kernels against AVX-512.
-# Prints one table at the end; paste it (and amx_report.json) into an issue.
+# Prints one table at the end; paste it (and build/amx_report.json) into an issue.
 #   ./scripts/amx_report.sh            (from the ktforge checkout, after ./install.sh deps)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,11 +20,12 @@ echo "== the MoE suite on real tiles"
 "$PY" -m pytest -q tests/test_moe_correctness.py tests/test_tile_model.py -p no:cacheprovider
 
 echo "== kt bench --backend amx,avx512"
+mkdir -p build
 "$PY" -m ktforge bench --backend amx,avx512 --method bf16,int8,int4 --tokens 1,4,16,32,128,512 \
-  --routing uniform --json > amx_report.json
+  --routing uniform --json > build/amx_report.json
 "$PY" - <<'PY'
 import json
-d = json.load(open("amx_report.json"))
+d = json.load(open("build/amx_report.json"))
 print("peaks:", {b: {k: round(v) for k, v in p.items()} for b, p in d["peaks"].items()})
 rows = {}
 for r in d["results"]:

@@ -32,7 +32,8 @@ def write(directory: Path, model_type: str, H: int, I: int, E: int, dtype: str) 
         config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
     (directory / "config.json").write_text(json.dumps(config))
     base = {shape: (rng.standard_normal(shape) * 0.02).astype(np.float32) for shape in ((I, H), (H, I))}
-    weight_map, total = {}, 0
+    weight_map: dict[str, str] = {}
+    total = 0
     for layer in (1, 2):
         tensors = {}
         for e in range(E):

@@ -27,7 +27,15 @@ def test_every_family_has_a_command(ids: list[str], manager: str, cxx: str) -> N
 def test_unknown_distribution_is_reported() -> None:
     with pytest.raises(LookupError, match="unknown distribution gentoo"):
         sysdeps.commands(["cxx"], ["gentoo"])
-    assert sysdeps.main(["cxx"]) in (0, 3)
+
+
+def test_main_prints_this_distribution_s_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    found = sysdeps.family(sysdeps.distribution_ids())
+    assert found is not None
+    _, entry = found
+    assert sysdeps.main(["cxx", "cmake"]) == 0
+    out = capsys.readouterr().out
+    assert " ".join(entry["install"]) in out and entry["packages"]["cxx"] in out
 
 
 def test_this_machine_is_known() -> None:
