@@ -82,3 +82,11 @@ def test_no_hand_kept_copy_of_the_tables_in_the_native_sources() -> None:
     assert not re.search(r'\{"avx512f", \{7, 0', text)  # CPUID bits come from features.py
     assert 'emplace_back("avx512_vnni")' not in text  # compiler macros too
     assert "extern const KernelTable avx2_kernels" not in text  # the registry is generated
+
+
+def test_every_gate_has_its_remedy() -> None:
+    facts = {"system": "Darwin", "arch": "aarch64", "vendor": "Other", "features": set(), "os_state": {}, "blis": {}}
+    facts |= {"amx_permitted": False, "amx_execution": "failed", "amx_explanation": "no"}
+    gates = {g["gate"] for r in recipes.load_recipes() for g in recipes.evaluate(r, facts)["gates"]}
+    assert gates and gates <= set(recipes.GATE_REMEDIES)
+    assert all(recipes.GATE_REMEDIES.values())

@@ -32,20 +32,6 @@ from ktforge import recipes, toolchain
 
 PLAN_SCHEMA_VERSION = 1
 BACKEND_CHOICES = ("auto", *(r.name for r in recipes.load_recipes()))  # the recipes, best first
-_REMEDIES = {
-    "system": "ktforge builds on Linux only",
-    "arch": "use an x86-64 machine",
-    "vendor": "this recipe is for AMD EPYC; choose another with --backend",
-    "cpu_features": "this CPU lacks the instructions; choose a lower recipe, or build for another machine "
-    "with --target",
-    "os_state.avx": "the OS has not enabled AVX state (check kernel parameters such as noxsave)",
-    "os_state.avx512": "the OS has not enabled AVX-512 state (kernel or hypervisor)",
-    "os_state.amx": "the OS has not enabled AMX tile state: Linux >= 5.16 with AMX support",
-    "amx_permission": "the kernel refused AMX permission (ARCH_REQ_XCOMP_PERM); see kt doctor --check amx.permission",
-    "amx_execution": "tile instructions do not execute here; see kt doctor --check amx.execution",
-    "blis_addon": "AOCL-BLAS with a working aocl_gemm add-on: ./install.sh deps --with-blis (or set AOCL_ROOT) "
-    "on a CPU with AVX-512 VNNI (kt doctor --check blis.gemm)",
-}
 
 
 class PlanError(Exception):
@@ -129,6 +115,11 @@ def _target_flags(target: str, compiler: dict[str, Any]) -> list[str]:
     raise PlanError(f"{compiler['name']} {version} cannot target {target}: {errors[-1]}")
 
 
+def _missing(gate: str, detail: str) -> dict[str, str]:
+    """A failed gate, with its remedy from the one table (recipes.GATE_REMEDIES)."""
+    return {"gate": gate, "detail": detail, "remedy": recipes.GATE_REMEDIES[gate]}
+
+
 def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None = None) -> Plan:
     if backend not in BACKEND_CHOICES:
         raise PlanError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}")
@@ -138,40 +129,32 @@ def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None 
     compilers = [c for c in (report.get("toolchain") or {}).get("compilers", []) if c.get("language") == "c++"]
     compiler = compilers[0] if compilers else None
     missing: list[dict[str, str]] = []
+
+    def nothing(reason: str, missing: list[dict[str, str]]) -> Plan:
+        return Plan(
+            backend="none",
+            ok=False,
+            target=target,
+            flags=[],
+            kernel_backends=[],
+            reasons=[reason],
+            rejected=rejected,
+            missing=missing,
+            compiler=compiler,
+            blis_library=None,
+        )
+
     if name == "unknown":
         unseen = report["backend"]["unseen"]
-        return Plan(
-            "none",
-            False,
-            target,
-            [],
-            [],
-            [f"cannot choose a recipe: the machine report does not show {'; '.join(unseen)}"],
-            rejected,
-            [
-                {"gate": "cpu_features", "detail": d, "remedy": "run `kt doctor` to see why the CPU probe failed"}
-                for d in unseen
-            ],
-            compiler,
-            None,
+        return nothing(
+            f"cannot choose a recipe: the machine report does not show {'; '.join(unseen)}",
+            [_missing("facts", d) for d in unseen],
         )
     if name == "none":
         lowest = min(evaluated.values(), key=lambda r: r["priority"])
-        missing = [
-            {"gate": w.split(":")[0], "detail": w, "remedy": _REMEDIES.get(w.split(":")[0], "")}
-            for w in lowest["why_not"]
-        ]
-        return Plan(
-            "none",
-            False,
-            target,
-            [],
-            [],
-            ["no recipe can be built for this machine"],
-            rejected,
-            missing,
-            compiler,
-            None,
+        return nothing(
+            "no recipe can be built for this machine",
+            [_missing(g["gate"], f"{g['gate']}: {g['detail']}") for g in lowest["failed_gates"]],
         )
     recipe = next(r for r in recipes.load_recipes() if r.name == name)
     chosen = evaluated[name]
@@ -180,9 +163,7 @@ def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None 
         reasons.insert(0, f"{name} is the highest-priority recipe whose gates pass on this machine")
     if target is None:
         # a host build: every gate must hold here (unknown library evidence counts as failed)
-        for reason in chosen["why_not"]:
-            gate = reason.split(":")[0]
-            missing.append({"gate": gate, "detail": reason, "remedy": _REMEDIES.get(gate, "")})
+        missing += [_missing(g["gate"], f"{g['gate']}: {g['detail']}") for g in chosen["failed_gates"]]
     else:
         # a target build: the target's features (archspec) must meet the recipe, this host's need not
         reasons = [f"--target {target}: built for that machine; this machine's execution gates are not required"]
@@ -190,45 +171,42 @@ def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None 
             have = target_features(target)
             lacking = [f for f in recipe.requires.get("cpu_features", []) if f not in have]
             if lacking:
-                missing.append(
-                    {
-                        "gate": "cpu_features",
-                        "detail": f"{target} lacks {', '.join(lacking)}",
-                        "remedy": "choose a lower recipe for that machine",
-                    }
-                )
+                missing.append(_missing("target_features", f"{target} lacks {', '.join(lacking)}"))
             else:
                 reasons.append(f"{target} has {', '.join(recipe.requires.get('cpu_features', []))}")
         except KeyError:
             pass  # an unknown target is reported below, with the list of known ones
     if compiler is None:
-        missing.append(
-            {"gate": "compiler", "detail": "no C++ compiler found", "remedy": "./install.sh deps installs one"}
+        missing.append(_missing("compiler", "no C++ compiler found"))
+        return Plan(
+            backend=name,
+            ok=False,
+            target=target,
+            flags=[],
+            kernel_backends=list(recipe.backends),
+            reasons=reasons,
+            rejected=rejected,
+            missing=missing,
+            compiler=None,
+            blis_library=None,
         )
-        return Plan(name, False, target, [], list(recipe.backends), reasons, rejected, missing, None, None)
     floor = (recipe.min_compiler or {}).get(compiler["family"])
     if floor and _version_tuple(compiler["version"]) < _version_tuple(floor):
         missing.append(
-            {
-                "gate": "compiler_version",
-                "detail": f"{compiler['name']} {compiler['version']} is older "
-                f"than {floor}, the oldest that builds {name}",
-                "remedy": f"install {compiler['family']} >= {floor}",
-            }
+            _missing(
+                "compiler_version",
+                f"{compiler['name']} {compiler['version']} is older than {floor}, the oldest that builds {name}",
+            )
         )
     try:
         base = ["-march=native"] if target is None else _target_flags(target, compiler)
     except PlanError as exc:
-        missing.append({"gate": "target", "detail": str(exc), "remedy": "choose a target this compiler knows"})
+        missing.append(_missing("target", str(exc)))
         base = []
     flags = [*base, *recipe.extra_flags]
     if base and not toolchain.accepts(compiler["path"], flags):
         missing.append(
-            {
-                "gate": "compiler_flags",
-                "detail": f"{compiler['name']} {compiler['version']} rejects {' '.join(flags)}",
-                "remedy": "install a newer compiler",
-            }
+            _missing("compiler_flags", f"{compiler['name']} {compiler['version']} rejects {' '.join(flags)}")
         )
     blis_library = None
     if recipe.requires.get("blis_addon"):
@@ -243,17 +221,17 @@ def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None 
         "KTFORGE_BLIS_LIBRARY": blis_library or "",
     }
     return Plan(
-        name,
-        not missing,
-        target,
-        flags,
-        list(recipe.backends),
-        reasons,
-        rejected,
-        missing,
-        compiler,
-        blis_library,
-        defines,
+        backend=name,
+        ok=not missing,
+        target=target,
+        flags=flags,
+        kernel_backends=list(recipe.backends),
+        reasons=reasons,
+        rejected=rejected,
+        missing=missing,
+        compiler=compiler,
+        blis_library=blis_library,
+        cmake_defines=defines,
     )
 
 

@@ -15,6 +15,29 @@ from typing import Any
 from ktforge.resources import data_path, load_toml
 
 LIBRARY_GATES = frozenset({"blis_addon"})
+# What to do about each gate that fails: one remedy per gate, for the planner and the doctor.
+GATE_REMEDIES = {
+    "system": "ktforge builds on Linux only",
+    "arch": "use an x86-64 machine",
+    "vendor": "this recipe is for AMD EPYC; choose another with --backend",
+    "cpu_features": "this CPU lacks the instructions; choose a lower recipe, or build for another machine "
+    "with --target",
+    "os_state.avx": "the OS has not enabled AVX state (check kernel parameters such as noxsave)",
+    "os_state.avx512": "the OS has not enabled AVX-512 state (kernel or hypervisor)",
+    "os_state.amx": "the OS has not enabled AMX tile state: Linux >= 5.16 with AMX support",
+    "amx_permission": "the kernel refused AMX permission (ARCH_REQ_XCOMP_PERM); see kt doctor --check amx.permission",
+    "amx_execution": "tile instructions do not execute here; see kt doctor --check amx.execution",
+    "blis_addon": "AOCL-BLAS with a working aocl_gemm add-on: ./install.sh deps --with-blis (or set AOCL_ROOT) "
+    "on a CPU with AVX-512 VNNI (kt doctor --check blis.gemm)",
+    # the planner's own gates
+    "compiler": "./install.sh deps installs one",
+    "compiler_version": "install a newer compiler (the recipe's min_compiler)",
+    "compiler_flags": "install a newer compiler",
+    "target": "choose a target this compiler knows",
+    "target_features": "choose a lower recipe for that machine",
+    "facts": "run `kt doctor` to see why the CPU probe failed",
+}
+
 # Gates on what the machine is: unseen, they leave the choice open instead of provisional.
 FACT_GATES = frozenset({"arch", "vendor", "cpu_features"})
 
@@ -138,6 +161,7 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
         "undetermined": not failed and bool(unseen),
         "provisional": not failed and not unseen and bool(unknown),
         "why_not": [f"{g['gate']}: {g['detail']}" for g in failed],
+        "failed_gates": failed,
         "unverified": [f"{g['gate']}: {g['detail']}" for g in unknown],
         "gates": gates,
     }

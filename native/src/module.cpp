@@ -9,11 +9,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <optional>
@@ -27,6 +25,7 @@
 #include "kernels/scalar.hpp"
 #include "moe/layer.hpp"
 #include "runtime/aligned.hpp"
+#include "runtime/amx_permission.hpp"
 #include "runtime/cpu_features.hpp"
 #include "runtime/thread_pool.hpp"
 
@@ -326,15 +325,7 @@ PYBIND11_MODULE(_native, m) {
 #endif
   m.def(
       "request_amx_permission",
-      [] {
-        // Linux hands out AMX tile state per process, on request (arch_prctl, since 5.16).
-        // Returns 0 when granted, else the errno (EOPNOTSUPP: no AMX; EINVAL: old kernel).
-        static const int result = [] {
-          long rc = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */);
-          return rc == 0 ? 0 : errno;
-        }();
-        return result;
-      },
+      &request_amx_permission,
       "Ask Linux for AMX tile permission once per process; 0 or the errno.");
   m.def("cpu_has", &cpu_has, "Whether the running CPU and OS support a feature (Linux flag name).");
   m.def(

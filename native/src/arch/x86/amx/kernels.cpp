@@ -11,11 +11,7 @@
 // The packed weight panels are already in B-tile order (16 rows of 64 bytes per K step),
 // so B tiles load straight from them; activation rows are gathered into a contiguous,
 // zero-padded buffer first (tokens of one expert are scattered).
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -25,6 +21,7 @@
 #include "arch/features.hpp"
 #include "arch/x86/amx/tile.hpp"
 #include "kernels/registry.hpp"
+#include "runtime/amx_permission.hpp"
 #include "runtime/cpu_features.hpp"
 
 #ifdef KTFORGE_AMX_MODEL
@@ -68,11 +65,7 @@ int amx_permission_errno() {
 #ifdef KTFORGE_AMX_MODEL
   return 0;
 #else
-  static const int result = [] {
-    long rc = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */);
-    return rc == 0 ? 0 : errno;
-  }();
-  return result;
+  return request_amx_permission();
 #endif
 }
 

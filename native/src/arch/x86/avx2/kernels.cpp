@@ -12,6 +12,7 @@
 #include "arch/common/dispatch.hpp"
 #include "arch/features.hpp"
 #include "kernels/registry.hpp"
+#include "kernels/silu.hpp"
 #include "kernels/rowops.hpp"
 
 namespace kt {
@@ -219,15 +220,16 @@ uint64_t read_stream(const uint8_t* data, std::size_t bytes) {
 // silu(g) * u with exp from a degree-6 polynomial on [-ln2/2, ln2/2], 2^k built in the
 // exponent field: relative error below 2e-7 (inputs clamped where exp overflows).
 void silu_mul(const float* gate, const float* up, float* out, int n) {
-  const __m256 log2e = _mm256_set1_ps(1.44269504f), ln2_hi = _mm256_set1_ps(0.693359375f),
-               ln2_lo = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.f);
-  const __m256 c2 = _mm256_set1_ps(1.f / 2), c3 = _mm256_set1_ps(1.f / 6), c4 = _mm256_set1_ps(1.f / 24),
-               c5 = _mm256_set1_ps(1.f / 120), c6 = _mm256_set1_ps(1.f / 720);
+  using namespace silu_poly;
+  const __m256 log2e = _mm256_set1_ps(kLog2e), ln2_hi = _mm256_set1_ps(kLn2Hi), ln2_lo = _mm256_set1_ps(kLn2Lo),
+               one = _mm256_set1_ps(1.f);
+  const __m256 c2 = _mm256_set1_ps(kC2), c3 = _mm256_set1_ps(kC3), c4 = _mm256_set1_ps(kC4), c5 = _mm256_set1_ps(kC5),
+               c6 = _mm256_set1_ps(kC6);
   int i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i);
-    __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(-87.f)),
-                             _mm256_set1_ps(88.f));
+    __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(kMinArg)),
+                             _mm256_set1_ps(kMaxArg));
     __m256 k = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(k, ln2_hi, x);
     r = _mm256_fnmadd_ps(k, ln2_lo, r);

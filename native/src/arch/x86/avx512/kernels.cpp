@@ -13,6 +13,7 @@
 #include "arch/common/dispatch.hpp"
 #include "arch/features.hpp"
 #include "kernels/registry.hpp"
+#include "kernels/silu.hpp"
 #include "kernels/rowops.hpp"
 
 namespace kt {
@@ -421,16 +422,17 @@ uint64_t read_stream(const uint8_t* data, std::size_t bytes) {
 // silu(g) * u with exp from a degree-6 polynomial on [-ln2/2, ln2/2] and vscalefps:
 // relative error below 2e-7 over the whole float range (clamped where exp overflows).
 void silu_mul(const float* gate, const float* up, float* out, int n) {
-  const __m512 log2e = _mm512_set1_ps(1.44269504f), ln2_hi = _mm512_set1_ps(0.693359375f),
-               ln2_lo = _mm512_set1_ps(-2.12194440e-4f), one = _mm512_set1_ps(1.f);
-  const __m512 c2 = _mm512_set1_ps(1.f / 2), c3 = _mm512_set1_ps(1.f / 6), c4 = _mm512_set1_ps(1.f / 24),
-               c5 = _mm512_set1_ps(1.f / 120), c6 = _mm512_set1_ps(1.f / 720);
+  using namespace silu_poly;
+  const __m512 log2e = _mm512_set1_ps(kLog2e), ln2_hi = _mm512_set1_ps(kLn2Hi), ln2_lo = _mm512_set1_ps(kLn2Lo),
+               one = _mm512_set1_ps(1.f);
+  const __m512 c2 = _mm512_set1_ps(kC2), c3 = _mm512_set1_ps(kC3), c4 = _mm512_set1_ps(kC4), c5 = _mm512_set1_ps(kC5),
+               c6 = _mm512_set1_ps(kC6);
   int i = 0;
   for (; i < n; i += 16) {
     const __mmask16 mask = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
     __m512 g = _mm512_maskz_loadu_ps(mask, gate + i), u = _mm512_maskz_loadu_ps(mask, up + i);
-    __m512 x = _mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(-87.f)),
-                             _mm512_set1_ps(88.f));
+    __m512 x = _mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(kMinArg)),
+                             _mm512_set1_ps(kMaxArg));
     __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(k, ln2_hi, x);
     r = _mm512_fnmadd_ps(k, ln2_lo, r);
