@@ -176,50 +176,39 @@ def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None 
                 reasons.append(f"{target} has {', '.join(recipe.requires.get('cpu_features', []))}")
         except KeyError:
             pass  # an unknown target is reported below, with the list of known ones
+    flags: list[str] = []
     if compiler is None:
         missing.append(_missing("compiler", "no C++ compiler found"))
-        return Plan(
-            backend=name,
-            ok=False,
-            target=target,
-            flags=[],
-            kernel_backends=list(recipe.backends),
-            reasons=reasons,
-            rejected=rejected,
-            missing=missing,
-            compiler=None,
-            blis_library=None,
-        )
-    floor = (recipe.min_compiler or {}).get(compiler["family"])
-    if floor and _version_tuple(compiler["version"]) < _version_tuple(floor):
-        missing.append(
-            _missing(
-                "compiler_version",
-                f"{compiler['name']} {compiler['version']} is older than {floor}, the oldest that builds {name}",
-            )
-        )
-    try:
-        base = ["-march=native"] if target is None else _target_flags(target, compiler)
-    except PlanError as exc:
-        missing.append(_missing("target", str(exc)))
-        base = []
-    flags = [*base, *recipe.extra_flags]
-    if base and not toolchain.accepts(compiler["path"], flags):
-        missing.append(
-            _missing("compiler_flags", f"{compiler['name']} {compiler['version']} rejects {' '.join(flags)}")
-        )
+    else:
+        floor = (recipe.min_compiler or {}).get(compiler["family"])
+        if floor and _version_tuple(compiler["version"]) < _version_tuple(floor):
+            old = f"{compiler['name']} {compiler['version']} is older than {floor}, the oldest that builds {name}"
+            missing.append(_missing("compiler_version", old))
+        try:
+            base = ["-march=native"] if target is None else _target_flags(target, compiler)
+        except PlanError as exc:
+            missing.append(_missing("target", str(exc)))
+            base = []
+        flags = [*base, *recipe.extra_flags]
+        if base and not toolchain.accepts(compiler["path"], flags):
+            rejects = f"{compiler['name']} {compiler['version']} rejects {' '.join(flags)}"
+            missing.append(_missing("compiler_flags", rejects))
     blis_library = None
-    if recipe.requires.get("blis_addon"):
+    if recipe.requires.get("blis_addon") and compiler is not None:
         blis = report.get("blis") or {}
         blis_library = blis.get("selected")
-    defines = {
-        "KTFORGE_ARCH_FLAGS": " ".join(flags),
-        "KTFORGE_BACKENDS": ";".join(recipe.backends),
-        "KTFORGE_RECIPE": name,
-        "KTFORGE_TARGET": target or "",
-        "KTFORGE_HOST_FINGERPRINT": host_fingerprint(report) if target is None else "",
-        "KTFORGE_BLIS_LIBRARY": blis_library or "",
-    }
+    defines = (
+        {}
+        if compiler is None
+        else {
+            "KTFORGE_ARCH_FLAGS": " ".join(flags),
+            "KTFORGE_BACKENDS": ";".join(recipe.backends),
+            "KTFORGE_RECIPE": name,
+            "KTFORGE_TARGET": target or "",
+            "KTFORGE_HOST_FINGERPRINT": host_fingerprint(report) if target is None else "",
+            "KTFORGE_BLIS_LIBRARY": blis_library or "",
+        }
+    )
     return Plan(
         backend=name,
         ok=not missing,
