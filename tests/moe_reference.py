@@ -1,4 +1,5 @@
-"""NumPy definition of what ktforge's MoE layer computes, quantization included.
+"""NumPy definition of what ktforge's MoE layer computes, quantization included, and the
+inputs the kernel tests share (shapes, layers, routings).
 
 `expected(...)` mirrors the kernels' arithmetic (bf16 rounding, symmetric int8/int4
 quantization with the same rounding rules) so backends can be compared tightly;
@@ -85,3 +86,33 @@ def float_reference(x: Array, ids: Array, weights: Array, gate: Array, up: Array
             a = silu(gate[e].astype(np.float64) @ x64[t]) * (up[e].astype(np.float64) @ x64[t])
             out[t] += float(weights[t, j]) * (down[e].astype(np.float64) @ a)
     return out
+
+
+# ---- test inputs shared by the kernel tests ------------------------------------------------
+
+SHAPES = [  # (E, k, H, I, T): H and I not multiples of 16 or 64, E=1, k=E, T=1 and T=1000
+    (5, 2, 72, 50, 7),
+    (1, 1, 40, 24, 3),
+    (3, 3, 24, 40, 1),
+    (4, 2, 56, 36, 1000),
+    (3, 2, 100, 70, 90),  # >= 16 tokens per expert: the tile kernels' path, with a ragged tail
+]
+
+
+def make_layer(E: int, H: int, I: int, seed: int = 0) -> tuple[np.ndarray[Any, Any], ...]:
+    rng = np.random.default_rng(seed)
+    gate = (rng.standard_normal((E, I, H)) / np.sqrt(H)).astype(np.float32)
+    up = (rng.standard_normal((E, I, H)) / np.sqrt(H)).astype(np.float32)
+    down = (rng.standard_normal((E, H, I)) / np.sqrt(I)).astype(np.float32)
+    return gate, up, down
+
+
+def routing(T: int, E: int, k: int, seed: int = 1) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]) if T else np.zeros((0, k), np.int64)
+    weights = rng.random((T, k)).astype(np.float32)
+    return ids.astype(np.int64), weights
+
+
+def rel_err(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
+    return float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-12))

@@ -15,8 +15,7 @@ import ktforge
 from ktforge import blis
 
 from . import host
-from .moe_reference import expected
-from .test_moe_correctness import SHAPES, make_layer, rel_err, routing
+from .moe_reference import SHAPES, expected, make_layer, rel_err, routing
 
 DEBIAN_BLIS = Path("/usr/lib/x86_64-linux-gnu/libblis.so.4")
 

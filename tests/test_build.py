@@ -23,7 +23,7 @@ from ktforge.report import build_report
 
 from . import host
 from .conftest import CPUINFO_FIXTURES
-from .test_fixture_machines import EXPECTED
+from .fixture_expectations import EXPECTED
 
 ROOT = Path(__file__).resolve().parent.parent
 

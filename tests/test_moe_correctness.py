@@ -8,37 +8,16 @@ Tolerances (relative to the largest output magnitude):
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 import ktforge
 
 from . import host
-from .moe_reference import expected, float_reference
+from .moe_reference import SHAPES, expected, float_reference, make_layer, rel_err, routing
 
 METHODS = ("bf16", "int8", "int4")
 runnable_backends = host.runnable_backends
-
-
-def make_layer(E: int, H: int, I: int, seed: int = 0) -> tuple[np.ndarray[Any, Any], ...]:
-    rng = np.random.default_rng(seed)
-    gate = (rng.standard_normal((E, I, H)) / np.sqrt(H)).astype(np.float32)
-    up = (rng.standard_normal((E, I, H)) / np.sqrt(H)).astype(np.float32)
-    down = (rng.standard_normal((E, H, I)) / np.sqrt(I)).astype(np.float32)
-    return gate, up, down
-
-
-def routing(T: int, E: int, k: int, seed: int = 1) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    rng = np.random.default_rng(seed)
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]) if T else np.zeros((0, k), np.int64)
-    weights = rng.random((T, k)).astype(np.float32)
-    return ids.astype(np.int64), weights
-
-
-def rel_err(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
-    return float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-12))
 
 
 # Every backend of this build that this CPU runs: the reference, the recipe's SIMD levels
@@ -56,15 +35,6 @@ def test_every_backend_this_build_promises_is_compiled_and_runs_here() -> None:
     assert {"reference", "amx-model", "avx2"} <= set(runnable_backends())
     # the extension's own CPU check agrees with the probes on what may run here
     assert set(runnable_backends()) == host.backends_the_report_allows()
-
-
-SHAPES = [  # (E, k, H, I, T): H and I not multiples of 16 or 64, E=1, k=E, T=1 and T=1000
-    (5, 2, 72, 50, 7),
-    (1, 1, 40, 24, 3),
-    (3, 3, 24, 40, 1),
-    (4, 2, 56, 36, 1000),
-    (3, 2, 100, 70, 90),  # >= 16 tokens per expert: the tile kernels' path, with a ragged tail
-]
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
