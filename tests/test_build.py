@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import ktforge
-from ktforge import blis, build, cli, evidence, toolchain
+from ktforge import blis, cli, evidence, executor, planner, toolchain
 from ktforge.build_record import installed_record
 from ktforge.features import COMPILER_MACROS
 from ktforge.report import build_report
@@ -41,7 +41,7 @@ def fixture_report(name: str, tools: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_plan_for_every_fixture_machine(name: str, live_toolchain: dict[str, Any]) -> None:
-    plan = build.make_plan(fixture_report(name, live_toolchain))
+    plan = planner.make_plan(fixture_report(name, live_toolchain))
     assert plan.backend == EXPECTED[name]
     assert plan.ok is (EXPECTED[name] != "none")
     if plan.ok:
@@ -56,7 +56,7 @@ def test_plan_for_every_fixture_machine(name: str, live_toolchain: dict[str, Any
 
 
 def test_forcing_amx_on_zen4_names_every_missing_gate(live_toolchain: dict[str, Any]) -> None:
-    plan = build.make_plan(fixture_report("linux-rocky8.5-zen4", live_toolchain), backend="amx")
+    plan = planner.make_plan(fixture_report("linux-rocky8.5-zen4", live_toolchain), backend="amx")
     assert not plan.ok
     gates = {m["gate"] for m in plan.missing}
     assert "cpu_features" in gates
@@ -71,7 +71,7 @@ def test_amd_blis_without_a_working_addon_is_refused_before_compiling(live_toolc
     from ktforge.report import recipe_facts
 
     report["backend"] = recipes.choose(recipe_facts(report))
-    plan = build.make_plan(report, backend="amd-blis")
+    plan = planner.make_plan(report, backend="amd-blis")
     assert not plan.ok
     [gate] = [m for m in plan.missing if m["gate"] == "blis_addon"]
     assert "--with-blis" in gate["remedy"]
@@ -79,12 +79,12 @@ def test_amd_blis_without_a_working_addon_is_refused_before_compiling(live_toolc
 
 def test_target_builds_use_the_targets_flags_and_check_its_features(live_toolchain: dict[str, Any]) -> None:
     report = fixture_report("linux-rhel7-haswell", live_toolchain)  # the host's CPU does not matter
-    plan = build.make_plan(report, backend="amx", target="sapphirerapids")
+    plan = planner.make_plan(report, backend="amx", target="sapphirerapids")
     assert plan.ok and plan.flags[:2] == ["-march=sapphirerapids", "-mtune=sapphirerapids"]
     assert "-march=native" not in plan.flags
-    refused = build.make_plan(report, backend="avx512", target="haswell")
+    refused = planner.make_plan(report, backend="avx512", target="haswell")
     assert not refused.ok and "haswell lacks avx512f" in refused.missing[0]["detail"]
-    unknown = build.make_plan(report, backend="avx2", target="pentium5")
+    unknown = planner.make_plan(report, backend="avx2", target="pentium5")
     assert not unknown.ok and "unknown target" in unknown.missing[0]["detail"]
 
 
@@ -105,16 +105,16 @@ def test_plan_cli_json_and_exit_codes() -> None:
 
 def test_build_lock_is_exclusive(tmp_path: Path) -> None:
     with (
-        build.build_lock(tmp_path),
+        executor.build_lock(tmp_path),
         (tmp_path / ".kt-build.lock").open("w") as other,
         pytest.raises(BlockingIOError),
     ):
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def _plan_for(backend: str, **overrides: Any) -> build.Plan:
+def _plan_for(backend: str, **overrides: Any) -> planner.Plan:
     report = build_report(evidence.collect_live())
-    plan = build.make_plan(report, backend=backend)
+    plan = planner.make_plan(report, backend=backend)
     assert plan.ok, plan.missing
     for key, value in overrides.items():
         plan.cmake_defines[key] = value
@@ -126,13 +126,13 @@ def test_real_build_and_verification(backend: str) -> None:
     # a recipe this machine's gates allow is built and verified; one they don't is refused
     eligible = {r["name"]: r["eligible"] for r in host.live_report()["backend"]["recipes"]}
     if not eligible[backend]:
-        plan = build.make_plan(host.live_report(), backend=backend)
+        plan = planner.make_plan(host.live_report(), backend=backend)
         assert not plan.ok and {m["gate"] for m in plan.missing} >= {"cpu_features"}
         assert all(m["remedy"] for m in plan.missing)
         return
     plan = _plan_for(backend)
-    wheel, log = build.build_wheel(plan, ROOT, lambda _: None)
-    verified = build.verify_wheel(wheel, log)
+    wheel, log = executor.build_wheel(plan, ROOT, lambda _: None)
+    verified = executor.verify_wheel(wheel, log)
     assert {r["backend"] for r in verified} == {b.replace("_", "-") for b in plan.kernel_backends}
     assert {r["method"] for r in verified} == {"bf16", "int8", "int4"}
     assert all(r["ok"] for r in verified)
@@ -169,7 +169,7 @@ def test_amd_blis_wheel_runs_amd_blis_in_a_fresh_venv_without_environment_variab
     # AOCL-BLAS from the aoclda wheel: has the add-on; its integer GEMM needs AVX-512 VNNI
     [aocl] = [lib for lib in (blis.summarize(c) for c in blis.discover()["candidates"]) if lib["has_addon"]]
     report = host.live_report()
-    plan = build.make_plan(report, backend="amd-blis")
+    plan = planner.make_plan(report, backend="amd-blis")
     if not plan.ok:
         # Not an AMD with AVX-512 VNNI and a working add-on: the same recipe and library over the
         # kernel backends this CPU runs (on an Intel AVX-512 host only the vendor gate differs).
@@ -177,13 +177,13 @@ def test_amd_blis_wheel_runs_amd_blis_in_a_fresh_venv_without_environment_variab
         plan = _plan_for("avx512" if eligible["avx512"] else "avx2")
         plan.cmake_defines.update(KTFORGE_BLIS_LIBRARY=aocl["path"], KTFORGE_RECIPE="amd-blis")
         plan.backend = "amd-blis"
-    wheel, log = build.build_wheel(plan, ROOT, lambda _: None)
+    wheel, log = executor.build_wheel(plan, ROOT, lambda _: None)
     if host.has("avx512_vnni"):
-        verified = build.verify_wheel(wheel, log)  # includes a GEMM through the linked library
+        verified = executor.verify_wheel(wheel, log)  # includes a GEMM through the linked library
         assert any(r["backend"] == "blis" and r["ok"] for r in verified)
     else:  # the build's own check catches what AOCL cannot do here: nothing would be installed
-        with pytest.raises(build.PlanError, match="verification failed: blis int8"):
-            build.verify_wheel(wheel, log)
+        with pytest.raises(planner.PlanError, match="verification failed: blis int8"):
+            executor.verify_wheel(wheel, log)
 
     with zipfile.ZipFile(wheel) as archive:
         so = next(n for n in archive.namelist() if n.startswith("ktforge/_native"))
@@ -223,8 +223,8 @@ def test_failed_build_leaves_the_installed_kernels_working() -> None:
     before = installed_record()
     plan = _plan_for("avx2", KTFORGE_ARCH_FLAGS="-mno-such-isa-flag")
     plan.cmake_defines["KTFORGE_BACKENDS"] = "avx512"  # the bogus flags reach the compiler
-    with pytest.raises(build.PlanError, match="the full log is"):
-        build.build_wheel(plan, ROOT, lambda _: None)
+    with pytest.raises(planner.PlanError, match="the full log is"):
+        executor.build_wheel(plan, ROOT, lambda _: None)
     assert installed_record() == before
     done = subprocess.run(
         [
@@ -276,10 +276,10 @@ def test_import_guard_refuses_a_build_for_a_richer_cpu(tmp_path: Path) -> None:
 def test_target_build_for_sapphirerapids_compiles_tile_instructions() -> None:
 
     report = build_report(evidence.collect_live())
-    plan = build.make_plan(report, backend="amx", target="sapphirerapids")
+    plan = planner.make_plan(report, backend="amx", target="sapphirerapids")
     assert plan.ok, plan.missing
     assert "-march=native" not in plan.cmake_defines["KTFORGE_ARCH_FLAGS"]
-    wheel, log = build.build_wheel(plan, ROOT, lambda _: None)
+    wheel, log = executor.build_wheel(plan, ROOT, lambda _: None)
     with zipfile.ZipFile(wheel) as archive:
         so = next(n for n in archive.namelist() if n.startswith("ktforge/_native"))
         record = json.loads(archive.read("ktforge/build_record.json"))

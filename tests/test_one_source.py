@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import ktforge
 from ktforge import backends, cli, features, recipes
-from ktforge.build import BACKEND_CHOICES
+from ktforge.planner import BACKEND_CHOICES
 from ktforge.resources import data_path
 
 from . import host

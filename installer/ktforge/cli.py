@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -135,8 +134,8 @@ def build(
     """
     from rich.console import Console
 
-    from ktforge import build as build_mod
     from ktforge import evidence as evidence_mod
+    from ktforge import executor, planner
     from ktforge.report import build_report
 
     source = source.resolve()
@@ -145,39 +144,29 @@ def build(
         raise typer.Exit(1)
     report = build_report(evidence_mod.collect_live())
     try:
-        plan = build_mod.make_plan(report, backend, target)
-    except build_mod.PlanError as exc:
+        plan = planner.make_plan(report, backend, target)
+    except planner.PlanError as exc:
         typer.echo(f"kt build: {exc}", err=True)
         raise typer.Exit(1) from exc
     result: dict[str, Any] = {"plan": plan.to_json()}
     if plan_only or not plan.ok:
         if json_output:
-            typer.echo(json.dumps({"schema_version": build_mod.PLAN_SCHEMA_VERSION, **plan.to_json()}, indent=1))
+            typer.echo(json.dumps({"schema_version": planner.PLAN_SCHEMA_VERSION, **plan.to_json()}, indent=1))
         else:
-            typer.echo(build_mod.format_plan(plan))
+            typer.echo(planner.format_plan(plan))
         raise typer.Exit(0 if plan.ok else 1)
     console = Console(stderr=True, quiet=json_output)
     try:
-        with build_mod.build_lock(source / "build"), console.status("building") as status:
-            wheel, log = build_mod.build_wheel(plan, source, lambda text: status.update(text))
-            if target is None:
-                status.update("verifying every compiled kernel against the reference")
-                result["verified"] = build_mod.verify_wheel(wheel, log)
-                status.update("installing")
-                build_mod.install_wheel(wheel, log)
-            else:
-                dist = source / "dist"
-                dist.mkdir(exist_ok=True)
-                shutil.copy2(wheel, dist / wheel.name)
-                wheel = dist / wheel.name
-    except build_mod.PlanError as exc:
+        with console.status("building") as status:
+            result.update(executor.carry_out(plan, source, lambda text: status.update(text)))
+    except planner.PlanError as exc:
         typer.echo(f"kt build: {exc}", err=True)
         raise typer.Exit(1) from exc
-    result.update(wheel=str(wheel), log=str(log), installed=target is None)
+    wheel, log = Path(result["wheel"]), result["log"]
     if json_output:
-        typer.echo(json.dumps({"schema_version": build_mod.PLAN_SCHEMA_VERSION, **result}, indent=1))
+        typer.echo(json.dumps({"schema_version": planner.PLAN_SCHEMA_VERSION, **result}, indent=1))
         return
-    typer.echo(build_mod.format_plan(plan))
+    typer.echo(planner.format_plan(plan))
     for r in result.get("verified", []):
         typer.echo(f"  verified {r['backend']:7} {r['method']:5} {r['kernel']} (max rel. error {r['rel_err']:.1e})")
     if target is None:

@@ -1,31 +1,17 @@
-"""`kt build`: plan a recipe for this machine (or a named target), build it, verify it, install it.
+"""Planning `kt build`: the machine report and the recipes in, a Plan out; nothing is built.
 
-Plan: the recipe (auto: the report's recommendation), its flags, the reasons, and for every
-rejected recipe why not. A forced recipe whose gates fail is refused before compiling, each
-gate with its remedy. Host builds use -march=native plus the recipe's flags; target builds
-use the target's own -march from archspec, checked by the compile probe: never a silent
-fallback. Build: scikit-build-core (CMake + Ninja) into a wheel, in a build directory per
-plan hash (rebuilds take seconds), under a lock, with the full log kept. Verify: the wheel is
-unpacked aside and every compiled kernel that runs here is checked against the reference on
-random data before anything is installed, so a failed build or verification leaves the
-previous install as it was.
+The plan names the recipe (auto: the report's recommendation), its flags, the reasons, and for
+every rejected recipe why not. A forced recipe whose gates fail is refused before compiling,
+each gate with its remedy (recipes.GATE_REMEDIES). Host builds use -march=native plus the
+recipe's flags; target builds use the target's own -march from archspec, checked by the
+compile probe: never a silent fallback. ktforge.executor carries a plan out.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ktforge import recipes, toolchain
@@ -248,129 +234,3 @@ def format_plan(plan: Plan) -> str:
         for m in plan.missing:
             lines.append(f"  ✗ {m['detail']}" + (f"\n      fix: {m['remedy']}" if m["remedy"] else ""))
     return "\n".join(lines)
-
-
-# --- building ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def build_lock(directory: Path) -> Iterator[None]:
-    """Serialises concurrent builds of one checkout."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with (directory / ".kt-build.lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _run_logged(command: list[str], log: Path, cwd: Path, env: dict[str, str] | None = None) -> bool:
-    with log.open("a") as out:
-        out.write(f"\n$ {' '.join(command)}\n")
-        out.flush()
-        done = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return done.returncode == 0
-
-
-def build_wheel(plan: Plan, source: Path, step: Callable[[str], None]) -> tuple[Path, Path]:
-    """Builds the plan's wheel; returns (wheel, log). Raises PlanError naming the log on failure."""
-    work = source / "build" / f"kt-{plan.backend}-{plan.key()}"
-    dist = work / "dist"
-    log = work / "build.log"
-    work.mkdir(parents=True, exist_ok=True)
-    log.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
-    shutil.rmtree(dist, ignore_errors=True)
-    import importlib.util
-
-    # reuse this environment's build tools when it has them (fast, offline); else pip isolates
-    local_tools = all(importlib.util.find_spec(m) for m in ("scikit_build_core", "pybind11"))
-    # --config-settings, not -C: the pip of Debian 12's venvs (23.0) lacks the short form
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-deps",
-        "-w",
-        str(dist),
-        f"--config-settings=build-dir={work / 'cmake'}",
-    ]
-    if local_tools:
-        command.insert(5, "--no-build-isolation")
-    for key, value in plan.cmake_defines.items():
-        command.append(f"--config-settings=cmake.define.{key}={value}")
-    command.append(str(source))
-    step(f"compiling {plan.backend} ({' '.join(plan.flags)})")
-    if not _run_logged(command, log, source):
-        raise PlanError(f"the build failed; the full log is {log}")
-    wheels = sorted(dist.glob("ktforge-*.whl"))
-    if not wheels:
-        raise PlanError(f"the build produced no wheel; see {log}")
-    return wheels[-1], log
-
-
-VERIFY_SCRIPT = r"""
-import json, sys
-import numpy as np
-import ktforge, ktforge._native as native
-results = []
-rng = np.random.default_rng(0)
-E, k, H, I, T = 4, 2, 72, 40, 9
-gate = (rng.standard_normal((E, I, H)) / 8).astype(np.float32)
-up = (rng.standard_normal((E, I, H)) / 8).astype(np.float32)
-down = (rng.standard_normal((E, H, I)) / 6).astype(np.float32)
-x = rng.standard_normal((T, H)).astype(np.float32)
-ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int64)
-w = rng.random((T, k)).astype(np.float32)
-for method in ("bf16", "int8", "int4"):
-    ref = ktforge.MoE(E, k, H, I, method=method, backend="reference", group_size=32)
-    ref.load_weights(gate, up, down)
-    expected = ref.forward(x, ids, w)
-    for b in native.build_info()["backends"]:
-        if b["name"] == "reference" or not b["runs_here"]:
-            continue
-        moe = ktforge.MoE(E, k, H, I, method=method, backend=b["name"], group_size=32)
-        moe.load_weights(gate, up, down)
-        err = float(np.abs(moe.forward(x, ids, w) - expected).max() / np.abs(expected).max())
-        results.append({"backend": b["name"], "method": method, "kernel": moe.info["kernel"], "rel_err": err,
-                        "ok": err < 1e-4})
-info = native.build_info()
-if info.get("blis"):
-    results.append({"backend": "blis", "method": "int8", "kernel": info["blis"]["version"], "rel_err": 0.0,
-                    "ok": bool(native.blis_gemm_selftest())})
-print(json.dumps(results))
-"""
-
-
-def verify_wheel(wheel: Path, log: Path) -> list[dict[str, Any]]:
-    """Every compiled kernel that runs here against the reference, from the unpacked wheel."""
-    with tempfile.TemporaryDirectory(prefix="kt-verify-") as tmp:
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(tmp)
-        site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, *site]))
-        # -S: the unpacked wheel, not an installed (or editable) ktforge, is what gets imported
-        done = subprocess.run(
-            [sys.executable, "-S", "-c", VERIFY_SCRIPT], capture_output=True, text=True, env=env, timeout=600
-        )
-    with log.open("a") as out:
-        out.write("\n$ verify\n" + done.stdout + done.stderr)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise PlanError(f"verification crashed ({tail[0]}); the full log is {log}")
-    results: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
-    bad = [r for r in results if not r["ok"]]
-    if bad:
-        raise PlanError(
-            "verification failed: "
-            + "; ".join(f"{r['backend']} {r['method']} differs from the reference by {r['rel_err']:.2e}" for r in bad)
-            + f"; nothing was installed; the full log is {log}"
-        )
-    return results
-
-
-def install_wheel(wheel: Path, log: Path) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)]
-    if not _run_logged(command, log, wheel.parent):
-        raise PlanError(f"installing {wheel.name} failed; the full log is {log}")
