@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -106,12 +107,22 @@ def _command_output(command: list[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+def _finished(future: Future[dict[str, Any]], pool: ThreadPoolExecutor) -> dict[str, Any]:
+    try:
+        return future.result()
+    finally:
+        pool.shutdown()
+
+
 def collect_live(with_blis: bool = True) -> Evidence:
     """Run every probe and read every source on this machine."""
     from ktforge import blis, extension, pycpuinfo, system, toolchain
     from ktforge.cpuid import decode, leaves_from_rows
     from ktforge.probe_runner import run_probe
 
+    # py-cpuinfo runs CPUID in a child process (about a second): beside the probes, not after
+    witness_pool = ThreadPoolExecutor(max_workers=1)
+    witness = witness_pool.submit(pycpuinfo.collect)
     cpu = run_probe("cpu")
     amx_args: list[str] = []
     if cpu.ok and cpu.data:
@@ -132,7 +143,7 @@ def collect_live(with_blis: bool = True) -> Evidence:
     return Evidence(
         source="live",
         cpu_probe=cpu.to_json(),
-        pycpuinfo=pycpuinfo.collect(),
+        pycpuinfo=_finished(witness, witness_pool),
         amx_probe=amx.to_json(),
         blis=blis.discover() if with_blis else None,
         cpuinfo_text=cpuinfo,
