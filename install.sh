@@ -96,7 +96,7 @@ system_deps() {
 install_packages() {
   local py=$1; shift
   local plan
-  plan=$(PYTHONPATH="$ROOT/installer" "$py" -m ktforge.sysdeps "$@") \
+  plan=$(PYTHONPATH="$ROOT/installer" "$py" -m ktforge.build.sysdeps "$@") \
     || die "missing $*; install them with your package manager"
   say "installing system packages for: $*"
   while IFS= read -r line; do

@@ -74,7 +74,7 @@ def main() -> None:
                 shutil.rmtree(out, ignore_errors=True)
                 command = ["convert", "--input", str(src), "--output", str(out), "--quant", quant]
                 done = subprocess.run(
-                    [sys.executable, "-c", "from ktforge.cli import main; main()", *command],
+                    [sys.executable, "-c", "from ktforge.cli.commands import main; main()", *command],
                     check=True,
                     capture_output=True,
                     text=True,

@@ -42,9 +42,8 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export KTFORGE_EXPECT_SANITIZED=1
 cd "$ROOT"
 if [ $# = 0 ]; then
-  set -- tests/test_moe_correctness.py tests/test_moe_inputs.py tests/test_concurrency.py \
-    tests/test_tile_model.py tests/test_amd_blis.py tests/test_convert.py \
-    tests/test_extension.py::test_the_build_is_instrumented_exactly_in_the_sanitizer_run -q -p no:cacheprovider
+  set -- tests/kernels tests/checkpoints/test_convert.py \
+    tests/detect/test_extension.py::test_the_build_is_instrumented_exactly_in_the_sanitizer_run -q -p no:cacheprovider
 fi
 echo "==> the kernel, API, thread and fork tests on it"
 "$WORK/venv/bin/python" -m pytest "$@"

@@ -12,8 +12,9 @@ import functools
 from typing import Any
 
 import ktforge
-from ktforge import evidence, recipes
-from ktforge.report import build_report
+from ktforge.build import recipes
+from ktforge.detect import evidence
+from ktforge.detect.report import build_report
 
 
 @functools.cache

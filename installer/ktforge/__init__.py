@@ -12,7 +12,7 @@ __all__ = ["MoE", "__version__", "build_info"]
 def __getattr__(name: str) -> Any:
     # The kernels load on first use, so `kt doctor` works even when the extension is broken.
     if name in ("MoE", "build_info"):
-        from ktforge import moe
+        from ktforge.kernels import moe
 
         return getattr(moe, name)
     raise AttributeError(f"module 'ktforge' has no attribute {name!r}")

@@ -1,3 +1,3 @@
-from ktforge.cli import main
+from ktforge.cli.commands import main
 
 main()

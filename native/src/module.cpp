@@ -3,7 +3,7 @@
 // This file and the runtime are compiled without ISA flags: importing the module is
 // safe on any x86-64 CPU. ISA-specific code lives in arch/*, one translation unit per
 // backend with its own flags, and runs only after select_backend() checked the CPU.
-// Arguments are validated in Python (ktforge.moe) and again here where memory safety
+// Arguments are validated in Python (ktforge.kernels.moe) and again here where memory safety
 // depends on them; C++ exceptions become Python ValueError/RuntimeError.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -195,7 +195,7 @@ class PyMoE {
 
 }  // namespace
 
-// Weights [..., K] float32 -> the portable layout of ktforge.quantize: int8 values and one
+// Weights [..., K] float32 -> the portable layout of ktforge.kernels.quantize: int8 values and one
 // scale per row, or int4 (K padded to the group) as q + 8 nibble pairs and a scale per group.
 py::tuple quantize_weights(const py::array& w, const std::string& method_name, int group,
                            const std::optional<py::array_t<float, py::array::c_style>>& fp8_scale, int bn, int bk) {

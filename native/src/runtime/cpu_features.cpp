@@ -18,7 +18,7 @@ uint64_t xcr0() {
 }
 
 // Whether the OS enabled the register state a feature needs (the families are
-// ktforge.features' AVX_FAMILY, AVX512_FAMILY and AMX_FAMILY, generated).
+// ktforge.detect.features' AVX_FAMILY, AVX512_FAMILY and AMX_FAMILY, generated).
 bool os_allows(const std::string& feature) {
   const uint64_t x = xcr0();
   const bool avx = (x & 0x6) == 0x6;

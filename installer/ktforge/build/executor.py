@@ -1,0 +1,136 @@
+"""Carrying out a Plan (ktforge.build.planner): build, verify, install.
+
+Build: scikit-build-core (CMake + Ninja) into a wheel, in a build directory per plan hash
+(rebuilds take seconds), under a lock, with the full log kept. Verify: the wheel is unpacked
+aside and ``python -m ktforge.build.verify`` checks every compiled kernel that runs here against the
+reference on random data before anything is installed, so a failed build or verification
+leaves the previous install as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ktforge.build.planner import Plan, PlanError
+
+# --- building ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Serialises concurrent builds of one checkout."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".kt-build.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run_logged(command: list[str], log: Path, cwd: Path, env: dict[str, str] | None = None) -> bool:
+    with log.open("a") as out:
+        out.write(f"\n$ {' '.join(command)}\n")
+        out.flush()
+        done = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return done.returncode == 0
+
+
+def build_wheel(plan: Plan, source: Path, step: Callable[[str], None]) -> tuple[Path, Path]:
+    """Builds the plan's wheel; returns (wheel, log). Raises PlanError naming the log on failure."""
+    work = source / "build" / f"kt-{plan.backend}-{plan.key()}"
+    dist = work / "dist"
+    log = work / "build.log"
+    work.mkdir(parents=True, exist_ok=True)
+    log.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+    shutil.rmtree(dist, ignore_errors=True)
+    import importlib.util
+
+    # reuse this environment's build tools when it has them (fast, offline); else pip isolates
+    local_tools = all(importlib.util.find_spec(m) for m in ("scikit_build_core", "pybind11"))
+    # --config-settings, not -C: the pip of Debian 12's venvs (23.0) lacks the short form
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "-w",
+        str(dist),
+        f"--config-settings=build-dir={work / 'cmake'}",
+    ]
+    if local_tools:
+        command.insert(5, "--no-build-isolation")
+    for key, value in plan.cmake_defines.items():
+        command.append(f"--config-settings=cmake.define.{key}={value}")
+    command.append(str(source))
+    step(f"compiling {plan.backend} ({' '.join(plan.flags)})")
+    if not _run_logged(command, log, source):
+        raise PlanError(f"the build failed; the full log is {log}")
+    wheels = sorted(dist.glob("ktforge-*.whl"))
+    if not wheels:
+        raise PlanError(f"the build produced no wheel; see {log}")
+    return wheels[-1], log
+
+
+def verify_wheel(wheel: Path, log: Path) -> list[dict[str, Any]]:
+    """Every compiled kernel that runs here against the reference, from the unpacked wheel."""
+    with tempfile.TemporaryDirectory(prefix="kt-verify-") as tmp:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(tmp)
+        site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, *site]))
+        # -S: the unpacked wheel, not an installed (or editable) ktforge, is what gets imported
+        done = subprocess.run(
+            [sys.executable, "-S", "-m", "ktforge.build.verify"], capture_output=True, text=True, env=env, timeout=600
+        )
+    with log.open("a") as out:
+        out.write("\n$ verify\n" + done.stdout + done.stderr)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise PlanError(f"verification crashed ({tail[0]}); the full log is {log}")
+    results: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    bad = [r for r in results if not r["ok"]]
+    if bad:
+        raise PlanError(
+            "verification failed: "
+            + "; ".join(f"{r['backend']} {r['method']} differs from the reference by {r['rel_err']:.2e}" for r in bad)
+            + f"; nothing was installed; the full log is {log}"
+        )
+    return results
+
+
+def install_wheel(wheel: Path, log: Path) -> None:
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)]
+    if not _run_logged(command, log, wheel.parent):
+        raise PlanError(f"installing {wheel.name} failed; the full log is {log}")
+
+
+def carry_out(plan: Plan, source: Path, step: Callable[[str], None]) -> dict[str, Any]:
+    """Build the plan's wheel under the lock; a host build is verified and installed, a target
+    build is copied to ``dist/``. Returns {"wheel", "log", "installed", "verified"?}."""
+    result: dict[str, Any] = {}
+    with build_lock(source / "build"):
+        wheel, log = build_wheel(plan, source, step)
+        if plan.target is None:
+            step("verifying every compiled kernel against the reference")
+            result["verified"] = verify_wheel(wheel, log)
+            step("installing")
+            install_wheel(wheel, log)
+        else:
+            dist = source / "dist"
+            dist.mkdir(exist_ok=True)
+            shutil.copy2(wheel, dist / wheel.name)
+            wheel = dist / wheel.name
+    return {**result, "wheel": str(wheel), "log": str(log), "installed": plan.target is None}

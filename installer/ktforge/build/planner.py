@@ -1,0 +1,237 @@
+"""Planning `kt build`: the machine report and the recipes in, a Plan out; nothing is built.
+
+The plan names the recipe (auto: the report's recommendation), its flags, the reasons, and for
+every rejected recipe why not. A forced recipe whose gates fail is refused before compiling,
+each gate with its remedy (recipes.GATE_REMEDIES). Host builds use -march=native plus the
+recipe's flags; target builds use the target's own -march from archspec, checked by the
+compile probe: never a silent fallback. ktforge.build.executor carries a plan out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ktforge.build import recipes
+from ktforge.detect import toolchain
+
+PLAN_SCHEMA_VERSION = 1
+BACKEND_CHOICES = ("auto", *(r.name for r in recipes.load_recipes()))  # the recipes, best first
+
+
+class PlanError(Exception):
+    """The plan cannot be built; the message lists every reason."""
+
+
+@dataclass
+class Plan:
+    backend: str
+    ok: bool
+    target: str | None
+    flags: list[str]
+    kernel_backends: list[str]
+    reasons: list[str]
+    rejected: list[dict[str, Any]]
+    missing: list[dict[str, str]]
+    compiler: dict[str, Any] | None
+    blis_library: str | None
+    cmake_defines: dict[str, str] = field(default_factory=dict)
+    schema_version: int = PLAN_SCHEMA_VERSION
+
+    def key(self) -> str:
+        stuff = json.dumps(
+            [
+                self.backend,
+                self.target,
+                self.flags,
+                self.kernel_backends,
+                self.blis_library,
+                (self.compiler or {}).get("path"),
+                (self.compiler or {}).get("version"),
+            ]
+        )
+        return hashlib.sha256(stuff.encode()).hexdigest()[:12]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".") if p.isdigit())
+
+
+# gcc's -march spellings of archspec's names
+TARGET_ALIASES = {
+    "znver3": "zen3",
+    "znver4": "zen4",
+    "znver5": "zen5",
+    "skylake-avx512": "skylake_avx512",
+    "icelake-server": "icelake",
+    "cascadelake-server": "cascadelake",
+}
+
+
+def target_features(target: str) -> set[str]:
+    import archspec.cpu
+
+    features = set(archspec.cpu.TARGETS[TARGET_ALIASES.get(target, target)].features)
+    if "sse3" in features:
+        features.add("pni")
+    return features
+
+
+def _target_flags(target: str, compiler: dict[str, Any]) -> list[str]:
+    """-march/-mtune for a named microarchitecture, from archspec's compiler tables."""
+    import archspec.cpu
+
+    target = TARGET_ALIASES.get(target, target)
+    if target not in archspec.cpu.TARGETS:
+        known = ", ".join(sorted(n for n, t in archspec.cpu.TARGETS.items() if t.family.name == "x86_64"))
+        raise PlanError(f"unknown target '{target}' (known x86-64 targets: {known})")
+    uarch = archspec.cpu.TARGETS[target]
+    version = compiler["version"]
+    errors = []
+    # archspec's ranges are written as major.minor; try the full version, then major.minor
+    for candidate in (version, ".".join(version.split(".")[:2])):
+        try:
+            return str(uarch.optimization_flags(compiler["family"], candidate)).split()
+        except Exception as exc:  # archspec raises its own UnsupportedMicroarchitecture
+            errors.append(str(exc))
+    raise PlanError(f"{compiler['name']} {version} cannot target {target}: {errors[-1]}")
+
+
+def _missing(gate: str, detail: str) -> dict[str, str]:
+    """A failed gate, with its remedy from the one table (recipes.GATE_REMEDIES)."""
+    return {"gate": gate, "detail": detail, "remedy": recipes.GATE_REMEDIES[gate]}
+
+
+def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None = None) -> Plan:
+    if backend not in BACKEND_CHOICES:
+        raise PlanError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}")
+    evaluated = {r["name"]: r for r in report["backend"]["recipes"]}
+    name = report["backend"]["recommended"] if backend == "auto" else backend
+    rejected = [{"name": n, "why_not": r["why_not"]} for n, r in evaluated.items() if n != name and not r["eligible"]]
+    compilers = [c for c in (report.get("toolchain") or {}).get("compilers", []) if c.get("language") == "c++"]
+    compiler = compilers[0] if compilers else None
+    missing: list[dict[str, str]] = []
+
+    def nothing(reason: str, missing: list[dict[str, str]]) -> Plan:
+        return Plan(
+            backend="none",
+            ok=False,
+            target=target,
+            flags=[],
+            kernel_backends=[],
+            reasons=[reason],
+            rejected=rejected,
+            missing=missing,
+            compiler=compiler,
+            blis_library=None,
+        )
+
+    if name == "unknown":
+        unseen = report["backend"]["unseen"]
+        return nothing(
+            f"cannot choose a recipe: the machine report does not show {'; '.join(unseen)}",
+            [_missing("facts", d) for d in unseen],
+        )
+    if name == "none":
+        lowest = min(evaluated.values(), key=lambda r: r["priority"])
+        return nothing(
+            "no recipe can be built for this machine",
+            [_missing(g["gate"], f"{g['gate']}: {g['detail']}") for g in lowest["failed_gates"]],
+        )
+    recipe = next(r for r in recipes.load_recipes() if r.name == name)
+    chosen = evaluated[name]
+    reasons = [f"{g['gate']}: {g['detail']}" for g in chosen["gates"] if g["status"] == "pass"]
+    if backend == "auto":
+        reasons.insert(0, f"{name} is the highest-priority recipe whose gates pass on this machine")
+    if target is None:
+        # a host build: every gate must hold here (unknown library evidence counts as failed)
+        missing += [_missing(g["gate"], f"{g['gate']}: {g['detail']}") for g in chosen["failed_gates"]]
+    else:
+        # a target build: the target's features (archspec) must meet the recipe, this host's need not
+        reasons = [f"--target {target}: built for that machine; this machine's execution gates are not required"]
+        try:
+            have = target_features(target)
+            lacking = [f for f in recipe.requires.get("cpu_features", []) if f not in have]
+            if lacking:
+                missing.append(_missing("target_features", f"{target} lacks {', '.join(lacking)}"))
+            else:
+                reasons.append(f"{target} has {', '.join(recipe.requires.get('cpu_features', []))}")
+        except KeyError:
+            pass  # an unknown target is reported below, with the list of known ones
+    flags: list[str] = []
+    if compiler is None:
+        missing.append(_missing("compiler", "no C++ compiler found"))
+    else:
+        floor = (recipe.min_compiler or {}).get(compiler["family"])
+        if floor and _version_tuple(compiler["version"]) < _version_tuple(floor):
+            old = f"{compiler['name']} {compiler['version']} is older than {floor}, the oldest that builds {name}"
+            missing.append(_missing("compiler_version", old))
+        try:
+            base = ["-march=native"] if target is None else _target_flags(target, compiler)
+        except PlanError as exc:
+            missing.append(_missing("target", str(exc)))
+            base = []
+        flags = [*base, *recipe.extra_flags]
+        if base and not toolchain.accepts(compiler["path"], flags):
+            rejects = f"{compiler['name']} {compiler['version']} rejects {' '.join(flags)}"
+            missing.append(_missing("compiler_flags", rejects))
+    blis_library = None
+    if recipe.requires.get("blis_addon") and compiler is not None:
+        blis = report.get("blis") or {}
+        blis_library = blis.get("selected")
+    defines = (
+        {}
+        if compiler is None
+        else {
+            "KTFORGE_ARCH_FLAGS": " ".join(flags),
+            "KTFORGE_BACKENDS": ";".join(recipe.backends),
+            "KTFORGE_RECIPE": name,
+            "KTFORGE_TARGET": target or "",
+            "KTFORGE_HOST_FINGERPRINT": host_fingerprint(report) if target is None else "",
+            "KTFORGE_BLIS_LIBRARY": blis_library or "",
+        }
+    )
+    return Plan(
+        backend=name,
+        ok=not missing,
+        target=target,
+        flags=flags,
+        kernel_backends=list(recipe.backends),
+        reasons=reasons,
+        rejected=rejected,
+        missing=missing,
+        compiler=compiler,
+        blis_library=blis_library,
+        cmake_defines=defines,
+    )
+
+
+def host_fingerprint(report: dict[str, Any]) -> str:
+    cpu = report["cpu"]
+    text = json.dumps([cpu["vendor"], cpu["family"], cpu["model"], cpu["stepping"], cpu["usable_features"]])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [f"recipe: {plan.backend}" + (f" (target {plan.target})" if plan.target else " (this machine)")]
+    if plan.flags:
+        lines.append(f"flags: {' '.join(plan.flags)}")
+    if plan.kernel_backends:
+        lines.append(f"kernels: {', '.join(plan.kernel_backends)}, reference")
+    if plan.compiler:
+        lines.append(f"compiler: {plan.compiler['name']} {plan.compiler['version']} ({plan.compiler['path']})")
+    if plan.blis_library:
+        lines.append(f"BLIS: {plan.blis_library}")
+    lines += [f"  because {reason}" for reason in plan.reasons]
+    for r in plan.rejected:
+        lines.append(f"not {r['name']}: {'; '.join(r['why_not'])}")
+    if plan.missing:
+        lines.append("cannot build:")
+        for m in plan.missing:
+            lines.append(f"  ✗ {m['detail']}" + (f"\n      fix: {m['remedy']}" if m["remedy"] else ""))
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Feeding them: safetensors reading and writing, Hugging Face checkpoints, `kt convert`."""

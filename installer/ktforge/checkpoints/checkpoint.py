@@ -1,0 +1,266 @@
+"""A Hugging Face checkpoint's routed experts: found by name, read one expert at a time.
+
+``Checkpoint(path)`` reads ``config.json``, the shard index (or the shards' own headers) and
+finds the layers holding routed experts by the naming of the architecture in
+``data/checkpoint_architectures.toml``. ``expert(layer, e, projection)`` returns one expert's
+weights as float32 ``[N, K]`` in Hugging Face orientation, de-quantizing FP8 E4M3 weights with
+their ``weight_scale_inv`` block scales (DeepSeek-V3: 128 x 128 blocks, from
+``quantization_config.weight_block_size``). Every failure names the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
+from ktforge.kernels.quantize import Fp8Blocks
+from ktforge.resources import data_path, load_toml
+
+Array = np.ndarray[Any, Any]
+PROJECTIONS = ("gate", "up", "down")
+INPUT_TYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32", "fp8": "F8_E4M3"}
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """The checkpoint is missing something, or holds something ktforge cannot convert."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    label: str
+    tensor: str
+    projections: dict[str, str]
+    config: dict[str, str]
+
+    def tensor_name(self, layer: int, expert: int, projection: str) -> str:
+        return self.tensor.format(layer=layer, expert=expert, projection=self.projections[projection])
+
+
+def architectures() -> dict[str, Architecture]:
+    raw = load_toml(data_path("checkpoint_architectures.toml"))
+    return {name: Architecture(model_type=name, **fields) for name, fields in raw.items()}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Checkpoint:
+    def __init__(self, path: str | Path, input_type: str = "auto") -> None:
+        self.path = Path(path)
+        if input_type != "auto" and input_type not in INPUT_TYPES:
+            raise CheckpointError(f"input type must be auto or one of {', '.join(INPUT_TYPES)}, got {input_type!r}")
+        self.input_type = input_type
+        config_path = self.path / "config.json"
+        if not config_path.is_file():
+            raise CheckpointError(f"{config_path}: not found (expected a Hugging Face checkpoint directory)")
+        try:
+            config = json.loads(config_path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise CheckpointError(f"{config_path}: not UTF-8 text (byte {error.start}); not a config.json") from error
+        except (OSError, json.JSONDecodeError) as error:
+            raise CheckpointError(f"{config_path}: cannot be read as JSON ({error})") from error
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_path}: a JSON {type(config).__name__}, not an object of settings")
+        self.config: dict[str, Any] = config
+        model_type = str(self.config.get("model_type", ""))
+        known = architectures()
+        if model_type not in known:
+            names = ", ".join(f"{a.label} ({a.model_type})" for a in known.values())
+            raise CheckpointError(
+                f"{config_path}: model_type {model_type!r} is not an MoE architecture ktforge knows; supported: {names}"
+            )
+        self.arch = known[model_type]
+        sizes = {}
+        for key, field in self.arch.config.items():
+            value = self.config.get(field)
+            # bool is an int to Python; `"num_experts": true` is not a size
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value >= 2**31:
+                raise CheckpointError(
+                    f"{config_path}: {field} must be a positive integer below 2^31 for {self.arch.label}, got {value!r}"
+                )
+            sizes[key] = value
+        self.hidden, self.intermediate = sizes["hidden"], sizes["intermediate"]
+        self.experts, self.top_k = sizes["experts"], sizes["top_k"]
+        if self.top_k > self.experts:
+            field = self.arch.config["top_k"]
+            raise CheckpointError(
+                f"{config_path}: {field} = {self.top_k} routes to more experts than there are ({self.experts})"
+            )
+        self.fp8_block = self._fp8_block(config_path)
+        self._files: dict[str, SafetensorsFile] = {}
+        self._lock = threading.Lock()  # experts are read from several threads
+        self.weight_map = self._weight_map()
+        self.moe_layers = self._moe_layers()
+
+    def _fp8_block(self, config_path: Path) -> tuple[int, int]:
+        """DeepSeek-V3's FP8 block size (quantization_config.weight_block_size), checked."""
+        quantization = self.config.get("quantization_config")
+        if quantization is None:
+            return (128, 128)
+        if not isinstance(quantization, dict):
+            raise CheckpointError(f"{config_path}: quantization_config must be an object, got {quantization!r}")
+        block = quantization.get("weight_block_size", [128, 128])
+        if (
+            not isinstance(block, list)
+            or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+        ):
+            raise CheckpointError(
+                f"{config_path}: quantization_config.weight_block_size must be two positive integers, got {block!r}"
+            )
+        return (block[0], block[1])
+
+    # ---- where tensors are ------------------------------------------------------------
+
+    def _weight_map(self) -> dict[str, str]:
+        index = self.path / INDEX_NAME
+        if index.is_file():
+            try:
+                document = json.loads(index.read_bytes().decode("utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise CheckpointError(f"{index}: not a valid shard index ({error})") from error
+            weight_map = document.get("weight_map") if isinstance(document, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointError(f"{index}: weight_map must map tensor names to shard file names")
+            if any("/" in v or v.startswith(".") for v in weight_map.values()):
+                raise CheckpointError(f"{index}: weight_map names a shard outside the checkpoint directory")
+            return {str(k): v for k, v in weight_map.items()}
+        shards = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if not shards:
+            raise CheckpointError(f"{self.path}: no *.safetensors files and no {INDEX_NAME}")
+        return {name: shard for shard in shards for name in self._open(shard).tensors}
+
+    def _open(self, shard: str) -> SafetensorsFile:
+        with self._lock:
+            if shard not in self._files:
+                path = self.path / shard
+                if not path.is_file():
+                    raise CheckpointError(f"{path}: listed in {INDEX_NAME} but missing")
+                self._files[shard] = SafetensorsFile(path)
+            return self._files[shard]
+
+    def _moe_layers(self) -> list[int]:
+        pattern = re.escape(self.arch.tensor_name(0, 0, "gate")).replace(re.escape("layers.0."), r"layers\.(\d+)\.", 1)
+        layers = sorted({int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(pattern, name))})
+        if not layers:
+            example = self.arch.tensor_name(0, 0, "gate")
+            raise CheckpointError(f"{self.path}: no routed expert tensors named like {example!r} ({self.arch.label})")
+        # the config's expert count must match the files: fewer would silently drop experts
+        template = self.arch.tensor.format(layer=layers[0], expert="EXPERT", projection=self.arch.projections["gate"])
+        expert_pattern = re.escape(template).replace("EXPERT", r"(\d+)", 1)
+        stored = {int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(expert_pattern, name))}
+        if stored and max(stored) >= self.experts:
+            field = self.arch.config["experts"]
+            raise CheckpointError(
+                f"{self.path}: layer {layers[0]} holds expert {max(stored)}, but config.json says {field} = "
+                f"{self.experts}; the config does not describe these files"
+            )
+        return layers
+
+    def source_identity(self) -> dict[str, Any]:
+        """What identifies the source: config and index hashes, each shard's size and header hash
+        (the header lists every tensor with its offsets; hashing whole shards would mean reading
+        the whole model)."""
+        identity: dict[str, Any] = {"config.json": sha256_file(self.path / "config.json")}
+        if (self.path / INDEX_NAME).is_file():
+            identity[INDEX_NAME] = sha256_file(self.path / INDEX_NAME)
+        identity["shards"] = {
+            shard: {"bytes": f.size, "header_sha256": hashlib.sha256(f.header_bytes).hexdigest()}
+            for shard in sorted(set(self.weight_map.values()))
+            for f in [self._open(shard)]
+        }
+        return identity
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ---- reading experts ----------------------------------------------------------------
+
+    def shape(self, projection: str) -> tuple[int, int]:
+        """[N, K] of one expert's projection."""
+        return (self.hidden, self.intermediate) if projection == "down" else (self.intermediate, self.hidden)
+
+    def _stored(self, layer: int, expert: int, projection: str) -> list[tuple[SafetensorsFile, str]]:
+        """Where a projection's tensors are: its weight and, for FP8, its block scales."""
+        name = self.arch.tensor_name(layer, expert, projection)
+        found = []
+        for tensor in (name, name + "_scale_inv"):
+            shard = self.weight_map.get(tensor)
+            if shard is not None and tensor in self._open(shard).tensors:
+                found.append((self._open(shard), tensor))
+        return found
+
+    def source_bytes(self, layer: int, expert: int, projection: str) -> int:
+        """Bytes a projection occupies in the checkpoint (with its FP8 block scales)."""
+        return sum(f.tensors[t].end - f.tensors[t].begin for f, t in self._stored(layer, expert, projection))
+
+    def _tensor(self, name: str, why: str) -> tuple[SafetensorsFile, Array]:
+        shard = self.weight_map.get(name)
+        if shard is None:
+            raise CheckpointError(f"{self.path}: tensor {name!r} ({why}) is missing")
+        f = self._open(shard)
+        try:
+            return f, f.get(name)
+        except SafetensorsError as error:
+            raise CheckpointError(str(error)) from error
+
+    def describe(self, layer: int, expert: int, projection: str) -> str:
+        name = self.arch.tensor_name(layer, expert, projection)
+        return f"{self.path / self.weight_map.get(name, '?')}: tensor {name!r}"
+
+    def expert(self, layer: int, expert: int, projection: str) -> Array | Fp8Blocks:
+        """One expert's weights [N, K]: bfloat16 and float32 as stored, float16
+        widened to float32, FP8 with its block scales (ktforge.kernels.quantize takes each of them)."""
+        name = self.arch.tensor_name(layer, expert, projection)
+        f, w = self._tensor(name, f"layer {layer}, expert {expert}, {projection}")
+        where = f"{f.path}: tensor {name!r}"
+        dtype = f.info(name).dtype
+        if self.input_type != "auto" and dtype != INPUT_TYPES[self.input_type]:
+            raise CheckpointError(f"{where} is {dtype}, but the input type was given as {self.input_type}")
+        if w.shape != self.shape(projection):
+            raise CheckpointError(
+                f"{where} has shape {list(w.shape)}; config.json implies {list(self.shape(projection))}"
+            )
+        if dtype == "F8_E4M3":
+            return self._fp8_blocks(name, where, w)
+        if dtype not in ("BF16", "F16", "F32"):
+            raise CheckpointError(f"{where} is {dtype}; expected bf16, fp16, fp32 or fp8 (F8_E4M3) weights")
+        return w if dtype in ("BF16", "F32") else w.astype(np.float32)
+
+    def _fp8_blocks(self, name: str, where: str, w: Array) -> Fp8Blocks:
+        scale_name = name + "_scale_inv"
+        _, scale = self._tensor(scale_name, f"the block scales of {name}")
+        (bn, bk), (N, K) = self.fp8_block, w.shape
+        blocks = (-(-N // bn), -(-K // bk))
+        if scale.shape != blocks:
+            raise CheckpointError(
+                f"{where}: {scale_name} has shape {list(scale.shape)}; "
+                f"{bn}x{bk} blocks of [{N}, {K}] need {list(blocks)}"
+            )
+        s = np.ascontiguousarray(scale, dtype=np.float32)
+        if not np.isfinite(s).all():
+            raise CheckpointError(f"{where}: {scale_name} contains NaN or infinite values")
+        return Fp8Blocks(w.view(np.uint8), s, (bn, bk))

@@ -1,0 +1,381 @@
+"""`kt convert`: a Hugging Face checkpoint's routed experts, quantized into ktforge's format.
+
+Output directory (format ``ktforge-moe-experts``, version 1):
+- ``layer-NNN.safetensors``, one per MoE layer: tensors ``{gate,up,down}.weight`` and, for
+  int8/int4, ``{gate,up,down}.scale``, each with the experts as the first axis and the
+  portable layout of :mod:`ktforge.kernels.quantize` after it. Nothing depends on thread or NUMA
+  counts: the kernels pack the weights for themselves at load.
+- ``manifest.json``: format and version, method, group size, the layer's sizes, the source
+  (config/index hashes, each shard's size and header hash) and every tensor's dtype, shape
+  and SHA-256. It is written last, atomically: a directory without it is not a conversion.
+- while converting, ``.ktforge-convert.json`` records the finished layers; running the same
+  command again after an interruption skips them. Layer files appear only when complete
+  (written as ``*.partial``, fsynced, renamed).
+
+Memory stays bounded by a few experts: each is read (pread, tensor by tensor), quantized and written
+into its place in the layer file before the next.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import deque
+from collections.abc import Callable, Generator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ktforge import __version__
+from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
+from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
+from ktforge.kernels.quantize import GROUP_SIZES, METHODS, Quantized, quantize, shapes
+
+FORMAT = "ktforge-moe-experts"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+STATE = ".ktforge-convert.json"
+
+
+class ConversionError(ValueError):
+    """The conversion cannot start or continue; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Options:
+    method: str
+    group_size: int
+    input_type: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "group_size": self.group_size if self.method == "int4" else None,
+            "input_type": self.input_type,
+        }
+
+
+def layer_file(layer: int) -> str:
+    return f"layer-{layer:03d}.safetensors"
+
+
+def parse_layers(spec: str | None, available: list[int]) -> list[int]:
+    """``None`` or ``all``: every MoE layer; else ``3``, ``0-5``, ``1,4,7-9``."""
+    if spec is None or spec.strip() in ("", "all"):
+        return list(available)
+    chosen: set[int] = set()
+    for part in spec.split(","):
+        bounds = part.strip().split("-")
+        try:
+            low, high = (int(bounds[0]), int(bounds[-1])) if len(bounds) <= 2 else (0, -1)
+        except ValueError:
+            low, high = 0, -1
+        if high < low:
+            raise ConversionError(f"--layers: cannot read {part.strip()!r} (use forms like 3, 0-5 or 1,4,7-9)")
+        chosen.update(range(low, high + 1))
+    missing = sorted(chosen - set(available))
+    if missing:
+        raise ConversionError(
+            f"--layers: layer(s) {', '.join(map(str, missing))} hold no routed experts; "
+            f"MoE layers are {format_layers(available)}"
+        )
+    return sorted(chosen)
+
+
+def format_layers(values: list[int]) -> str:
+    out, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ",".join(out)
+
+
+def layer_tensors(
+    method: str, experts: int, hidden: int, intermediate: int, group: int
+) -> dict[str, tuple[str, tuple[int, ...]]]:
+    tensors = {}
+    for projection in PROJECTIONS:
+        N, K = (hidden, intermediate) if projection == "down" else (intermediate, hidden)
+        for part, (shape, dtype) in shapes(method, N, K, group).items():
+            tensors[f"{projection}.{part}"] = (dtype, (experts, *shape))
+    return tensors
+
+
+Sink = Callable[[int, str, Quantized], None]
+
+
+def quantized_experts(
+    checkpoint: Checkpoint, layer: int, options: Options, threads: int, sink: Sink
+) -> Generator[tuple[int, dict[str, Quantized], int], None, None]:
+    """Quantizes a layer's experts on ``threads`` threads, a few experts in flight (the
+    extension and NumPy release the GIL); ``sink(expert, projection, q)`` runs on the worker
+    (writing its slice). Yields (expert, its projections, source bytes read) in expert order;
+    an expert's source pages are dropped when the caller asks for the next one."""
+
+    def one(expert: int) -> tuple[dict[str, Quantized], int]:
+        out, read = {}, 0
+        for projection in PROJECTIONS:
+            w = checkpoint.expert(layer, expert, projection)
+            read += checkpoint.source_bytes(layer, expert, projection)
+            try:
+                q = quantize(w, options.method, options.group_size)
+            except ValueError as error:
+                raise CheckpointError(f"{checkpoint.describe(layer, expert, projection)}: {error}") from error
+            sink(expert, projection, q)
+            out[projection] = q
+        return out, read
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        pending: deque[Future[tuple[dict[str, Quantized], int]]] = deque()
+        next_expert = 0
+        try:
+            for expert in range(checkpoint.experts):
+                while next_expert < checkpoint.experts and len(pending) < 2 * max(1, threads):
+                    pending.append(pool.submit(one, next_expert))
+                    next_expert += 1
+                projections, read = pending.popleft().result()
+                yield expert, projections, read
+        finally:
+            # stopped early (an error, an interrupt): queued experts are dropped, and leaving
+            # the pool waits for the running ones, so nothing writes after the caller moves on
+            for future in pending:
+                future.cancel()
+
+
+def convert_layer(
+    checkpoint: Checkpoint, layer: int, options: Options, path: Path, threads: int, advance: Callable[[int], None]
+) -> dict[str, Any]:
+    """Writes one layer file; returns its manifest entry (tensors with SHA-256, bytes)."""
+    tensors = layer_tensors(
+        options.method, checkpoint.experts, checkpoint.hidden, checkpoint.intermediate, options.group_size
+    )
+    metadata = {
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "layer": str(layer),
+        **{k: str(v) for k, v in options.as_dict().items()},
+    }
+    writer = StreamingWriter(path, tensors, metadata)
+    digests = {name: hashlib.sha256() for name in tensors}
+
+    def write(expert: int, projection: str, q: Quantized) -> None:
+        for part, array in q.parts().items():
+            writer.write(f"{projection}.{part}", expert, array)
+
+    try:
+        # slices are written by the workers; the checksums need them in order, here
+        with closing(quantized_experts(checkpoint, layer, options, threads, write)) as experts:
+            for _, projections, read in experts:
+                for projection, q in projections.items():
+                    for part, array in q.parts().items():
+                        digests[f"{projection}.{part}"].update(as_bytes(array))
+                advance(read)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    return {
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        "tensors": {
+            name: {"dtype": dtype, "shape": list(shape), "sha256": digests[name].hexdigest()}
+            for name, (dtype, shape) in tensors.items()
+        },
+    }
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w") as f:
+        json.dump(document, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    partial.replace(path)
+
+
+@dataclass
+class Plan:
+    checkpoint: Checkpoint
+    options: Options
+    output: Path
+    layers: list[int]
+    done: dict[str, Any]  # layer (as a string) -> manifest entry, finished earlier
+    header: dict[str, Any]  # what the manifest says besides the layers
+
+    @property
+    def todo(self) -> list[int]:
+        return [layer for layer in self.layers if str(layer) not in self.done]
+
+    def source_bytes(self, layer: int) -> int:
+        return sum(
+            self.checkpoint.source_bytes(layer, e, p) for e in range(self.checkpoint.experts) for p in PROJECTIONS
+        )
+
+
+def _identity(source: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in source.items() if key != "path"}  # a moved checkpoint is the same
+
+
+def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type: str, layers: str | None) -> Plan:
+    """Checks everything that can be checked before writing; finds what an earlier run finished."""
+    if method not in METHODS:
+        raise ConversionError(f"--quant must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "int4" and group_size not in GROUP_SIZES:
+        raise ConversionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size}")
+    if output.resolve() == input_dir.resolve():
+        raise ConversionError("--output must not be the input checkpoint directory")
+    for parent in (output, *output.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConversionError(f"--output {output}: {parent} is a file, not a directory")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ConversionError(f"--output {output}: {parent} is not writable")
+            break
+    checkpoint = Checkpoint(input_dir, input_type)
+    try:
+        options = Options(method, group_size if method == "int4" else 0, input_type)
+        chosen = parse_layers(layers, checkpoint.moe_layers)
+        header = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            **options.as_dict(),
+            "architecture": checkpoint.arch.model_type,
+            "hidden_size": checkpoint.hidden,
+            "intermediate_size": checkpoint.intermediate,
+            "num_experts": checkpoint.experts,
+            "top_k": checkpoint.top_k,
+            "source": {"path": str(input_dir.resolve()), **checkpoint.source_identity()},
+        }
+        done: dict[str, Any] = {}
+        for existing in (MANIFEST, STATE):
+            path = output / existing
+            if not path.is_file():
+                continue
+            try:
+                previous = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as error:
+                raise ConversionError(f"{path}: unreadable ({error}); remove it or choose another --output") from error
+            differences = [
+                f"{key}: {previous.get(key)!r} there, {value!r} now"
+                for key, value in header.items()
+                if key != "source" and previous.get(key) != value
+            ]
+            if _identity(previous.get("source", {})) != _identity(header["source"]):
+                differences.append("source checkpoint: different files (hashes differ)")
+            if differences:
+                raise ConversionError(
+                    f"{output} holds {'a conversion' if existing == MANIFEST else 'an unfinished conversion'} made "
+                    f"differently ({'; '.join(differences)}); choose another --output or remove it"
+                )
+            for key, entry in previous.get("layers", {}).items():
+                if (output / entry["file"]).is_file() and (output / entry["file"]).stat().st_size == entry["bytes"]:
+                    done[key] = entry
+        return Plan(checkpoint, options, output, chosen, done, header)
+    except BaseException:
+        checkpoint.close()
+        raise
+
+
+def run(plan: Plan, threads: int, on_progress: Callable[[int, int, str], None]) -> dict[str, Any]:
+    """Converts the plan's remaining layers and writes the manifest; returns it.
+
+    ``on_progress(bytes_done, layers_done, label)`` is called as source bytes are consumed.
+    """
+    plan.output.mkdir(parents=True, exist_ok=True)
+    if not plan.todo and (plan.output / MANIFEST).is_file():
+        return read_manifest(plan.output)  # nothing to add to a finished conversion
+    # An interrupted run's temporary files: only the names this conversion writes (never a
+    # *.partial it did not create).
+    ours = [layer_file(layer) for layer in plan.layers] + [MANIFEST, STATE]
+    for name in ours:
+        (plan.output / (name + ".partial")).unlink(missing_ok=True)
+    layers = {key: plan.done[key] for key in sorted(plan.done, key=int)}
+    state = {**plan.header, "layers": layers}
+    _write_json(plan.output / STATE, state)
+    # A finished conversion's manifest stays until the new one replaces it (atomically, at
+    # the end): a rerun over more layers that fails leaves the old conversion loadable.
+    bytes_done, finished = 0, len([layer for layer in plan.layers if str(layer) in plan.done])
+    for layer in plan.todo:
+        label = f"layer {layer}"
+        on_progress(bytes_done, finished, label)
+
+        def advance(read: int, finished: int = finished, label: str = label) -> None:
+            nonlocal bytes_done
+            bytes_done += read
+            on_progress(bytes_done, finished, label)
+
+        layers[str(layer)] = convert_layer(
+            plan.checkpoint, layer, plan.options, plan.output / layer_file(layer), threads, advance
+        )
+        finished += 1
+        _write_json(plan.output / STATE, state)
+        on_progress(bytes_done, finished, label)
+    manifest = {**plan.header, "created_by": f"ktforge {__version__}", "layers": layers}
+    _write_json(plan.output / MANIFEST, manifest)
+    (plan.output / STATE).unlink()
+    return manifest
+
+
+# ---- reading a conversion back -------------------------------------------------------------
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST
+    if not path.is_file():
+        if (directory / STATE).is_file():
+            raise ConversionError(
+                f"{directory}: the conversion is unfinished (no {MANIFEST}); run the same `kt convert` command "
+                "again to finish it"
+            )
+        raise ConversionError(f"{directory}: no {MANIFEST} (not a ktforge conversion)")
+    try:
+        manifest: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConversionError(f"{path}: unreadable ({error})") from error
+    if manifest.get("format") != FORMAT:
+        raise ConversionError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ConversionError(
+            f"{path}: format version {manifest.get('format_version')!r}; this ktforge reads version {FORMAT_VERSION} "
+            "(convert again with this version)"
+        )
+    return manifest
+
+
+def load_layer(directory: Path, layer: int, verify: bool = True) -> tuple[dict[str, Any], dict[str, Quantized]]:
+    """The manifest and one converted layer's projections (checksums verified)."""
+    manifest = read_manifest(directory)
+    entry = manifest["layers"].get(str(layer))
+    if entry is None:
+        raise ConversionError(
+            f"{directory}: layer {layer} was not converted; converted layers: "
+            f"{format_layers(sorted(map(int, manifest['layers'])))}"
+        )
+    path = directory / entry["file"]
+    try:
+        f = SafetensorsFile(path)
+    except SafetensorsError as error:
+        raise ConversionError(str(error)) from error
+    with f:
+        arrays = {}
+        for name, expected in entry["tensors"].items():
+            if name not in f.tensors:
+                raise ConversionError(f"{path}: tensor {name!r} is missing")
+            info = f.tensors[name]
+            if info.dtype != expected["dtype"] or list(info.shape) != expected["shape"]:
+                raise ConversionError(
+                    f"{path}: tensor {name!r} is {info.dtype} {list(info.shape)}; the manifest says "
+                    f"{expected['dtype']} {expected['shape']}"
+                )
+            if verify and hashlib.sha256(f.raw(name)).hexdigest() != expected["sha256"]:
+                raise ConversionError(f"{path}: tensor {name!r} does not match its checksum (the file is corrupt)")
+            arrays[name] = f.get(name)
+    projections = {p: Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale")) for p in PROJECTIONS}
+    return manifest, projections

@@ -1,0 +1,360 @@
+"""The ``kt`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ktforge import __version__
+from ktforge.build.recipes import load_recipes
+
+RECIPE_NAMES = tuple(r.name for r in load_recipes())  # best first
+
+if TYPE_CHECKING:  # the converter loads only when `kt convert` runs
+    from ktforge.checkpoints.convert import Plan
+
+app = typer.Typer(
+    name="kt",
+    help="ktforge: build, verify and install the fastest correct MoE kernels for this machine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DOCTOR_SCHEMA_VERSION = 1
+EXIT_DOCTOR_FAILED = 2
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"ktforge {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """ktforge command line."""
+
+
+def doctor_document(report: dict[str, Any], findings: list[Any]) -> dict[str, Any]:
+    from ktforge.cli.doctor import summarize
+
+    return {
+        "schema_version": DOCTOR_SCHEMA_VERSION,
+        "ktforge_version": __version__,
+        "recommended_backend": report["backend"]["recommended"],
+        "summary": summarize(findings),
+        "checks": [f.to_json() for f in findings],
+        "report": report,
+    }
+
+
+@app.command()
+def doctor(
+    json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+    list_checks: Annotated[bool, typer.Option("--list-checks", help="List the check ids and exit.")] = False,
+    check: Annotated[list[str] | None, typer.Option("--check", help="Run only this check (repeatable).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
+    snapshot: Annotated[Path | None, typer.Option("--snapshot", help="Write everything seen to FILE.")] = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option("--from", help="Replay a snapshot, /proc/cpuinfo, lscpu (text or -J), CPUID or sysctl dump."),
+    ] = None,
+) -> None:
+    """Check every gate between this machine and fast, correct kernels.
+
+    Exit codes: 0 no errors, 1 at least one error (or warning with --strict), 2 doctor failed.
+    """
+    from ktforge.cli import doctor as doctor_checks
+
+    if list_checks:
+        for cid, category, title in doctor_checks.list_checks():
+            typer.echo(f"{cid:28} {category:10} {title}")
+        raise typer.Exit(0)
+    try:
+        from ktforge.cli.render import render, use_color
+        from ktforge.detect import evidence as evidence_mod
+        from ktforge.detect.dumps import DumpFormatError
+        from ktforge.detect.report import build_report
+
+        try:
+            ev = evidence_mod.from_file(from_file) if from_file else evidence_mod.collect_live()
+        except DumpFormatError as exc:
+            typer.echo(f"kt doctor: cannot read {from_file}: {exc}", err=True)
+            raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
+        report = build_report(ev)
+        try:
+            findings = doctor_checks.run_checks(report, check or None)
+        except KeyError as exc:
+            typer.echo(f"kt doctor: {exc.args[0]}", err=True)
+            raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
+        if snapshot is not None:
+            document = ev.to_snapshot()
+            document["report"] = report
+            snapshot.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+        if json_output:
+            typer.echo(json.dumps(doctor_document(report, findings), indent=1, sort_keys=True))
+        else:
+            render(report, findings, sys.stdout, use_color(sys.stdout))
+            if snapshot is not None:
+                typer.echo(f"snapshot written to {snapshot}")
+        raise typer.Exit(doctor_checks.exit_code(findings, strict))
+    except typer.Exit:
+        raise
+    except Exception as exc:  # the doctor must say what broke, not dump a traceback
+        typer.echo(f"kt doctor failed: {type(exc).__name__}: {exc}", err=True)
+        typer.echo("please report this with the output of `kt doctor --snapshot FILE`", err=True)
+        raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
+
+
+@app.command()
+def build(
+    backend: Annotated[str, typer.Option(help=f"auto, or a recipe: {', '.join(RECIPE_NAMES)}.")] = "auto",
+    plan_only: Annotated[bool, typer.Option("--plan", help="Print the plan and why; build nothing.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the plan (and result) as JSON.")] = False,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="Build for another machine (e.g. sapphirerapids, znver4): a wheel in dist/, not installed here."
+        ),
+    ] = None,
+    source: Annotated[Path, typer.Option(help="The ktforge checkout to build.")] = Path(),
+) -> None:
+    """Plan, build, verify and install the kernels of one recipe.
+
+    Exit codes: 0 built (or plan buildable), 1 the plan cannot be built or the build/verification failed.
+    """
+    from rich.console import Console
+
+    from ktforge.build import executor, planner
+    from ktforge.detect import evidence as evidence_mod
+    from ktforge.detect.report import build_report
+
+    source = source.resolve()
+    if not (source / "pyproject.toml").is_file() or 'name = "ktforge"' not in (source / "pyproject.toml").read_text():
+        typer.echo(f"kt build: {source} is not a ktforge checkout; run it there or pass --source", err=True)
+        raise typer.Exit(1)
+    report = build_report(evidence_mod.collect_live())
+    try:
+        plan = planner.make_plan(report, backend, target)
+    except planner.PlanError as exc:
+        typer.echo(f"kt build: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    result: dict[str, Any] = {"plan": plan.to_json()}
+    if plan_only or not plan.ok:
+        if json_output:
+            typer.echo(json.dumps({"schema_version": planner.PLAN_SCHEMA_VERSION, **plan.to_json()}, indent=1))
+        else:
+            typer.echo(planner.format_plan(plan))
+        raise typer.Exit(0 if plan.ok else 1)
+    console = Console(stderr=True, quiet=json_output)
+    try:
+        with console.status("building") as status:
+            result.update(executor.carry_out(plan, source, lambda text: status.update(text)))
+    except planner.PlanError as exc:
+        typer.echo(f"kt build: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    wheel, log = Path(result["wheel"]), result["log"]
+    if json_output:
+        typer.echo(json.dumps({"schema_version": planner.PLAN_SCHEMA_VERSION, **result}, indent=1))
+        return
+    typer.echo(planner.format_plan(plan))
+    for r in result.get("verified", []):
+        typer.echo(f"  verified {r['backend']:7} {r['method']:5} {r['kernel']} (max rel. error {r['rel_err']:.1e})")
+    if target is None:
+        typer.echo(f"installed {wheel.name} (log: {log}); next: kt bench --backend all")
+    else:
+        typer.echo(f"built {wheel} for {target}: copy it to that machine and pip install it there (log: {log})")
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+@app.command()
+def bench(
+    model: Annotated[str, typer.Option(help="Comma-separated models, or 'all'.")] = "qwen3-30b-a3b",
+    method: Annotated[str, typer.Option(help="Comma-separated methods: bf16,int8,int4.")] = "bf16,int8,int4",
+    backend: Annotated[
+        str, typer.Option(help="Comma-separated backends, 'auto' or 'all' (every one that runs).")
+    ] = "auto",
+    tokens: Annotated[str, typer.Option(help="Comma-separated token counts.")] = "1,4,128,512",
+    routing: Annotated[str, typer.Option(help="Comma-separated routings: uniform,zipf.")] = "uniform,zipf",
+    threads: Annotated[int | None, typer.Option(help="Threads (default: the CPUs this process may use).")] = None,
+    repeats: Annotated[int, typer.Option(help="Timed runs per case (the median is reported).")] = 5,
+    peer: Annotated[bool, typer.Option(help="Time a plain PyTorch bf16 loop beside each case.")] = True,
+    max_weight_gib: Annotated[float | None, typer.Option(help="Memory for weights (default 45% of available).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+) -> None:
+    """Measure one MoE layer of real models against this machine's measured peaks."""
+    from rich.progress import Progress
+
+    import ktforge
+    from ktforge.cli import bench as bench_mod
+
+    names = list(bench_mod.models()) if model == "all" else _csv(model)
+    unknown = [n for n in names if n not in bench_mod.models()]
+    if unknown:
+        typer.echo(f"kt bench: unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_mod.models())}", err=True)
+        raise typer.Exit(2)
+    try:
+        token_counts = bench_mod.check_options(
+            names, _csv(method), _csv(tokens), _csv(routing), threads, repeats, max_weight_gib
+        )
+        info = ktforge.build_info()  # the import guard: a bad KTFORGE_BACKEND or build record stops here
+    except (ValueError, RuntimeError, ImportError) as exc:
+        typer.echo(f"kt bench: {exc}", err=True)
+        raise typer.Exit(2) from None
+    runnable = [b["name"] for b in info["backends"] if b["runs_here"] and b["name"] != "reference"]
+    backends = runnable if backend == "all" else runnable[:1] if backend == "auto" else _csv(backend)
+    if peer:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:  # not imported here: see bench.TorchPeer
+            typer.echo("kt bench: torch is not installed; running without the PyTorch peer (--no-peer)", err=True)
+            peer = False
+    results: list[dict[str, Any]] = []
+    header: dict[str, Any] = {}
+    try:
+        with Progress(transient=True, disable=json_output or not sys.stderr.isatty()) as progress:
+            task = progress.add_task("measuring peaks", total=None)
+            for item in bench_mod.run(
+                names,
+                _csv(method),
+                backends,
+                token_counts,
+                _csv(routing),
+                threads,
+                repeats,
+                peer,
+                max_weight_gib,
+                lambda label: progress.update(task, description=label),
+            ):
+                if "peaks" in item:
+                    header = item
+                    if not json_output:
+                        typer.echo(bench_mod.format_peaks(item["peaks"], item["threads"]))
+                    continue
+                results.append(item["result"])
+                if not json_output:
+                    typer.echo(bench_mod.format_row(item["result"]))
+    except ValueError as exc:  # a backend or method this machine cannot run, named with the reason
+        typer.echo(f"kt bench: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if json_output:
+        typer.echo(
+            json.dumps({"schema_version": 1, "ktforge_version": __version__, **header, "results": results}, indent=1)
+        )
+
+
+@app.command()
+def convert(
+    input_dir: Annotated[
+        Path, typer.Option("--input", help="Hugging Face checkpoint directory (config.json, *.safetensors).")
+    ],
+    output: Annotated[Path, typer.Option("--output", help="Directory for the converted layers and manifest.json.")],
+    quant: Annotated[str, typer.Option("--quant", help="int8, int4 or bf16.")] = "int8",
+    group_size: Annotated[int, typer.Option("--group-size", help="int4 group size: 32, 64 or 128.")] = 128,
+    input_type: Annotated[str, typer.Option("--input-type", help="auto, bf16, fp16, fp32 or fp8.")] = "auto",
+    layers: Annotated[
+        str | None, typer.Option("--layers", help="MoE layers, e.g. 3 or 0-5 or 1,4,7-9 (default all).")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="Quantization threads (default: the CPUs this process may use).")
+    ] = None,
+) -> None:
+    """Quantize a checkpoint's routed experts into ktforge's format (resumable)."""
+    from ktforge.checkpoints import convert as convert_mod
+
+    try:
+        plan = convert_mod.plan(input_dir, output, quant, group_size, input_type, layers)
+    except ValueError as error:  # CheckpointError, ConversionError, SafetensorsError
+        typer.echo(f"kt convert: {error}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as error:
+        typer.echo(f"kt convert: cannot read {error.filename or input_dir}: {error.strerror or error}", err=True)
+        raise typer.Exit(2) from None
+    with plan.checkpoint:
+        _run_conversion(plan, output, quant, group_size, threads)
+
+
+def _run_conversion(plan: Plan, output: Path, quant: str, group_size: int, threads: int | None) -> None:
+    import os
+    import time
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from ktforge.checkpoints import convert as convert_mod
+
+    todo = plan.todo
+    if not todo and (output / convert_mod.MANIFEST).is_file():
+        typer.echo(f"kt convert: {output} already holds these {len(plan.layers)} layer(s); nothing to do", err=True)
+        return
+    total_bytes = sum(plan.source_bytes(layer) for layer in todo)
+    skipped = len(plan.layers) - len(todo)
+    arch = plan.checkpoint.arch.label
+    typer.echo(
+        f"kt convert: {arch}, {len(plan.layers)} MoE layer(s) x {plan.checkpoint.experts} experts -> {quant}"
+        + (f" (group {group_size})" if quant == "int4" else "")
+        + (f"; {skipped} already done, resuming" if skipped else ""),
+        err=True,
+    )
+    interactive = sys.stderr.isatty()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    started = time.perf_counter()
+    last_logged = [skipped]
+    with Progress(*columns, disable=not interactive, transient=False) as progress:
+        task = progress.add_task("converting", total=total_bytes)
+
+        def on_progress(done: int, finished: int, label: str) -> None:
+            progress.update(task, completed=done, description=f"{label} ({finished}/{len(plan.layers)} layers)")
+            if not interactive and finished > last_logged[0]:
+                last_logged[0] = finished
+                typer.echo(f"  {finished}/{len(plan.layers)} layers, {done / 1e9:.2f} GB read", err=True)
+
+        try:
+            manifest = convert_mod.run(plan, threads or len(os.sched_getaffinity(0)), on_progress)
+        except KeyboardInterrupt:
+            typer.echo("kt convert: interrupted; finished layers are kept: run the same command to resume", err=True)
+            raise typer.Exit(130) from None
+        except ValueError as error:
+            typer.echo(f"kt convert: {error}", err=True)
+            raise typer.Exit(1) from None
+        except ImportError as error:  # the kernels quantize: no extension, no conversion
+            typer.echo(
+                f"kt convert: the native extension cannot be loaded ({error}); build it: ./install.sh build", err=True
+            )
+            raise typer.Exit(1) from None
+        except OSError as error:  # a full disk, a read-only or vanished directory
+            where = error.filename or output
+            typer.echo(
+                f"kt convert: cannot write {where}: {error.strerror or error}; finished layers are kept, the layer "
+                "being written was removed; free space or fix the directory, then run the same command again",
+                err=True,
+            )
+            raise typer.Exit(1) from None
+    seconds = time.perf_counter() - started
+    rate = f", {total_bytes / seconds / 1e9:.2f} GB/s of input" if total_bytes and seconds > 0 else ""
+    typer.echo(
+        f"kt convert: {len(manifest['layers'])} layer(s) in {output} ({total_bytes / 1e9:.2f} GB read in "
+        f"{seconds:.1f} s{rate})",
+        err=True,
+    )
+
+
+def main() -> None:
+    app()

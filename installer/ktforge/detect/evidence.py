@@ -1,0 +1,155 @@
+"""Evidence: everything ktforge saw of a machine, raw, before any interpretation.
+
+Live collection fills every field; ``kt doctor --from`` fills what a text dump
+holds. The machine report is computed from evidence alone, so a snapshot written
+by ``kt doctor --snapshot`` replays into exactly the same report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ktforge.detect import dumps
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass
+class Evidence:
+    source: str  # live, snapshot, cpuinfo, lscpu, lscpu-json, cpuid-dump, sysctl
+    origin: str | None = None  # the file it came from
+    cpu_probe: dict[str, Any] | None = None  # ProbeOutcome JSON of probes/cpu.c
+    pycpuinfo: dict[str, Any] | None = None  # CPUID through py-cpuinfo (ktforge.detect.pycpuinfo)
+    amx_probe: dict[str, Any] | None = None  # ProbeOutcome JSON of probes/amx_permission.c
+    blis: dict[str, Any] | None = None  # {"searched": [...], "candidates": [...]}
+    cpuinfo_text: str | None = None
+    lscpu_text: str | None = None
+    lscpu_json: dict[str, Any] | None = None
+    sysctl_text: str | None = None
+    cpuid_rows: list[list[int]] | None = None
+    system: dict[str, Any] | None = None
+    toolchain: dict[str, Any] | None = None
+    extension: dict[str, Any] | None = None
+
+    def to_snapshot(self) -> dict[str, Any]:
+        return {"ktforge_snapshot": SNAPSHOT_VERSION, "evidence": asdict(self)}
+
+    @staticmethod
+    def from_snapshot(document: dict[str, Any], origin: str | None = None) -> Evidence:
+        version = document.get("ktforge_snapshot")
+        if version != SNAPSHOT_VERSION:
+            raise dumps.DumpFormatError(
+                f"snapshot format {version!r} is not supported (this ktforge reads {SNAPSHOT_VERSION})"
+            )
+        raw = document.get("evidence")
+        if not isinstance(raw, dict):
+            raise dumps.DumpFormatError('a snapshot holds an "evidence" object')
+        known = {f.name for f in fields(Evidence)}
+        evidence = Evidence(**{k: v for k, v in raw.items() if k in known})
+        evidence.source = "snapshot"  # replayed, whatever it was recorded from
+        evidence.origin = origin or evidence.origin
+        return evidence
+
+
+def from_text(text: str, origin: str | None = None) -> Evidence:
+    """Evidence from a file given to ``kt doctor --from`` (format recognised by content)."""
+    kind = dumps.sniff(text)
+    if kind == "snapshot":
+        return Evidence.from_snapshot(dumps.json_document(text), origin)
+    if kind == "lscpu-json":
+        return Evidence(source=kind, origin=origin, lscpu_json=dumps.json_document(text))
+    if kind == "cpuid-dump":
+        return Evidence(source=kind, origin=origin, cpuid_rows=dumps.parse_cpuid_rows(text))
+    if kind == "sysctl":
+        return Evidence(source=kind, origin=origin, sysctl_text=text)
+    if kind == "cpuinfo":
+        return Evidence(source=kind, origin=origin, cpuinfo_text=text)
+    return Evidence(source="lscpu", origin=origin, lscpu_text=text)
+
+
+# The largest dump read: /proc/cpuinfo of a 1,024-CPU machine is about 1.6 MB; a snapshot a few.
+MAX_DUMP_BYTES = 64 * 2**20
+
+
+def from_file(path: str | Path) -> Evidence:
+    """Evidence from a regular file of at most MAX_DUMP_BYTES (never /dev/zero, a FIFO or a
+    terminal: those could be read forever)."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise dumps.DumpFormatError(f"{path} is not a regular file (a dump is a file: save the output first)")
+            if info.st_size > MAX_DUMP_BYTES:
+                raise dumps.DumpFormatError(
+                    f"{path} is {info.st_size / 2**20:.0f} MiB; a dump is at most {MAX_DUMP_BYTES // 2**20} MiB"
+                )
+            data = handle.read(MAX_DUMP_BYTES + 1)
+    except OSError as exc:
+        raise dumps.DumpFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_DUMP_BYTES:  # it grew while being read
+        raise dumps.DumpFormatError(f"{path} is larger than {MAX_DUMP_BYTES // 2**20} MiB")
+    return from_text(data.decode("utf-8", errors="replace"), str(path))
+
+
+def _command_output(command: list[str]) -> str | None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _finished(future: Future[dict[str, Any]], pool: ThreadPoolExecutor) -> dict[str, Any]:
+    try:
+        return future.result()
+    finally:
+        pool.shutdown()
+
+
+def collect_live(with_blis: bool = True) -> Evidence:
+    """Run every probe and read every source on this machine."""
+    from ktforge.detect import blis, extension, pycpuinfo, system, toolchain
+    from ktforge.detect.cpuid import decode, leaves_from_rows
+    from ktforge.detect.probe_runner import run_probe
+
+    # py-cpuinfo runs CPUID in a child process (about a second): beside the probes, not after
+    witness_pool = ThreadPoolExecutor(max_workers=1)
+    witness = witness_pool.submit(pycpuinfo.collect)
+    cpu = run_probe("cpu")
+    amx_args: list[str] = []
+    if cpu.ok and cpu.data:
+        facts = decode(leaves_from_rows(cpu.data.get("leaves", [])), cpu.data.get("xcr0"))
+        # The execution proof is attempted only when CPUID and XCR0 both say AMX is there.
+        if "amx_tile" in facts.cpu_features and facts.os_state.amx:
+            amx_args = ["--prove"]
+    amx = run_probe("amx_permission", amx_args)
+    lscpu_json_text = _command_output(["lscpu", "-J"])
+    try:
+        lscpu_json = json.loads(lscpu_json_text) if lscpu_json_text else None
+    except json.JSONDecodeError:
+        lscpu_json = None
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = None
+    return Evidence(
+        source="live",
+        cpu_probe=cpu.to_json(),
+        pycpuinfo=_finished(witness, witness_pool),
+        amx_probe=amx.to_json(),
+        blis=blis.discover() if with_blis else None,
+        cpuinfo_text=cpuinfo,
+        lscpu_text=_command_output(["lscpu"]),
+        lscpu_json=lscpu_json,
+        system=system.collect(),
+        toolchain=toolchain.collect(),
+        extension=extension.inspect(),
+    )

@@ -1,0 +1,81 @@
+"""Inspect the installed native extension from a child process.
+
+Importing a binary built for another CPU can kill the process with SIGILL, so the
+doctor never imports it itself: a child does, and reports back (or dies, which is
+reported too).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from typing import Any
+
+MODULE = "ktforge._native"
+
+_CHILD = r"""
+import importlib, importlib.util, json, sys
+name = sys.argv[1]
+try:
+    spec = importlib.util.find_spec(name)
+except Exception as exc:
+    print(json.dumps({"status": "broken", "error": f"{type(exc).__name__}: {exc}"})); sys.exit(0)
+if spec is None:
+    print(json.dumps({"status": "missing"})); sys.exit(0)
+origin = spec.origin
+print(json.dumps({"status": "located", "path": origin}), flush=True)
+try:
+    module = importlib.import_module(name)
+    info = module.build_info()
+except Exception as exc:
+    print(json.dumps({"status": "broken", "path": origin, "error": f"{type(exc).__name__}: {exc}"}))
+    sys.exit(0)
+import ktforge
+from ktforge.build.build_record import installed_record
+try:
+    import ktforge.kernels.moe  # runs the import guard, exactly as using the kernels does
+except Exception as exc:
+    print(json.dumps({"status": "refused", "path": origin, "error": str(exc), "build_info": dict(info)}))
+    sys.exit(0)
+print(json.dumps({"status": "importable", "path": origin, "build_info": dict(info),
+                  "package_version": ktforge.__version__, "record": installed_record()}))
+"""
+
+
+def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Status of the extension: missing, broken, stale or ok, with what was learnt."""
+    try:
+        # The child imports the way this process does (same interpreter, same site setting).
+        flags = ["-S"] if sys.flags.no_site else []
+        done = subprocess.run([python, *flags, "-c", _CHILD, module], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "broken", "error": f"importing {module} hung for {timeout_s:.0f} s"}
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    last: dict[str, Any] = lines[-1] if lines else {}
+    if done.returncode < 0:
+        try:
+            sig = signal.Signals(-done.returncode).name
+        except ValueError:
+            sig = f"signal {-done.returncode}"
+        return {
+            "status": "broken",
+            "path": last.get("path"),
+            "error": f"importing {module} killed the process with {sig}"
+            + (" (the binary uses instructions this CPU lacks)" if sig == "SIGILL" else ""),
+        }
+    if not last:
+        return {"status": "broken", "error": (done.stderr or "no output").strip()[-1000:]}
+    if last.get("status") == "importable":
+        info = last.get("build_info", {})
+        if info.get("version") != last.get("package_version"):
+            return {
+                **last,
+                "status": "stale",
+                "error": f"extension built for ktforge {info.get('version')}, package is {last.get('package_version')}",
+            }
+        return {**last, "status": "ok"}
+    if last.get("status") == "located":
+        return {**last, "status": "broken", "error": (done.stderr or "no output").strip()[-1000:]}
+    return last

@@ -1,0 +1,63 @@
+"""CPUID through py-cpuinfo: the one source that needs no C compiler.
+
+On a fresh server ``kt doctor`` runs before ``./install.sh deps`` has installed gcc, so the
+probes (compiled on the spot) cannot run. py-cpuinfo executes CPUID from Python; its
+decoding covers leaves 1, 7.0 and 0x80000001 (not leaf 7.1, XCR0 or the AMX permission,
+which need the probes). With the probes present it is one more witness in ``sources.agree``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from typing import Any
+
+from ktforge.detect.features import PYCPUINFO_NAMES
+
+# py-cpuinfo's own CPUID path (its get_cpu_info() prefers /proc/cpuinfo on Linux, a source the
+# report already has, and spends a second measuring the clock). It executes machine code, so
+# it runs in a child process: a fault there cannot take the doctor down.
+_CHILD = r"""
+import json
+from cpuinfo import cpuinfo as c
+arch, _ = c._parse_arch(c.DataSource.arch_string_raw)
+if arch not in ("X86_32", "X86_64"):
+    print(json.dumps({"status": "failed", "detail": f"not an x86 CPU ({arch})"}))
+    raise SystemExit
+cpuid = c.CPUID(c.Trace(False, False))
+if cpuid.is_selinux_enforcing:
+    print(json.dumps({"status": "failed", "detail": "SELinux is enforcing: py-cpuinfo cannot execute CPUID"}))
+    raise SystemExit
+top = cpuid.get_max_extension_support()
+info = cpuid.get_info()
+print(json.dumps({"status": "ok", "vendor": cpuid.get_vendor_id(), "brand": cpuid.get_processor_brand(top),
+                  "family": info["family"], "model": info["model"], "stepping": info["stepping"],
+                  "flags": cpuid.get_flags(top)}))
+"""
+
+
+def collect(timeout_s: float = 20.0) -> dict[str, Any]:
+    """``{"status": "ok", "vendor", "brand", "family", "model", "stepping", "flags"}`` with linux
+    flag names, or ``{"status": "unavailable"|"failed", "detail"}``."""
+    if importlib.util.find_spec("cpuinfo") is None:
+        return {"status": "unavailable", "detail": "py-cpuinfo is not installed (pip install py-cpuinfo)"}
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"status": "failed", "detail": f"py-cpuinfo's CPUID child did not finish: {exc}"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return {"status": "failed", "detail": f"py-cpuinfo's CPUID child failed: {why}"}
+    try:
+        raw: dict[str, Any] = json.loads(lines[-1])
+    except json.JSONDecodeError as exc:
+        return {"status": "failed", "detail": f"py-cpuinfo's CPUID child printed no JSON: {exc}"}
+    if raw.get("status") != "ok":
+        return raw
+    if not raw.get("flags"):
+        return {"status": "failed", "detail": "py-cpuinfo read no CPUID flags"}
+    raw["flags"] = sorted({PYCPUINFO_NAMES.get(f, f) for f in raw["flags"]})
+    return raw

@@ -1,0 +1,345 @@
+"""The machine report: one JSON document, computed from :class:`Evidence` alone.
+
+Every consumer (doctor, the build, the import guard) reads this document; nothing
+else parses /proc/cpuinfo or interprets a CPUID bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from typing import Any
+
+from ktforge.build import recipes
+from ktforge.detect import amx, blis, dumps, microarch
+from ktforge.detect.cpuid import CpuidFacts, decode, leaves_from_rows
+from ktforge.detect.evidence import Evidence
+from ktforge.detect.features import AMX_FAMILY, AVX512_FAMILY, PYCPUINFO_SEES, REPORTED
+from ktforge.detect.system import kernel_version, parse_meminfo
+
+REPORT_SCHEMA_VERSION = 1
+_HYPERVISOR_SIGNATURES = {
+    "KVMKVMKVM": "KVM",
+    "Microsoft Hv": "Microsoft Hyper-V",
+    "VMwareVMware": "VMware",
+    "XenVMMXenVMM": "Xen",
+    "TCGTCGTCGTCG": "QEMU (TCG)",
+    "VBoxVBoxVBox": "VirtualBox",
+    " lrpepyh  vr": "Parallels",
+    "ACRNACRNACRN": "ACRN",
+}
+
+
+def _cpuid_facts(ev: Evidence) -> tuple[CpuidFacts | None, dict[str, Any] | None, str | None]:
+    """(facts, raw probe data, error) from the live probe or a recorded dump."""
+    if ev.cpu_probe is not None:
+        status = ev.cpu_probe.get("status")
+        data = ev.cpu_probe.get("data")
+        if status == "ok" and isinstance(data, dict):
+            try:
+                return decode(leaves_from_rows(data["leaves"]), data.get("xcr0")), data, None
+            except (KeyError, ValueError) as exc:
+                return None, data, f"CPU probe output unusable: {exc}"
+        return None, None, f"CPU probe {status}: {ev.cpu_probe.get('detail', '')}".strip()
+    if ev.cpuid_rows is not None:
+        try:
+            leaves = leaves_from_rows(ev.cpuid_rows)
+            return decode(leaves, None), {"leaves": ev.cpuid_rows, "xcr0": None}, None
+        except ValueError as exc:
+            return None, None, f"CPUID dump unusable: {exc}"
+    return None, None, None
+
+
+def _text_facts(ev: Evidence) -> dict[str, dumps.TextCpu]:
+    found: dict[str, dumps.TextCpu] = {}
+    if ev.cpuinfo_text:
+        found["cpuinfo"] = dumps.parse_cpuinfo(ev.cpuinfo_text)
+    if ev.lscpu_json:
+        with contextlib.suppress(dumps.DumpFormatError):
+            found["lscpu"] = dumps.parse_lscpu_json(ev.lscpu_json)
+    if "lscpu" not in found and ev.lscpu_text:
+        with contextlib.suppress(dumps.DumpFormatError):
+            found["lscpu"] = dumps.parse_lscpu_text(ev.lscpu_text)
+    if ev.sysctl_text:
+        found["sysctl"] = dumps.parse_sysctl(ev.sysctl_text)
+    return found
+
+
+def _hypervisor(
+    cpuid_data: dict[str, Any] | None, texts: dict[str, dumps.TextCpu], features: frozenset[str]
+) -> str | None:
+    for row in (cpuid_data or {}).get("leaves", []):
+        if row[0] == 0x40000000:
+            sig = struct.pack("<III", row[3], row[4], row[5]).decode("ascii", "replace").rstrip("\x00")
+            return _HYPERVISOR_SIGNATURES.get(sig, sig or "unknown")
+    for text in texts.values():
+        if text.hypervisor and text.hypervisor != "unknown":
+            return text.hypervisor
+    if "hypervisor" in features or any(t.hypervisor for t in texts.values()):
+        return "unknown"
+    return None
+
+
+def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    facts, cpuid_data, cpuid_error = _cpuid_facts(ev)
+    texts = _text_facts(ev)
+    kernel_view = texts.get("cpuinfo") or texts.get("lscpu")
+    text = kernel_view or texts.get("sysctl")
+    disagreements: list[dict[str, str]] = []
+
+    # py-cpuinfo's CPUID: the identity when the probe could not run (no compiler yet)
+    pyc = ev.pycpuinfo if ev.pycpuinfo and ev.pycpuinfo.get("status") == "ok" else None
+    identity: Any = (
+        facts
+        or (
+            pyc
+            and dumps.TextCpu(
+                arch="x86_64",
+                vendor=pyc["vendor"],
+                brand=pyc["brand"],
+                family=pyc["family"],
+                model=pyc["model"],
+                stepping=pyc["stepping"],
+                flags=frozenset(pyc["flags"]),
+            )
+        )
+        or text
+    )
+    machine = (ev.system or {}).get("machine")
+    arch = machine or ("x86_64" if facts or pyc else None) or (text.arch if text else None)
+    vendor = identity.vendor if identity else None
+    family = identity.family if identity else None
+    model = identity.model if identity else None
+    stepping = identity.stepping if identity else None
+    brand = (identity.brand if identity and identity.brand else None) or (text.brand if text else None)
+
+    kernel_flags = kernel_view.flags if kernel_view else None
+    if facts is not None:
+        features: frozenset[str] | None = facts.cpu_features
+        usable: frozenset[str] | None = facts.usable_features()
+        os_state = {
+            "xcr0": facts.os_state.xcr0,
+            "avx": facts.os_state.avx,
+            "avx512": facts.os_state.avx512,
+            "amx": facts.os_state.amx,
+        }
+    elif text is not None:
+        # A text dump (or the live kernel without the probe): Linux lists a flag only once it
+        # has enabled the state it needs.
+        features = usable = text.flags
+        os_state = {"xcr0": None, "avx": None, "avx512": None, "amx": None}
+    elif pyc is not None:  # CPUID without XCR0: what the CPU has, not what the OS enabled
+        features, usable = frozenset(pyc["flags"]), None
+        os_state = {"xcr0": None, "avx": None, "avx512": None, "amx": None}
+    else:
+        features = usable = None
+        os_state = {"xcr0": None, "avx": None, "avx512": None, "amx": None}
+
+    if facts is not None and kernel_flags is not None:
+        for name in REPORTED:
+            in_cpuid, in_kernel = name in facts.cpu_features, name in kernel_flags
+            if in_cpuid and not in_kernel:
+                disagreements.append(
+                    {
+                        "topic": f"feature.{name}",
+                        "detail": f"CPUID reports {name} but the kernel does not list it in /proc/cpuinfo "
+                        "(disabled by the kernel, or a kernel too old to name it)",
+                    }
+                )
+            elif in_kernel and not in_cpuid:
+                disagreements.append(
+                    {"topic": f"feature.{name}", "detail": f"/proc/cpuinfo lists {name} but CPUID does not report it"}
+                )
+    witness = facts.cpu_features if facts is not None else kernel_flags
+    if pyc is not None and witness is not None:
+        # one more witness: py-cpuinfo decodes leaves 1 and 7.0 itself
+        against = "CPUID (probe)" if facts is not None else "/proc/cpuinfo"
+        for name in sorted(PYCPUINFO_SEES):
+            if (name in pyc["flags"]) != (name in witness):
+                says = "reports" if name in pyc["flags"] else "does not report"
+                disagreements.append(
+                    {"topic": f"feature.{name}", "detail": f"py-cpuinfo's CPUID {says} {name}, unlike {against}"}
+                )
+    if facts is not None and kernel_flags is not None:
+        if kernel_flags & AMX_FAMILY and os_state["amx"] is False:
+            disagreements.append(
+                {
+                    "topic": "os_state.amx",
+                    "detail": "the kernel lists amx_tile but XCR0 bits 17-18 are off: tiles cannot be used",
+                }
+            )
+        if kernel_flags & AVX512_FAMILY and os_state["avx512"] is False:
+            disagreements.append(
+                {
+                    "topic": "os_state.avx512",
+                    "detail": "the kernel lists AVX-512 flags but XCR0 bits 5-7 are off: AVX-512 cannot be used",
+                }
+            )
+
+    uarch = microarch.identify(arch, vendor, family, model, stepping, usable or ())
+    table = uarch.get("model_table")
+    hypervisor = _hypervisor(cpuid_data, texts, features or frozenset())
+    if table and table["unexpected"]:
+        disagreements.append(
+            {
+                "topic": "cpu.model",
+                "detail": f"the model number says {table['name']} (family {family}, model {model}), which has no "
+                f"{', '.join(table['unexpected'])}; the features say otherwise"
+                + (f": the {hypervisor} hypervisor masks the model number" if hypervisor else ""),
+            }
+        )
+
+    cpu = {
+        "arch": arch,
+        "vendor": vendor,
+        "brand": brand,
+        "family": family,
+        "model": model,
+        "stepping": stepping,
+        "microarchitecture": uarch,
+        "hypervisor": hypervisor,
+        "features": sorted(features) if features is not None else None,
+        "usable_features": sorted(usable) if usable is not None else None,
+        "kernel_flags_known": kernel_flags is not None,
+        "reported": {
+            name: {
+                "cpuid": (name in facts.cpu_features) if facts else None,
+                "kernel": (name in kernel_flags) if kernel_flags is not None else None,
+                "usable": (name in usable) if usable is not None else None,
+            }
+            for name in REPORTED
+        },
+        "os_state": os_state,
+        "tile_palette": facts.tile_palette.__dict__ if facts and facts.tile_palette else None,
+        "cpuid_source": "probe" if facts and ev.cpu_probe else "dump" if facts else "py-cpuinfo" if pyc else None,
+        "cpuid_error": cpuid_error,
+        "notes": list(facts.notes) if facts else [],
+        "logical_cpus": text.cpus if text else None,
+    }
+    return cpu, disagreements
+
+
+def _memory(ev: Evidence) -> dict[str, Any] | None:
+    system = ev.system or {}
+    if not system.get("meminfo"):
+        return None
+    info = parse_meminfo(system["meminfo"])
+    thp = system.get("thp") or ""
+    thp_mode = thp[thp.find("[") + 1 : thp.find("]")] if "[" in thp else None
+    return {
+        "total_bytes": info.get("MemTotal"),
+        "available_bytes": info.get("MemAvailable"),
+        "hugepages_total": info.get("HugePages_Total"),
+        "hugepages_free": info.get("HugePages_Free"),
+        "hugepage_size_bytes": info.get("Hugepagesize"),
+        "transparent_hugepages": thp_mode,
+    }
+
+
+def _numa(ev: Evidence, cpu: dict[str, Any]) -> dict[str, Any] | None:
+    system = ev.system
+    if system is not None:
+        return {
+            "nodes": {str(k): v for k, v in (system.get("numa_nodes") or {}).items()},
+            "online_cpus": system.get("online_cpus"),
+            "affinity": system.get("affinity"),
+        }
+    texts = _text_facts(ev)
+    lscpu = texts.get("lscpu")
+    if lscpu and lscpu.numa_nodes:
+        return {"nodes": {str(k): v for k, v in lscpu.numa_nodes.items()}, "online_cpus": None, "affinity": None}
+    return None
+
+
+def _blis(ev: Evidence) -> dict[str, Any] | None:
+    if ev.blis is None:
+        return None
+    libraries = [blis.summarize(c) for c in ev.blis.get("candidates", [])]
+    selected = next((lib for lib in libraries if lib["usable"]), None)
+    return {
+        "searched": ev.blis.get("searched", []),
+        "libraries": libraries,
+        "selected": selected["path"] if selected else None,
+        "selected_library_dir": selected["library_dir"] if selected else None,
+    }
+
+
+def _extension(ev: Evidence, cpu: dict[str, Any]) -> dict[str, Any] | None:
+    if ev.extension is None:
+        return None
+    ext = dict(ev.extension)
+    info = ext.get("build_info") or {}
+    usable = cpu.get("usable_features")
+    if usable is not None:
+        have = set(usable)
+        ext["missing_cpu_features"] = sorted(set(info.get("required_cpu_features") or []) - have)
+        ext["backends_missing_features"] = {
+            b["name"]: sorted(set(b.get("required_cpu_features") or []) - have) for b in info.get("backends") or []
+        }
+    return ext
+
+
+def recipe_facts(report: dict[str, Any]) -> dict[str, Any]:
+    cpu = report["cpu"]
+    amx_info = report["amx"]
+    return {
+        "system": report["os"]["system"],
+        "arch": cpu["arch"],
+        "vendor": cpu["vendor"],
+        "features": set(cpu["usable_features"]) if cpu["usable_features"] is not None else None,
+        "os_state": cpu["os_state"],
+        "amx_permitted": amx_info["permitted"],
+        "amx_execution": amx_info["execution"],
+        "amx_explanation": amx_info["explanation"],
+        "blis": report["blis"],
+    }
+
+
+def _not_seen(ev: Evidence) -> list[str]:
+    missing = []
+    if ev.cpu_probe is None:
+        missing.append("XCR0 (the OS register state; a text dump implies it from the kernel's flags)")
+    if ev.amx_probe is None:
+        missing.append("AMX permission (arch_prctl) and a tile execution proof")
+    if ev.blis is None:
+        missing.append("BLIS libraries (which one has a working aocl_gemm add-on)")
+    return missing
+
+
+def build_report(ev: Evidence) -> dict[str, Any]:
+    cpu, disagreements = _cpu_section(ev)
+    usable = set(cpu["usable_features"] or ())
+    cpu_has_amx = None if cpu["features"] is None else "amx_tile" in cpu["features"]
+    amx_info = amx.interpret(ev.amx_probe, cpu_has_amx, cpu["os_state"]["amx"])
+    system = ev.system or {}
+    release = system.get("kernel_release")
+    report: dict[str, Any] = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "source": {"kind": ev.source, "origin": ev.origin},
+        "cpu": cpu,
+        "amx": amx_info,
+        "blis": _blis(ev),
+        "os": {
+            "system": system.get("system")
+            or ("Darwin" if ev.sysctl_text else "Linux" if ev.cpuinfo_text or ev.lscpu_text or ev.lscpu_json else None),
+            "kernel_release": release,
+            "kernel_version": list(kv) if (kv := kernel_version(release)) else None,
+            "distribution": system.get("os_release"),
+        },
+        "numa": _numa(ev, cpu),
+        "memory": _memory(ev),
+        "toolchain": ev.toolchain,
+        "extension": _extension(ev, cpu),
+        "disagreements": disagreements,
+        "probes": {
+            "cpu": {k: ev.cpu_probe.get(k) for k in ("status", "detail")} if ev.cpu_probe else None,
+            "amx_permission": {k: ev.amx_probe.get(k) for k in ("status", "detail")} if ev.amx_probe else None,
+        },
+    }
+    if cpu_has_amx and "amx_tile" not in usable and cpu["os_state"]["amx"] is not False:
+        report["disagreements"].append({"topic": "amx", "detail": "amx_tile reported but not usable"})
+    report["backend"] = recipes.choose(recipe_facts(report))
+    if report["backend"]["provisional"] or report["backend"]["recommended"] == "unknown":
+        # what a dump cannot show, whatever the recipe: the facts only probes read
+        report["backend"]["not_seen_by_source"] = _not_seen(ev)
+    return report

@@ -1,0 +1,75 @@
+"""Operating-system facts: kernel, distribution, NUMA layout, memory, hypervisor."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+from ktforge.detect.dumps import parse_cpu_list
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def os_release() -> dict[str, str]:
+    import distro  # imported here: only live collection needs it
+
+    return {
+        "id": distro.id(),
+        "name": distro.name(pretty=True),
+        "version": distro.version(),
+        "like": distro.like(),
+    }
+
+
+def numa_nodes() -> dict[str, list[int]]:
+    nodes: dict[str, list[int]] = {}
+    for node in sorted(Path("/sys/devices/system/node").glob("node[0-9]*")):
+        cpulist = _read(str(node / "cpulist"))
+        if cpulist is not None:
+            nodes[node.name.removeprefix("node")] = parse_cpu_list(cpulist.strip())
+    return nodes
+
+
+def collect() -> dict[str, Any]:
+    """Raw OS facts, JSON-ready (the report interprets them)."""
+    online = _read("/sys/devices/system/cpu/online")
+    try:
+        affinity: list[int] | None = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "kernel_release": platform.release(),
+        "os_release": os_release() if platform.system() == "Linux" else None,
+        "numa_nodes": numa_nodes(),
+        "online_cpus": parse_cpu_list(online.strip()) if online else None,
+        "affinity": affinity,
+        "meminfo": _read("/proc/meminfo"),
+        "thp": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
+        "hypervisor_type": (_read("/sys/hypervisor/type") or "").strip() or None,
+    }
+
+
+def parse_meminfo(text: str | None) -> dict[str, int]:
+    """/proc/meminfo -> {field: bytes or count}."""
+    values: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        match = re.match(r"^(\w+):\s+(\d+)(\s+kB)?", line)
+        if match:
+            number = int(match.group(2))
+            values[match.group(1)] = number * 1024 if match.group(3) else number
+    return values
+
+
+def kernel_version(release: str | None) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", release or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None

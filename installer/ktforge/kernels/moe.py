@@ -1,0 +1,375 @@
+"""``ktforge.MoE``: one MoE layer's routed experts on the CPU, with validated inputs.
+
+Arrays are numpy (float32, or bfloat16 from ml_dtypes) or torch CPU tensors. Contiguous
+inputs of a supported dtype are passed to the kernels without a copy; anything else is
+refused with a message rather than silently copied, unless ``copy=True`` is given.
+
+Behaviour at the edges, by design:
+- ``forward`` with T = 0 returns an empty ``[0, H]`` array.
+- Non-finite values (NaN, inf) in the weights given to ``load_weights``, or in ``x`` or the
+  routing weights given to ``forward``, raise ``ValueError``: quantization scales and
+  accumulations would silently turn them into garbage.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ktforge.build import backends as backends_table
+from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
+from ktforge.kernels.quantize import METHODS, Quantized
+
+BACKENDS = ("auto", *backends_table.names(), "amd-blis")  # amd-blis: AOCL beside the best SIMD backend
+BACKEND_VARIABLE = "KTFORGE_BACKEND"
+
+
+def import_guard() -> str | None:
+    """Checks the installed build against this CPU before any kernel runs.
+
+    Raises RuntimeError naming the missing features and the fix when the build's own backend
+    (or the one KTFORGE_BACKEND selects) needs instructions this CPU or OS lacks; returns the
+    backend KTFORGE_BACKEND selects, if any. Requests AMX permission once when the build
+    targets AMX. The extension module itself is compiled without ISA flags, so asking it
+    about the CPU cannot fault.
+    """
+    import errno
+    import os
+
+    import ktforge._native as native
+    from ktforge.build.build_record import checked_record
+
+    # a missing, empty, invalid or mismatched record refuses the import: never a skipped guard
+    record = checked_record(dict(native.build_info()))
+    selected = os.environ.get(BACKEND_VARIABLE) or None
+    backends = {b["name"]: b for b in record["backends"]}
+    if selected is not None and selected not in backends:
+        raise RuntimeError(
+            f"{BACKEND_VARIABLE}={selected} is not compiled into this build (compiled: {', '.join(backends)})"
+        )
+    name = selected or record.get("primary_backend")
+    if name is None:  # a plain build: "auto" picks the best compiled backend this CPU runs
+        return selected
+    missing = [f for f in backends[name]["required_cpu_features"] if not native.cpu_has(f)]
+    if missing:
+        lower = [n for n, b in backends.items() if all(native.cpu_has(f) for f in b["required_cpu_features"])]
+        raise RuntimeError(
+            f"ktforge was built ({record.get('recipe')} recipe, {record.get('arch_flags')}) for a CPU with "
+            f"{', '.join(missing)}, which this CPU (or its OS) lacks; running it would crash with SIGILL. "
+            f"Fix: rebuild here with `./install.sh build` (or `kt build`), or run a lower compiled backend with "
+            f"{BACKEND_VARIABLE}={lower[0] if lower else 'reference'}."
+        )
+    if any(f.startswith("amx") for f in backends[name]["required_cpu_features"]):
+        code = native.request_amx_permission()
+        if code:
+            raise RuntimeError(
+                f"Linux refused AMX tile permission ({errno.errorcode.get(code, code)}); "
+                f"see `kt doctor --check amx.permission`, or run {BACKEND_VARIABLE}=avx2"
+            )
+    return selected
+
+
+_SELECTED_BACKEND = import_guard()
+
+
+def _bf16_dtype() -> Any:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _as_numpy(value: Any, name: str) -> np.ndarray[Any, Any]:
+    """numpy view of an array or a torch CPU tensor (bfloat16 kept as bfloat16)."""
+    if isinstance(value, np.ndarray):
+        return value
+    module = type(value).__module__
+    if module.startswith("torch"):
+        if value.device.type != "cpu":
+            raise ValueError(f"{name} is on {value.device}; ktforge computes on the CPU: pass {name}.cpu()")
+        tensor = value.detach()
+        if str(tensor.dtype) == "torch.bfloat16":
+            import torch
+
+            return np.asarray(tensor.view(torch.int16).numpy()).view(_bf16_dtype())
+        return np.asarray(tensor.numpy())
+    raise TypeError(f"{name} must be a numpy array or a torch tensor, not {type(value).__name__}")
+
+
+def _kernel_view(array: np.ndarray[Any, Any], name: str, copy: bool) -> np.ndarray[Any, Any]:
+    """float32 or bfloat16 (as uint16), C-contiguous."""
+    bf16 = _bf16_dtype()
+    if array.dtype not in (np.float32, bf16):
+        if not copy:
+            raise ValueError(f"{name} has dtype {array.dtype}; expected float32 or bfloat16 (or pass copy=True)")
+        array = array.astype(np.float32)
+    if not array.flags.c_contiguous:
+        if not copy:
+            raise ValueError(f"{name} is not C-contiguous; pass a contiguous array (or copy=True)")
+        array = np.ascontiguousarray(array)
+    return array.view(np.uint16) if array.dtype == bf16 else array
+
+
+def _check_finite(array: np.ndarray[Any, Any], name: str) -> None:
+    values = array.view(_bf16_dtype()) if array.dtype == np.uint16 else array
+    if not np.isfinite(values).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+
+
+class MoE:
+    """Routed experts of one MoE layer.
+
+    Args:
+        num_experts, top_k, hidden_size, intermediate_size: the layer's shape (E, k, H, I).
+        method: "bf16", "int8" (per-output-channel weights, per-token activations) or
+            "int4" (group-wise weights, ``group_size`` 32, 64 or 128).
+        backend: "auto" (the best this CPU runs), "amx" (tiles for prefill, AVX-512 for decode),
+            "avx512", "avx2", "reference", "amx-model" (the AMX kernels on a software tile
+            unit: slow, for verification on CPUs without AMX), or "amd-blis":
+            AOCL-BLAS's aocl_gemm for int8/bf16 experts with enough tokens (the threshold is
+            measured at load against ktforge's kernels and shown in .info), ktforge's kernels
+            otherwise and for int4. Needs an amd-blis build or KTFORGE_BLIS_LIBRARY.
+        threads: worker threads (default: the CPUs this process may use).
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        method: str = "bf16",
+        backend: str = "auto",
+        threads: int | None = None,
+        group_size: int = 128,
+    ) -> None:
+        import ktforge._native as _native
+
+        for label, value in (
+            ("num_experts", num_experts),
+            ("top_k", top_k),
+            ("hidden_size", hidden_size),
+            ("intermediate_size", intermediate_size),
+        ):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{label} must be a positive integer, got {value!r}")
+            if value >= 2**31:  # the kernels index with 32-bit integers
+                raise ValueError(f"{label} must be below 2^31, got {value}")
+        if top_k > num_experts:
+            raise ValueError(f"top_k ({top_k}) cannot exceed num_experts ({num_experts})")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if method == "int4" and group_size not in (32, 64, 128):
+            raise ValueError(f"group_size must be 32, 64 or 128, got {group_size!r}")
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
+            raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        if threads is not None and threads > 4096:
+            raise ValueError(f"threads must be at most 4096, got {threads}")
+        self.num_experts, self.top_k = int(num_experts), int(top_k)
+        self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
+        self.method = method
+        self._group = int(group_size)
+        if backend == "auto" and _SELECTED_BACKEND:
+            backend = _SELECTED_BACKEND
+        self._layer = _native.MoELayer(
+            self.num_experts,
+            self.top_k,
+            self.hidden_size,
+            self.intermediate_size,
+            method,
+            group_size,
+            backend,
+            threads or 0,
+        )
+        self._loaded = False
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike[str],
+        layer: int,
+        *,
+        method: str | None = None,
+        backend: str = "auto",
+        threads: int | None = None,
+        group_size: int | None = None,
+        input_type: str = "auto",
+        verify: bool = True,
+    ) -> MoE:
+        """One MoE layer's routed experts from disk, ready to run.
+
+        ``path`` is either a ``kt convert`` output (the method and group size are the
+        conversion's; checksums are verified unless ``verify=False``) or an original Hugging
+        Face checkpoint (Qwen3-MoE, DeepSeek-V3, Mixtral; bf16/fp16/fp32, or FP8 with block
+        scales), quantized here for ``method`` (default bf16) exactly as ``kt convert`` would:
+        both give the same results. ``layer`` is the model's layer index.
+        """
+        from contextlib import closing
+        from pathlib import Path
+
+        from ktforge.checkpoints import convert
+        from ktforge.checkpoints.checkpoint import Checkpoint
+
+        directory = Path(path)
+        if (directory / convert.MANIFEST).is_file() or (directory / convert.STATE).is_file():
+            manifest, projections = convert.load_layer(directory, layer, verify)
+            stored_group = manifest.get("group_size") or 128
+            if method is not None and method != manifest["method"]:
+                raise ValueError(
+                    f"{directory} was converted for {manifest['method']}, not {method}; convert again with "
+                    f"--quant {method}, or load the original checkpoint"
+                )
+            if group_size is not None and manifest["method"] == "int4" and group_size != stored_group:
+                raise ValueError(f"{directory} was converted with group size {stored_group}, not {group_size}")
+            moe = cls(
+                manifest["num_experts"],
+                manifest["top_k"],
+                manifest["hidden_size"],
+                manifest["intermediate_size"],
+                method=manifest["method"],
+                backend=backend,
+                threads=threads,
+                group_size=stored_group,
+            )
+            moe.load_quantized(projections["gate"], projections["up"], projections["down"])
+            return moe
+        method = method or "bf16"
+        group = group_size or 128
+        with Checkpoint(directory, input_type) as checkpoint:
+            if layer not in checkpoint.moe_layers:
+                raise ValueError(
+                    f"{directory}: layer {layer} holds no routed experts; MoE layers are "
+                    f"{convert.format_layers(checkpoint.moe_layers)}"
+                )
+            moe = cls(
+                checkpoint.experts,
+                checkpoint.top_k,
+                checkpoint.hidden,
+                checkpoint.intermediate,
+                method=method,
+                backend=backend,
+                threads=threads,
+                group_size=group,
+            )
+            options = convert.Options(method, group if method == "int4" else 0, input_type)
+            tensors = convert.layer_tensors(
+                method, checkpoint.experts, checkpoint.hidden, checkpoint.intermediate, options.group_size
+            )
+            arrays = {name: np.empty(shape, _SAFETENSORS_NUMPY[dtype]) for name, (dtype, shape) in tensors.items()}
+
+            def store(expert: int, projection: str, q: Quantized) -> None:
+                for part, array in q.parts().items():
+                    arrays[f"{projection}.{part}"][expert] = array
+
+            workers = threads or len(os.sched_getaffinity(0))
+            with closing(convert.quantized_experts(checkpoint, layer, options, workers, store)) as experts:
+                for _ in experts:
+                    pass
+        moe.load_quantized(
+            *(Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale")) for p in ("gate", "up", "down"))
+        )
+        return moe
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Which backend, kernel and ISA run, threads, packed weight bytes."""
+        return dict(self._layer.info())
+
+    def load_weights(self, gate: Any, up: Any, down: Any, *, copy: bool = False) -> None:
+        """gate, up: [E, I, H]; down: [E, H, I]; float32 or bfloat16, all the same dtype."""
+        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
+        arrays = {}
+        for name, value, shape in (("gate", gate, (E, I, H)), ("up", up, (E, I, H)), ("down", down, (E, H, I))):
+            array = _as_numpy(value, name)
+            if array.shape != shape:
+                axes = "E, H, I" if name == "down" else "E, I, H"
+                raise ValueError(f"{name} has shape {tuple(array.shape)}; expected {shape} ({axes})")
+            arrays[name] = _kernel_view(array, name, copy)
+        if len({a.dtype for a in arrays.values()}) != 1:
+            raise ValueError("gate, up and down must have the same dtype")
+        for name, array in arrays.items():
+            _check_finite(array, name)
+        self._layer.load_weights(arrays["gate"], arrays["up"], arrays["down"])
+        self._loaded = True
+
+    def load_quantized(self, gate: Quantized, up: Quantized, down: Quantized) -> None:
+        """Weights already quantized for this layer's method, in the portable layout of
+        :mod:`ktforge.kernels.quantize` (what ``kt convert`` writes): gate, up ``[E, I, ...]``, down
+        ``[E, H, ...]``. Gives exactly the results of ``load_weights`` on the float weights."""
+        from ktforge.kernels.quantize import shapes
+
+        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
+        arrays: list[np.ndarray[Any, Any]] = []
+        for name, q, (N, K) in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I))):
+            if not isinstance(q, Quantized):
+                raise TypeError(f"{name} must be a ktforge.kernels.quantize.Quantized, got {type(q).__name__}")
+            for part, (shape, dtype) in shapes(self.method, N, K, self._group).items():
+                expected = np.dtype(_SAFETENSORS_NUMPY[dtype])
+                array = np.asarray(getattr(q, part))
+                if array.shape != (E, *shape) or array.dtype != expected:
+                    raise ValueError(
+                        f"{name}.{part} is {array.dtype} {tuple(array.shape)}; {self.method} with group size "
+                        f"{self._group} needs {expected} {(E, *shape)}"
+                    )
+                arrays.append(np.ascontiguousarray(array))
+        if self.method == "bf16":
+            self.load_weights(*arrays)
+            return
+        for name, scale in zip(("gate", "up", "down"), arrays[1::2], strict=True):
+            if not np.isfinite(scale).all() or (scale <= 0).any():
+                raise ValueError(f"{name}.scale holds values that are not positive and finite")
+        self._layer.load_quantized(*arrays)
+        self._loaded = True
+
+    def forward(self, x: Any, ids: Any, weights: Any, *, copy: bool = False) -> Any:
+        """x: [T, H]; ids: [T, k] integer expert ids in [0, E); weights: [T, k].
+
+        Returns [T, H] in x's dtype (float32 or bfloat16), as a torch tensor if x was one.
+        """
+        if not self._loaded:
+            raise RuntimeError("forward() called before load_weights()")
+        is_torch = type(x).__module__.startswith("torch")
+        x_np = _as_numpy(x, "x")
+        if x_np.ndim != 2 or x_np.shape[1] != self.hidden_size:
+            raise ValueError(f"x has shape {tuple(x_np.shape)}; expected (T, {self.hidden_size})")
+        T = x_np.shape[0]
+        ids_np = _as_numpy(ids, "ids")
+        weights_np = _as_numpy(weights, "weights")
+        for name, array in (("ids", ids_np), ("weights", weights_np)):
+            if array.shape != (T, self.top_k):
+                raise ValueError(f"{name} has shape {tuple(array.shape)}; expected ({T}, {self.top_k})")
+        if not np.issubdtype(ids_np.dtype, np.integer):
+            raise ValueError(f"ids must be integers, got {ids_np.dtype}")
+        x_kernel = _kernel_view(x_np, "x", copy)
+        out_dtype = x_np.dtype if x_np.dtype == _bf16_dtype() else np.dtype(np.float32)
+        out = np.empty((T, self.hidden_size), dtype=out_dtype)
+        if T > 0:
+            if ids_np.min() < 0 or ids_np.max() >= self.num_experts:
+                bad = ids_np[(ids_np < 0) | (ids_np >= self.num_experts)][0]
+                raise ValueError(f"expert id {bad} is outside [0, {self.num_experts})")
+            ids64 = np.ascontiguousarray(ids_np, dtype=np.int64)
+            w32 = np.ascontiguousarray(weights_np, dtype=np.float32)
+            # NaN/inf in x or the weights: the kernels find them while quantizing and routing
+            self._layer.forward(x_kernel, ids64, w32, out.view(np.uint16) if out.dtype == _bf16_dtype() else out)
+        if is_torch:
+            import torch
+
+            if out.dtype == _bf16_dtype():
+                return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+            return torch.from_numpy(out)
+        return out
+
+    __call__ = forward
+
+
+def build_info() -> dict[str, Any]:
+    """What the installed extension was built with: compiler, flags, backends and their CPU needs
+    (from the extension itself), and under "record" the build record written beside it."""
+    import ktforge._native as _native
+    from ktforge.build.build_record import installed_record
+
+    return {**_native.build_info(), "record": installed_record()}

@@ -1,0 +1,125 @@
+"""Every method on every backend this CPU runs, against the NumPy definition, on odd shapes.
+
+Tolerances (relative to the largest output magnitude):
+- against `expected` (same quantization as the kernels): 2e-3 for every method; the
+  backends agree with each other to 1e-5.
+- against the float64 layer: bf16 2e-2, int8 5e-2, int4 (group 32..128) 0.25.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ktforge
+
+from .. import host
+from ..moe_reference import SHAPES, expected, float_reference, make_layer, rel_err, routing
+
+METHODS = ("bf16", "int8", "int4")
+runnable_backends = host.runnable_backends
+
+
+# Every backend of this build that this CPU runs: the reference, the recipe's SIMD levels
+# and the AMX kernels on the software tile unit ("amx-model", any AVX2 CPU), plus the real
+# "amx" where the CPU, the OS and Linux's permission allow tiles.
+ALL_BACKENDS = tuple(reversed(runnable_backends()))  # reference first
+
+
+def test_every_backend_this_build_promises_is_compiled_and_runs_here() -> None:
+    names = [b["name"] for b in ktforge.build_info()["backends"]]
+    assert names[-1] == "reference"
+    # ./install.sh built the recipe the live report recommends, with every backend it lists
+    assert host.recipe_backends() <= set(names)
+    # the tile model and at least one SIMD level run on every x86-64 machine with AVX2
+    assert {"reference", "amx-model", "avx2"} <= set(runnable_backends())
+    # the extension's own CPU check agrees with the probes on what may run here
+    assert set(runnable_backends()) == host.backends_the_report_allows()
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "E{}k{}H{}I{}T{}".format(*s))
+def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int, int, int, int]) -> None:
+    E, k, H, I, T = shape
+    gate, up, down = make_layer(E, H, I)
+    ids, w = routing(T, E, k)
+    x = np.random.default_rng(2).standard_normal((T, H)).astype(np.float32)
+    group = 32 if method == "int4" else 128
+    moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group, threads=2)
+    moe.load_weights(gate, up, down)
+    y = moe.forward(x, ids, w)
+    assert y.shape == (T, H) and y.dtype == np.float32
+    assert rel_err(y, expected(x, ids, w, gate, up, down, method, group)) < 2e-3
+    bound = {"bf16": 2e-2, "int8": 5e-2, "int4": 0.25}[method]
+    assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_backends_agree_with_the_reference_backend(method: str) -> None:
+    E, k, H, I, T = 6, 3, 88, 72, 120  # enough tokens per expert for the tile kernels
+    gate, up, down = make_layer(E, H, I, seed=5)
+    ids, w = routing(T, E, k, seed=6)
+    x = np.random.default_rng(7).standard_normal((T, H)).astype(np.float32)
+    outs = {}
+    for backend in ALL_BACKENDS:
+        moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=64)
+        moe.load_weights(gate, up, down)
+        outs[backend] = moe.forward(x, ids, w)
+    for backend in ALL_BACKENDS[1:]:
+        # the GEMMs follow the reference's order and rounding; what differs is silu's exp
+        # (a polynomial in the SIMD backends) and fused multiply-adds in the combine
+        # (hardware tdpbf16ps rounds fewer times than the SDM's pseudo-code: 1e-3 for "amx" bf16)
+        bound = 1e-3 if (backend == "amx" and method == "bf16") else 1e-5
+        assert rel_err(outs[backend], outs["reference"].astype(np.float64)) < bound
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_group_sizes(group: int) -> None:
+    E, k, H, I, T = 3, 2, 200, 136, 9
+    gate, up, down = make_layer(E, H, I, seed=group)
+    ids, w = routing(T, E, k)
+    x = np.random.default_rng(3).standard_normal((T, H)).astype(np.float32)
+    moe = ktforge.MoE(E, k, H, I, method="int4", group_size=group)
+    moe.load_weights(gate, up, down)
+    assert rel_err(moe.forward(x, ids, w), expected(x, ids, w, gate, up, down, "int4", group)) < 2e-3
+
+
+def test_bfloat16_in_bfloat16_out() -> None:
+    import ml_dtypes
+
+    E, k, H, I, T = 4, 2, 48, 40, 5
+    gate, up, down = make_layer(E, H, I)
+    bf = ml_dtypes.bfloat16
+    ids, w = routing(T, E, k)
+    x = np.random.default_rng(4).standard_normal((T, H)).astype(bf)
+    moe = ktforge.MoE(E, k, H, I, method="bf16")
+    moe.load_weights(gate.astype(bf), up.astype(bf), down.astype(bf))
+    y = moe.forward(x, ids, w)
+    assert y.dtype == bf
+    ref = expected(x.astype(np.float32), ids, w, gate, up, down, "bf16")
+    assert rel_err(y.astype(np.float32), ref) < 1e-2  # output rounded to bf16
+
+
+@pytest.mark.parametrize("backend", [b for b in ALL_BACKENDS if b in ("avx512", "avx2")])
+def test_info_names_backend_kernel_and_threads(backend: str) -> None:
+    moe = ktforge.MoE(2, 1, 32, 32, method="int8", backend=backend, threads=2)
+    info = moe.info
+    assert info["name"] == backend and info["method"] == "int8" and info["threads"] == 2
+    # the int8 dot product the CPU has: VNNI where the build and CPU have it, else maddubs
+    vnni = backend == "avx512" and "avx512_vnni" in info["required_cpu_features"]
+    assert ("vpdpbusd" if vnni else "maddubs") in info["kernel"]
+    assert set(info["required_cpu_features"]) <= host.usable_features()
+
+
+def test_a_backend_this_cpu_cannot_run_is_refused_with_the_reason() -> None:
+    compiled = {b["name"] for b in host.build_backends()}
+    missing = [b["name"] for b in host.build_backends() if not b["runs_here"]]
+    absent = [b for b in ("amx", "avx512", "avx2") if b not in compiled]
+    for name in missing:
+        with pytest.raises(ValueError, match="needs CPU features this machine lacks"):
+            ktforge.MoE(2, 1, 32, 32, method="int8", backend=name)
+    for name in absent:
+        with pytest.raises(ValueError, match="not compiled into this build"):
+            ktforge.MoE(2, 1, 32, 32, method="int8", backend=name)
+    assert missing or absent or compiled >= {"amx", "avx512", "avx2"}

@@ -1,0 +1,179 @@
+"""Bad input raises a clear Python exception and never crashes; edge cases behave as documented."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ktforge
+
+E, K, H, I = 4, 2, 48, 40
+
+
+@pytest.fixture(scope="module")
+def weights() -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # type: ignore[type-arg]
+    rng = np.random.default_rng(0)
+    return (
+        rng.standard_normal((E, I, H)).astype(np.float32) * 0.1,
+        rng.standard_normal((E, I, H)).astype(np.float32) * 0.1,
+        rng.standard_normal((E, H, I)).astype(np.float32) * 0.1,
+    )
+
+
+@pytest.fixture()
+def moe(weights) -> ktforge.MoE:  # type: ignore[no-untyped-def]
+    layer = ktforge.MoE(E, K, H, I, method="int8")
+    layer.load_weights(*weights)
+    return layer
+
+
+def inputs(T: int = 3):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(1)
+    return (
+        rng.standard_normal((T, H)).astype(np.float32),
+        np.tile(np.arange(K), (T, 1)),
+        np.full((T, K), 0.5, np.float32),
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_experts": 0}, "num_experts must be a positive integer"),
+        ({"top_k": 5}, "top_k (5) cannot exceed num_experts (4)"),
+        ({"method": "fp8"}, "method must be one of"),
+        ({"backend": "cuda"}, "backend must be one of"),
+        ({"method": "int4", "group_size": 48}, "group_size must be 32, 64 or 128"),
+        ({"threads": 0}, "threads must be a positive integer"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, message) -> None:  # type: ignore[no-untyped-def]
+    args = {"num_experts": E, "top_k": K, "hidden_size": H, "intermediate_size": I} | kwargs
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ktforge.MoE(**args)
+
+
+def test_forward_before_load() -> None:
+    with pytest.raises(RuntimeError, match="before load_weights"):
+        ktforge.MoE(E, K, H, I).forward(*inputs())
+
+
+def test_wrong_weight_shapes_and_dtypes(weights) -> None:  # type: ignore[no-untyped-def]
+    gate, up, down = weights
+    layer = ktforge.MoE(E, K, H, I)
+    with pytest.raises(ValueError, match=r"down has shape \(4, 40, 48\); expected \(4, 48, 40\)"):
+        layer.load_weights(gate, up, down.transpose(0, 2, 1).copy())
+    with pytest.raises(ValueError, match="dtype float64"):
+        layer.load_weights(gate.astype(np.float64), up, down)
+    with pytest.raises(ValueError, match="same dtype"):
+        layer.load_weights(gate.astype(ml_dtypes.bfloat16), up, down)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        layer.load_weights(np.asfortranarray(gate), up, down)
+    layer.load_weights(gate.astype(np.float64), up, down, copy=True)  # explicit copy policy
+
+
+def test_nan_weights_are_refused_at_load(weights) -> None:  # type: ignore[no-untyped-def]
+    gate, up, down = (w.copy() for w in weights)
+    down[1, 2, 3] = np.nan
+    with pytest.raises(ValueError, match="down contains NaN or infinite values"):
+        ktforge.MoE(E, K, H, I).load_weights(gate, up, down)
+
+
+def test_bad_forward_inputs(moe: ktforge.MoE) -> None:
+    x, ids, w = inputs()
+    with pytest.raises(ValueError, match=r"x has shape \(3, 47\); expected \(T, 48\)"):
+        moe.forward(x[:, :47], ids, w)
+    with pytest.raises(ValueError, match=r"ids has shape \(3, 1\); expected \(3, 2\)"):
+        moe.forward(x, ids[:, :1], w)
+    with pytest.raises(ValueError, match="ids must be integers"):
+        moe.forward(x, ids.astype(np.float32), w)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        moe.forward(np.asfortranarray(x), ids, w)
+    with pytest.raises(TypeError, match="numpy array or a torch tensor"):
+        moe.forward(x.tolist(), ids, w)
+
+
+@pytest.mark.parametrize("bad_id", [-1, E, 2**40])
+def test_expert_id_out_of_range(moe: ktforge.MoE, bad_id: int) -> None:
+    x, ids, w = inputs()
+    ids[1, 1] = bad_id
+    with pytest.raises(ValueError, match=rf"expert id {bad_id} is outside \[0, {E}\)"):
+        moe.forward(x, ids, w)
+
+
+def test_native_layer_checks_ids_itself(moe: ktforge.MoE) -> None:
+    # below the Python checks: the extension must not trust its caller either
+    x, ids, w = inputs()
+    ids[0, 0] = 99
+    out = np.empty((3, H), np.float32)
+    with pytest.raises(ValueError, match="expert id 99 at token 0 is outside"):
+        moe._layer.forward(x, ids, w, out)
+    with pytest.raises(ValueError, match="wrong shape"):
+        moe._layer.forward(x, ids[:, :1].copy(), w, out)
+
+
+@pytest.mark.parametrize("where", ["x", "weights"])
+def test_nan_inputs_are_refused(moe: ktforge.MoE, where: str) -> None:
+    x, ids, w = inputs()
+    (x if where == "x" else w)[1, 1] = np.inf
+    with pytest.raises(ValueError, match=f"{where} contains NaN or infinite values"):
+        moe.forward(x, ids, w)
+
+
+def test_zero_tokens_give_an_empty_result(moe: ktforge.MoE) -> None:
+    x, ids, w = inputs(0)
+    y = moe.forward(x, ids, w)
+    assert y.shape == (0, H) and y.dtype == np.float32
+
+
+def test_layer_still_works_after_errors(moe: ktforge.MoE) -> None:
+    x, ids, w = inputs()
+    before = moe.forward(x, ids, w)
+    bad = ids.copy()
+    bad[0, 0] = -5
+    with pytest.raises(ValueError):
+        moe.forward(x, bad, w)
+    np.testing.assert_array_equal(moe.forward(x, ids, w), before)
+
+
+def test_torch_tensors_in_and_out(weights) -> None:  # type: ignore[no-untyped-def]
+    import torch  # a test requirement (tests/requirements.txt): missing means failing, not skipping
+
+    layer = ktforge.MoE(E, K, H, I, method="bf16")
+    layer.load_weights(*(torch.from_numpy(w).to(torch.bfloat16) for w in weights))
+    x, ids, w = inputs()
+    y = layer.forward(torch.from_numpy(x).to(torch.bfloat16), torch.from_numpy(ids), torch.from_numpy(w))
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and tuple(y.shape) == (3, H)
+    y_np = layer.forward(x.astype(ml_dtypes.bfloat16), ids, w)
+    np.testing.assert_array_equal(y.view(torch.int16).numpy(), y_np.view(np.int16))
+
+
+def test_thread_pool_balances_a_hot_expert(weights) -> None:  # type: ignore[no-untyped-def]
+    E2, H2, I2 = 8, 64, 400  # 400 intermediate columns -> several gate/up tasks per expert
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((E2, I2, H2)).astype(np.float32) * 0.1
+    d = rng.standard_normal((E2, H2, I2)).astype(np.float32) * 0.1
+    layer = ktforge.MoE(E2, 2, H2, I2, method="int8", threads=2)
+    layer.load_weights(g, g, d)
+    x = rng.standard_normal((256, H2)).astype(np.float32)
+    skewed = np.zeros((256, 2), np.int64)
+    skewed[:, 1] = 1 + np.arange(256) % 7  # expert 0 takes every token
+    w = np.full((256, 2), 0.5, np.float32)
+    y = layer.forward(x, skewed, w)
+    counts = layer._layer.gate_up_task_counts()
+    # the hot expert is split into (row chunk, column block) tasks, so there is work for both
+    assert len(counts) == 2 and sum(counts) >= 2 * 4
+    from ..moe_reference import expected
+
+    ref = expected(x, skewed, w, g, g, d, "int8")
+    assert float(np.abs(y - ref).max() / np.abs(ref).max()) < 2e-3
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_every_pool_thread_takes_work_while_others_are_busy(threads: int) -> None:
+    from ktforge import _native
+
+    counts = _native.thread_pool_selftest(threads, 50)
+    assert len(counts) == threads and sum(counts) == 50
+    assert min(counts) >= 1

@@ -1,0 +1,192 @@
+"""The software AMX tile unit against hand-computed cases, and against the real tiles here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ktforge
+
+from .. import host
+from ..conftest import read_proc_cpuinfo_flags
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A C++ check of the model's instructions on cases small enough to compute by hand.
+MODEL_TEST = r"""
+#define KTFORGE_AMX_MODEL
+#include "arch/x86/amx/tile.hpp"
+#include <cstdio>
+#include <cstring>
+using namespace kt;
+static int fails = 0;
+#define EXPECT(c) do { if (!(c)) { std::printf("FAIL line %d: %s\n", __LINE__, #c); ++fails; } } while (0)
+int main() {
+  tile::Config cfg;
+  cfg.set(0, 2, 8);   // C: 2 rows x 2 int32
+  cfg.set(1, 2, 8);   // A: 2 rows x 8 bytes (K = 2 groups of 4)
+  cfg.set(2, 2, 8);   // B: 2 rows (K/4) x 2 columns x 4 bytes
+  tile::configure(cfg);
+  int8_t a[2][8] = {{1, 2, 3, 4, 5, 6, 7, 8}, {-1, -1, -1, -1, 2, 2, 2, 2}};
+  int8_t b[2][8] = {{1, 1, 1, 1, 0, 1, 0, 1}, {2, 0, 0, 0, -1, -1, -1, -1}};
+  tile::load<1>(a, 8);
+  tile::load<2>(b, 8);
+  tile::zero<0>();
+  tile::dpbssd<0, 1, 2>();
+  int32_t c[2][2];
+  tile::store<0>(c, 8);
+  // c[m][n] = sum_k sum_i a[m][4k+i] * b[k][4n+i]
+  EXPECT(c[0][0] == (1+2+3+4) + 2*5);          // 20
+  EXPECT(c[0][1] == (2+4) + -(5+6+7+8));       // -20
+  EXPECT(c[1][0] == -4 + 4);                   // 0
+  EXPECT(c[1][1] == -2 + -8);                  // -10
+  tile::dpbssd<0, 1, 2>();                     // accumulates
+  tile::store<0>(c, 8);
+  EXPECT(c[0][0] == 40 && c[1][1] == -20);
+  uint8_t ua[2][8];
+  std::memcpy(ua, a, sizeof ua);               // the same bytes read as unsigned: -1 -> 255
+  tile::load<1>(ua, 8);
+  tile::zero<0>();
+  tile::dpbusd<0, 1, 2>();
+  tile::store<0>(c, 8);
+  EXPECT(c[1][0] == 255 * 4 + 2 * 2);
+  tile::zero<0>();
+  tile::dpbuud<0, 1, 2>();                     // both unsigned: b's -1 -> 255
+  tile::store<0>(c, 8);
+  EXPECT(c[0][1] == (2 + 4) + 255 * (5 + 6 + 7 + 8));
+  // bf16: C (1x1 fp32) += a0*b0 + a1*b1 with a = (1.5, 2), b = (4, -0.5)
+  tile::Config f;
+  f.set(0, 1, 4); f.set(1, 1, 4); f.set(2, 1, 4);
+  tile::configure(f);
+  uint16_t fa[2] = {0x3FC0, 0x4000}, fb[2] = {0x4080, 0xBF00};
+  tile::load<1>(fa, 4); tile::load<2>(fb, 4);
+  tile::dpbf16ps<0, 1, 2>();
+  float r;
+  tile::store<0>(&r, 4);
+  EXPECT(r == 1.5f * 4.f - 2.f * 0.5f);        // 5
+  // rows beyond the configured count are not touched by a store
+  int32_t guard[2] = {7, 7};
+  tile::store<0>(guard, 64);
+  EXPECT(guard[1] == 7);
+  tile::release();
+  std::printf("%d failures\n", fails);
+  return fails != 0;
+}
+"""
+
+
+def test_tile_model_instructions_by_hand(tmp_path: Path) -> None:
+    source = tmp_path / "tile_model_test.cpp"
+    source.write_text(MODEL_TEST)
+    binary = tmp_path / "tile_model_test"
+    built = subprocess.run(
+        ["g++", "-std=c++17", "-O1", f"-I{ROOT / 'native' / 'src'}", str(source), "-o", str(binary)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr
+    ran = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stdout
+    assert "0 failures" in ran.stdout
+
+
+def simd_peer() -> str:
+    return "avx512" if "avx512" in host.runnable_backends() else "avx2"
+
+
+def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: int = 128) -> dict[str, Any]:
+    """One layer on the modelled tiles, the best SIMD level this CPU runs (AVX-512, else AVX2)
+    and, where this CPU has them, real tiles."""
+    import numpy as np
+
+    E, k, H, I, T = shape
+    rng = np.random.default_rng(seed)
+    g, u = (rng.standard_normal((E, I, H)).astype(np.float32) / 10 for _ in range(2))
+    d = rng.standard_normal((E, H, I)).astype(np.float32) / 8
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)])
+    w = rng.random((T, k)).astype(np.float32)
+    outs = {}
+    backends = ["amx-model", simd_peer()] + (["amx"] if "amx_tile" in read_proc_cpuinfo_flags() else [])
+    for backend in backends:
+        moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group)
+        moe.load_weights(g, u, d)
+        outs[backend] = moe.forward(x, ids, w)
+        assert moe.info["name"] == backend
+        if backend != simd_peer():
+            assert {"int8": "tdpbusd", "int4": "tdpbssd"}[method] in moe.info["kernel"]
+    return outs
+
+
+def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
+    import numpy as np
+
+    outs = _outputs_per_backend("int8", (3, 2, 130, 70, 100), seed=9)
+    # int32 tile accumulation is exact: the model, the hardware and the SIMD kernels agree
+    np.testing.assert_allclose(outs["amx-model"], outs[simd_peer()], rtol=0, atol=1e-6)
+    if "amx" in outs:
+        np.testing.assert_array_equal(outs["amx"], outs["amx-model"])
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_on_tiles_is_bit_identical_to_avx512(group: int) -> None:
+    import numpy as np
+
+    # 100 tokens per expert: above the int4 tile threshold
+    outs = _outputs_per_backend("int4", (3, 2, 200, 72, 150), seed=group, group=group)
+    # exact group sums on the tiles, then the AVX-512 kernel's order of scaling: same bits
+    if simd_peer() == "avx512":
+        for backend in set(outs) - {"avx512"}:
+            np.testing.assert_array_equal(outs[backend], outs["avx512"])
+    else:  # AVX2 scales in another order: equal to rounding, and each within the model's bound
+        scale = float(np.abs(outs["avx2"]).max())
+        np.testing.assert_allclose(outs["amx-model"], outs["avx2"], rtol=0, atol=1e-5 * scale)
+
+
+def test_the_extension_contains_tile_instructions_exactly_when_it_has_the_amx_backend() -> None:
+    native = Path(ktforge.__file__).parent
+    so = next(
+        p
+        for loc in (ktforge.__spec__.submodule_search_locations or [])
+        if ktforge.__spec__
+        for p in Path(loc).glob("_native*.so")
+    )
+    assert so.exists(), native
+    names = [b["name"] for b in ktforge.build_info()["backends"]]
+    # ./install.sh builds the recipe the live report recommends: the amx recipe has tiles
+    assert ("amx" in names) is ("amx" in host.recipe_backends())
+    disassembly = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", str(so)], capture_output=True, text=True
+    ).stdout
+    tile_instructions = ("ldtilecfg", "tileloadd", "tdpbf16ps", "tdpbusd", "tdpbssd", "tilestored", "tilerelease")
+    present = {i for i in tile_instructions if i in disassembly}
+    # the tile model is software: only a build with the amx backend carries tile instructions
+    assert present == (set(tile_instructions) if "amx" in names else set())
+    assert sys.platform == "linux"
+
+
+def test_tiles_survive_other_amx_users_in_the_same_thread() -> None:
+    # oneDNN (inside torch) configures and releases tiles on the threads ktforge also uses;
+    # a kernel that trusted a stale configuration would die with SIGILL: hence a subprocess
+    script = (
+        "import numpy as np, torch, ktforge\n"
+        "torch.set_num_threads(2)\n"
+        "a = torch.randn(256, 512, dtype=torch.bfloat16)\n"
+        "moe = ktforge.MoE(2, 1, 128, 64, method='bf16', threads=2)\n"
+        "rng = np.random.default_rng(0)\n"
+        "shapes = ((2, 64, 128), (2, 64, 128), (2, 128, 64))\n"
+        "moe.load_weights(*(rng.standard_normal(s).astype(np.float32) for s in shapes))\n"
+        "x = rng.standard_normal((64, 128)).astype(np.float32)\n"
+        "ids = np.zeros((64, 1), np.int64); w = np.ones((64, 1), np.float32)\n"
+        "for _ in range(3):\n"
+        "    (a @ a.T).sum()\n"
+        "    y = moe.forward(x, ids, w)\n"
+        "print('ok', moe.info['name'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok")
