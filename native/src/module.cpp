@@ -69,8 +69,7 @@ class PyMoE {
  public:
   PyMoE(int experts, int top_k, int hidden, int intermediate, const std::string& method, int group,
         const std::string& backend, int threads)
-      : layer_(MoeConfig{experts, top_k, hidden, intermediate, parse_method(method), group}, backend, threads),
-        backend_(backend) {}
+      : layer_(MoeConfig{experts, top_k, hidden, intermediate, parse_method(method), group}, backend, threads) {}
 
   void load(const py::array& gate, const py::array& up, const py::array& down) {
     const auto& c = layer_.config();
@@ -154,22 +153,21 @@ class PyMoE {
     py::dict d = backend_info(layer_.kernels());
     d["method"] = method_name(layer_.config().method);
     d["kernel"] = layer_.kernels().describe(layer_.config().method);
-    if (const Aocl* aocl = layer_.aocl()) {
-      const bool never = min_rows >= (1 << 30);
-      const std::string gemm = layer_.config().method == Method::int8 ? "aocl_gemm_s8s8s32os32" : "aocl_gemm_bf16bf16f32of32";
-      d["name"] = "amd-blis";
-      d["aocl"] = py::dict(py::arg("library") = aocl->path(), py::arg("version") = aocl->version(),
-                           py::arg("min_tokens_per_expert") = never ? py::object(py::none()) : py::int_(min_rows));
-      d["kernel"] = never ? std::string(layer_.kernels().describe(layer_.config().method)) +
-                                " (AOCL was not clearly faster at any token count up to 256, measured at load)"
-                          : gemm + " (" + aocl->version() + ") for experts with >= " +
-                                std::to_string(min_rows) + " tokens, else " +
-                                layer_.kernels().describe(layer_.config().method);
-    }
-    if (backend_ == "amd-blis" && layer_.config().method == Method::int4) {
-      d["name"] = "amd-blis";
-      d["kernel"] = std::string(layer_.kernels().describe(Method::int4)) +
-                    " (AOCL's aocl_gemm_bf16s4f32of32 measured about 6x slower here: scripts/aocl_int4_compare.py)";
+    if (const LibraryBackend* lib = layer_.library()) {
+      d["name"] = lib->name;
+      if (const Aocl* aocl = layer_.aocl()) {
+        const bool never = min_rows >= (1 << 30);
+        const std::string gemm =
+            layer_.config().method == Method::int8 ? "aocl_gemm_s8s8s32os32" : "aocl_gemm_bf16bf16f32of32";
+        d["aocl"] = py::dict(py::arg("library") = aocl->path(), py::arg("version") = aocl->version(),
+                             py::arg("min_tokens_per_expert") = never ? py::object(py::none()) : py::int_(min_rows));
+        d["kernel"] = never ? std::string(layer_.kernels().describe(layer_.config().method)) +
+                                  " (AOCL was not clearly faster at any token count up to 256, measured at load)"
+                            : gemm + " (" + aocl->version() + ") for experts with >= " + std::to_string(min_rows) +
+                                  " tokens, else " + layer_.kernels().describe(layer_.config().method);
+      } else {  // a method the library does not take: ktforge's kernels, and why
+        d["kernel"] = layer_.kernels().describe(layer_.config().method) + " (" + lib->elsewhere + ")";
+      }
     }
     d["threads"] = layer_.threads();
     d["packed_bytes"] = packed;
@@ -190,7 +188,6 @@ class PyMoE {
 
  private:
   MoeLayer layer_;
-  std::string backend_;
 };
 
 }  // namespace

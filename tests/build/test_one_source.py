@@ -54,7 +54,11 @@ def test_the_extension_lists_its_backends_in_the_table_s_order() -> None:
     # and the names ktforge.MoE accepts are the table's
     from ktforge.kernels.moe import BACKENDS
 
-    assert ("auto", *backends.names(), "amd-blis") == BACKENDS
+    assert ("auto", *backends.names(), *(lib.name for lib in backends.libraries())) == BACKENDS
+    # a library backend names a SIMD backend of the table (or auto) and a recipe of its name
+    for lib in backends.libraries():
+        assert lib.kernels == "auto" or lib.kernels in backends.names()
+        assert lib.name in RECIPES
 
 
 def test_the_extension_reads_cpuid_as_the_probes_decode_it() -> None:
@@ -83,6 +87,7 @@ def test_no_hand_kept_copy_of_the_tables_in_the_native_sources() -> None:
     text = "\n".join(p.read_text() for p in native.rglob("*.[ch]pp"))
     assert not re.search(r'\{"avx512f", \{7, 0', text)  # CPUID bits come from features.py
     assert 'emplace_back("avx512_vnni")' not in text  # compiler macros too
+    assert '"amd-blis"' not in text  # library backends come from the table
     assert "extern const KernelTable avx2_kernels" not in text  # the registry is generated
 
 

@@ -40,6 +40,29 @@ class Backend:
         return self.name.replace("-", "_")
 
 
+@dataclass(frozen=True)
+class LibraryBackend:
+    """A backend that hands some methods' expert GEMMs to a library (AOCL for amd-blis)."""
+
+    name: str
+    library: str
+    kernels: str  # the SIMD backend beside it ("auto": the best this CPU runs)
+    methods: tuple[str, ...]
+    elsewhere: str  # why the other methods stay on ktforge's kernels
+    summary: str
+
+
+@functools.cache
+def libraries() -> tuple[LibraryBackend, ...]:
+    rows = json.loads(TABLE.read_text()).get("libraries", [])
+    return tuple(LibraryBackend(**{**row, "methods": tuple(row["methods"])}) for row in rows)
+
+
+def simd_of(name: str) -> str:
+    """The SIMD backend whose instructions a backend runs ('auto' for a library backend)."""
+    return next((lib.kernels for lib in libraries() if lib.name == name), name)
+
+
 @functools.cache
 def table() -> tuple[Backend, ...]:
     rows = json.loads(TABLE.read_text())["backends"]
@@ -92,6 +115,28 @@ def registry_text(compiled: list[str]) -> str:
         "",
         "// The compiled SIMD backends, best first (the reference follows them).",
         "#define KTFORGE_COMPILED_BACKENDS " + " ".join(f"&{b.table}," for b in chosen),
+        "",
+        "// Backends that hand some methods to a library, beside a SIMD backend for the rest.",
+        "struct LibraryBackend {",
+        "  const char* name;",
+        "  const char* library;",
+        "  const char* kernels;",
+        "  bool int8, bf16, int4;  // the methods the library computes",
+        "  const char* elsewhere;  // why the others stay on ktforge's kernels",
+        "};",
+        "inline const LibraryBackend* library_backend(const std::string& name) {",
+        "  static const LibraryBackend table[] = {",
+        *(
+            f'      {{"{lib.name}", "{lib.library}", "{lib.kernels}", '
+            f"{'true' if 'int8' in lib.methods else 'false'}, {'true' if 'bf16' in lib.methods else 'false'}, "
+            f'{"true" if "int4" in lib.methods else "false"}, "{lib.elsewhere}"}},'
+            for lib in libraries()
+        ),
+        "  };",
+        "  for (const auto& lib : table)",
+        "    if (name == lib.name) return &lib;",
+        "  return nullptr;",
+        "}",
         "",
         "// Backends that backend='auto' never picks (verification tools).",
         "inline bool auto_may_choose(const std::string& name) {",

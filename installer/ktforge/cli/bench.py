@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ktforge.build import backends as backends_table
 from ktforge.resources import data_path, load_toml
 
 BYTES_PER_WEIGHT = {"bf16": 2.0, "int8": 1.0, "int4": 0.5}
@@ -220,8 +221,8 @@ def run(
     threads = threads or len(os.sched_getaffinity(0))
     all_models = models()
     budget = int((budget_gib * (1 << 30)) if budget_gib else available_memory() * 0.45)
-    # amd-blis runs AOCL beside the best SIMD backend, whose instructions set its peaks
-    peaks = {b: measure_peaks("auto" if b == "amd-blis" else b, threads) for b in backends}
+    # a library backend (amd-blis) runs beside a SIMD backend, whose instructions set its peaks
+    peaks = {b: measure_peaks(backends_table.simd_of(b), threads) for b in backends}
     yield {"peaks": peaks, "threads": threads, "budget_bytes": budget}
     rng = np.random.default_rng(1)
     for name in model_names:
@@ -332,7 +333,7 @@ def _case(
         # the case, and judge against the best value seen
         import ktforge._native as native
 
-        simd = "auto" if backend == "amd-blis" else backend
+        simd = backends_table.simd_of(backend)
         adjacent = max(native.measure_peak(simd, peak_kind, threads, 3_000_000) for _ in range(2)) / 1e9
         peak = max(peak, adjacent)
     pct = 100.0 * (gbs if decode else gflops) / peak if peak else 0.0

@@ -22,7 +22,8 @@ from ktforge.build import backends as backends_table
 from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
 from ktforge.kernels.quantize import METHODS, Quantized
 
-BACKENDS = ("auto", *backends_table.names(), "amd-blis")  # amd-blis: AOCL beside the best SIMD backend
+# the kernel backends, then those that hand some methods to a library (amd-blis: AOCL)
+BACKENDS = ("auto", *backends_table.names(), *(lib.name for lib in backends_table.libraries()))
 BACKEND_VARIABLE = "KTFORGE_BACKEND"
 
 

@@ -42,14 +42,20 @@ const char* method_name(Method m) { return m == Method::bf16 ? "bf16" : m == Met
 
 namespace {
 
-// The BLIS library of the amd-blis backend: KTFORGE_BLIS_LIBRARY, else the one an amd-blis
+// The BLIS library of a library backend (amd-blis): KTFORGE_BLIS_LIBRARY, else the one its
 // build linked (registered by the module when it is imported).
-std::string blis_library_path() {
+std::string blis_library_path(const LibraryBackend& lib) {
   if (const char* env = std::getenv("KTFORGE_BLIS_LIBRARY"); env && *env) return env;
   if (std::string linked = Aocl::linked_library(); !linked.empty()) return linked;
-  throw std::invalid_argument(
-      "backend 'amd-blis' needs AOCL-BLAS with the aocl_gemm add-on: build with `kt build --backend amd-blis`, or "
-      "set KTFORGE_BLIS_LIBRARY to the library (`kt doctor --check blis.addon` shows which works)");
+  throw std::invalid_argument(std::string("backend '") + lib.name +
+                              "' needs AOCL-BLAS with the aocl_gemm add-on: build with `kt build --backend " + lib.name +
+                              "`, or set KTFORGE_BLIS_LIBRARY to the library (`kt doctor --check blis.addon` shows "
+                              "which works)");
+}
+
+// Whether a library backend hands this method to its library (the backend table says).
+bool library_computes(const LibraryBackend* lib, Method m) {
+  return lib && (m == Method::int8 ? lib->int8 : m == Method::bf16 ? lib->bf16 : lib->int4);
 }
 
 }  // namespace
@@ -74,13 +80,14 @@ std::unique_lock<std::mutex> MoeLayer::lock_calls() {
 
 MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int threads)
     : config_(config),
-      kernels_(select_backend(backend == "amd-blis" ? "auto" : backend)),
+      library_(library_backend(backend)),
+      kernels_(select_backend(library_ ? library_->kernels : backend)),
       pool_threads_(std::max(1, threads > 0 ? threads : available_cpus())),
       pool_(std::make_unique<ThreadPool>(pool_threads_)),
       pool_pid_(getpid()),
       call_mutex_(std::make_unique<std::mutex>()),
       mutex_pid_(getpid()) {
-  if (backend == "amd-blis" && config.method != Method::int4) aocl_ = &Aocl::load(blis_library_path());
+  if (library_computes(library_, config.method)) aocl_ = &Aocl::load(blis_library_path(*library_));
   if (aocl_ && config.method == Method::bf16 && !aocl_->has_bf16())
     throw std::invalid_argument(aocl_->path() + " lacks aocl_gemm_bf16bf16f32of32");
   if (aocl_) aocl_->verify(config.method);  // never a fast wrong answer (calibration only times)

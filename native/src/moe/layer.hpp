@@ -14,6 +14,7 @@
 
 #include "blis/aocl.hpp"
 #include "kernels/pack.hpp"
+#include "kernels/registry.hpp"
 #include "kernels/types.hpp"
 #include "runtime/thread_pool.hpp"
 
@@ -55,6 +56,8 @@ class MoeLayer {
 
   const MoeConfig& config() const { return config_; }
   const KernelTable& kernels() const { return *kernels_; }
+  // A library backend (amd-blis), or null: the backend table's entry this layer was made with.
+  const LibraryBackend* library() const { return library_; }
   // amd-blis: the AOCL library, and the fewest tokens per expert from which AOCL is used
   // (measured at load against this layer's own kernels; above every count: never).
   const Aocl* aocl() const { return aocl_; }
@@ -79,6 +82,7 @@ class MoeLayer {
   ThreadPool& pool();
 
   MoeConfig config_;
+  const LibraryBackend* library_;
   const KernelTable* kernels_;
   int pool_threads_;
   std::unique_ptr<ThreadPool> pool_;
