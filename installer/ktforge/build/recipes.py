@@ -12,6 +12,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from ktforge.detect.blis import AOCL_INT8_NEEDS
 from ktforge.resources import data_path, load_toml
 
 LIBRARY_GATES = frozenset({"blis_addon"})
@@ -135,13 +136,13 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
         elif blis.get("selected"):
             gates.append(_gate("blis_addon", "pass", f"aocl_gemm works in {blis['selected']}"))
         elif wrong := [lib for lib in blis.get("libraries", []) if lib.get("has_addon")]:
-            # installed, but its GEMM is wrong here: AOCL's integer kernels need AVX-512 VNNI
+            # installed, but its GEMM is wrong on this CPU
             gates.append(
                 _gate(
                     "blis_addon",
                     "fail",
                     f"{wrong[0]['path']} has the aocl_gemm add-on, but its s8s8s32 GEMM gave "
-                    f"{wrong[0].get('gemm_s8s8s32')} here (AOCL's integer kernels need AVX-512 VNNI)",
+                    f"{wrong[0].get('gemm_s8s8s32')} here: {AOCL_INT8_NEEDS}",
                 )
             )
         else:

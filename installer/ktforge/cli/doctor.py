@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ktforge.detect.blis import AOCL_INT8_NEEDS
+
 STATUSES = ("ok", "info", "warn", "error", "unknown")
 GIB = 1 << 30
 
@@ -411,13 +413,12 @@ def _blis_gemm(r: dict[str, Any]) -> Finding:
     lib = with_addon[0]
     usable = _usable(r)
     if usable is not None and "avx512_vnni" not in usable:
-        # AOCL's integer aocl_gemm kernels need AVX-512 VNNI (AMD: Zen 4 and newer); without it
-        # the library returns without a correct result. Not a broken install: the wrong CPU.
+        # without it the library returns without a correct result: not a broken install, the wrong CPU
         return _f(
             "blis.gemm",
             "info",
-            f"{lib['path']}: GEMM {lib['gemm_s8s8s32']}: AOCL's integer aocl_gemm needs AVX-512 VNNI, which this "
-            "CPU lacks; the amd-blis backend is for Zen 4 and newer (ktforge's own kernels run here)",
+            f"{lib['path']}: GEMM {lib['gemm_s8s8s32']}: {AOCL_INT8_NEEDS}, which this CPU lacks; "
+            "the amd-blis backend is not for it (ktforge's own kernels run here)",
         )
     return _f(
         "blis.gemm",

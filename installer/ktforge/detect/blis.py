@@ -19,6 +19,9 @@ from typing import Any
 from ktforge.detect.probe_runner import ProbeOutcome, run_probe
 
 LIBRARY_PATTERNS = ("libblis-mt*.so*", "libblis*.so*")
+# Why an installed add-on can still compute wrong: AOCL 5.x's integer kernels (its own message:
+# "AVX512_VNNI ISA not supported by processor, cannot perform s8s8s32 gemm").
+AOCL_INT8_NEEDS = "AOCL's integer aocl_gemm needs AVX-512 VNNI (AMD Zen 4 and newer)"
 REQUIRED_LPGEMM = (
     "aocl_gemm_s8s8s32os32",
     "aocl_reorder_s8s8s32os32",

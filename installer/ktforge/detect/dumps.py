@@ -138,10 +138,6 @@ def clean_paste(text: str) -> list[str]:
     return [line[cut:] for line in lines]
 
 
-def _unwrap_markdown(text: str) -> list[str]:
-    return [line.rstrip() for line in clean_paste(text)]
-
-
 # --- lscpu labels, in every language util-linux prints ------------------------------------
 
 
@@ -227,8 +223,7 @@ def _lscpu_fields(text: str) -> dict[str, str]:
         _display_width(line[: m.start("value")]) for line, m in parsed if m and m.group("value") is not None
     ]
     value_column = max(set(value_columns), key=value_columns.count) if value_columns else 0
-    fields: dict[str, str] = {}
-    pieces: dict[str, list[tuple[str, int, Seam]]] = {}
+    pieces: dict[str, list[tuple[str, int, Seam]]] = {}  # field -> its lines (text, indent, seam)
     key: str | None = None
     previous = ""
     for line, match in parsed:
@@ -238,14 +233,9 @@ def _lscpu_fields(text: str) -> dict[str, str]:
         # (flags never hold a colon; a wrapped text value may: "...; BHI: Not affected").
         if match is not None and (english is not None or _indent(line) < value_column - 1 or not value_column):
             key = english or f"?{match.group('label')}"
-            pieces.setdefault(key, [])
-            value = match.group("value") or ""
-            if key not in fields:
-                fields[key] = value.strip()
-                pieces[key] = [(value.strip(), 0, None)]
-            else:
+            if key in pieces:
                 key = f"?duplicate {key}"  # a second "Model name" (BIOS) and the like: ignored
-                pieces[key] = []
+            pieces[key] = [((match.group("value") or "").strip(), 0, None)]
         elif key is not None:
             # A line filled to the terminal's width was cut by the wrap; one that stops a
             # column short with a space left (not trimmed) was cut at that space. A paste
@@ -259,8 +249,12 @@ def _lscpu_fields(text: str) -> dict[str, str]:
                 seam = None
             pieces[key].append((line.strip(), _indent(line), seam))
         previous = line
+    fields: dict[str, str] = {}
     for key, parts in pieces.items():
-        if key.startswith("?") or len(parts) < 2:
+        if key.startswith("?"):
+            continue
+        if len(parts) == 1:
+            fields[key] = parts[0][0]
             continue
         # continuation lines sit at one indentation; one space more shows the wrap fell on a space
         base = min(indent for _, indent, _ in parts[1:])
@@ -272,7 +266,7 @@ def _lscpu_fields(text: str) -> dict[str, str]:
             for text_piece, seam in seams[1:]:
                 value += ("" if seam == "cut" else " ") + text_piece
             fields[key] = value.strip()
-    return {k: v for k, v in fields.items() if not k.startswith("?")}
+    return fields
 
 
 def _from_lscpu_fields(fields: dict[str, str]) -> TextCpu:
@@ -403,7 +397,7 @@ def sniff(text: str) -> str:
         if isinstance(document, dict) and "lscpu" in document:
             return "lscpu-json"
         raise DumpFormatError("JSON, but neither a ktforge snapshot nor `lscpu -J` output")
-    body = [line for line in _unwrap_markdown(text) if line.strip()]
+    body = [line.rstrip() for line in clean_paste(text) if line.strip()]
     if not body:
         raise DumpFormatError("the file is empty")
     if all(_CPUID_ROW.match(line) for line in body):

@@ -11,7 +11,6 @@ import json
 import os
 import stat
 import subprocess
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -107,22 +106,12 @@ def _command_output(command: list[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def _finished(future: Future[dict[str, Any]], pool: ThreadPoolExecutor) -> dict[str, Any]:
-    try:
-        return future.result()
-    finally:
-        pool.shutdown()
-
-
 def collect_live(with_blis: bool = True) -> Evidence:
     """Run every probe and read every source on this machine."""
     from ktforge.detect import blis, extension, pycpuinfo, system, toolchain
     from ktforge.detect.cpuid import decode, leaves_from_rows
     from ktforge.detect.probe_runner import run_probe
 
-    # py-cpuinfo runs CPUID in a child process (about a second): beside the probes, not after
-    witness_pool = ThreadPoolExecutor(max_workers=1)
-    witness = witness_pool.submit(pycpuinfo.collect)
     cpu = run_probe("cpu")
     amx_args: list[str] = []
     if cpu.ok and cpu.data:
@@ -143,7 +132,7 @@ def collect_live(with_blis: bool = True) -> Evidence:
     return Evidence(
         source="live",
         cpu_probe=cpu.to_json(),
-        pycpuinfo=_finished(witness, witness_pool),
+        pycpuinfo=pycpuinfo.collect(),
         amx_probe=amx.to_json(),
         blis=blis.discover() if with_blis else None,
         cpuinfo_text=cpuinfo,

@@ -89,7 +89,7 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
 
     # py-cpuinfo's CPUID: the identity when the probe could not run (no compiler yet)
     pyc = ev.pycpuinfo if ev.pycpuinfo and ev.pycpuinfo.get("status") == "ok" else None
-    identity: Any = (
+    identity: CpuidFacts | dumps.TextCpu | None = (
         facts
         or (
             pyc
