@@ -13,13 +13,13 @@ from typing import Any
 
 import ktforge
 from ktforge.build import recipes
+from ktforge.build.assessment import assess
 from ktforge.detect import evidence
-from ktforge.detect.report import build_report
 
 
 @functools.cache
 def live_report() -> dict[str, Any]:
-    return build_report(evidence.collect_live(with_blis=True))
+    return assess(evidence.collect_live(with_blis=True))
 
 
 def usable_features() -> frozenset[str]:

@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 import ktforge
 from ktforge.build import executor, planner
+from ktforge.build.assessment import assess
 from ktforge.build.build_record import installed_record
 from ktforge.cli import commands as cli
 from ktforge.detect import blis, evidence, toolchain
 from ktforge.detect.features import COMPILER_MACROS
-from ktforge.detect.report import build_report
 
 from .. import host
 from ..conftest import CPUINFO_FIXTURES
@@ -38,7 +38,7 @@ def live_toolchain() -> dict[str, Any]:
 def fixture_report(name: str, tools: dict[str, Any]) -> dict[str, Any]:
     ev = evidence.from_file(CPUINFO_FIXTURES / name)
     ev.toolchain = tools  # the machine's CPU from the dump, this machine's compiler
-    return build_report(ev)
+    return assess(ev)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -69,10 +69,9 @@ def test_forcing_amx_on_zen4_names_every_missing_gate(live_toolchain: dict[str, 
 def test_amd_blis_without_a_working_addon_is_refused_before_compiling(live_toolchain: dict[str, Any]) -> None:
     report = fixture_report("linux-rocky8.5-zen4", live_toolchain)
     report["blis"] = {"selected": None, "libraries": [], "searched": [], "selected_library_dir": None}
-    from ktforge.build import recipes
-    from ktforge.detect.report import recipe_facts
+    from ktforge.build.assessment import recommend
 
-    report["backend"] = recipes.choose(recipe_facts(report))
+    report["backend"] = recommend(report)
     plan = planner.make_plan(report, backend="amd-blis")
     assert not plan.ok
     [gate] = [m for m in plan.missing if m["gate"] == "blis_addon"]
@@ -115,7 +114,7 @@ def test_build_lock_is_exclusive(tmp_path: Path) -> None:
 
 
 def _plan_for(backend: str, **overrides: Any) -> planner.Plan:
-    report = build_report(evidence.collect_live())
+    report = assess(evidence.collect_live())
     plan = planner.make_plan(report, backend=backend)
     assert plan.ok, plan.missing
     for key, value in overrides.items():
@@ -277,7 +276,7 @@ def test_import_guard_refuses_a_build_for_a_richer_cpu(tmp_path: Path) -> None:
 
 def test_target_build_for_sapphirerapids_compiles_tile_instructions() -> None:
 
-    report = build_report(evidence.collect_live())
+    report = assess(evidence.collect_live())
     plan = planner.make_plan(report, backend="amx", target="sapphirerapids")
     assert plan.ok, plan.missing
     assert "-march=native" not in plan.cmake_defines["KTFORGE_ARCH_FLAGS"]

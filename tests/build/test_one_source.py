@@ -17,6 +17,7 @@ from ktforge.build import backends, recipes
 from ktforge.build.planner import BACKEND_CHOICES
 from ktforge.cli import commands as cli
 from ktforge.detect import features
+from ktforge.detect.report_types import BlisSection
 from ktforge.resources import data_path
 
 from .. import host
@@ -35,7 +36,7 @@ def test_every_recipe_compiles_backends_of_the_table_with_what_they_need() -> No
 
 def test_the_schema_cli_and_install_sh_name_the_recipes() -> None:
     schema = json.loads(data_path("doctor.schema.json").read_text())
-    enum = schema["$defs"]["report"]["properties"]["backend"]["properties"]["recommended"]["enum"]
+    enum = schema["$defs"]["BackendChoice"]["properties"]["recommended"]["enum"]
     assert enum == [*RECIPES, "none", "unknown"]
     top = schema["properties"]["recommended_backend"]
     assert top.get("enum", enum) == enum
@@ -92,8 +93,18 @@ def test_no_hand_kept_copy_of_the_tables_in_the_native_sources() -> None:
 
 
 def test_every_gate_has_its_remedy() -> None:
-    facts = {"system": "Darwin", "arch": "aarch64", "vendor": "Other", "features": set(), "os_state": {}, "blis": {}}
-    facts |= {"amx_permitted": False, "amx_execution": "failed", "amx_explanation": "no"}
+    blis: BlisSection = {"searched": [], "libraries": [], "selected": None, "selected_library_dir": None}
+    facts = recipes.RecipeFacts(
+        system="Darwin",
+        arch="aarch64",
+        vendor="Other",
+        features=frozenset(),
+        os_state={"avx": False, "avx512": False, "amx": False},
+        amx_permitted=False,
+        amx_execution="failed",
+        amx_explanation="no",
+        blis=blis,
+    )
     gates = {g["gate"] for r in recipes.load_recipes() for g in recipes.evaluate(r, facts)["gates"]}
     assert gates and gates <= set(recipes.GATE_REMEDIES)
     assert all(recipes.GATE_REMEDIES.values())

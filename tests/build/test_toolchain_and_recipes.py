@@ -7,10 +7,10 @@ import shutil
 from typing import Any
 
 from ktforge.build import recipes
+from ktforge.build.assessment import assess
 from ktforge.cli.doctor import run_checks
 from ktforge.detect import toolchain
 from ktforge.detect.evidence import Evidence
-from ktforge.detect.report import build_report
 
 from ..conftest import HOST_FIXTURES
 
@@ -33,20 +33,20 @@ def test_collect_reports_python_headers_and_build_tools() -> None:
     assert any(c["language"] == "c++" for c in found["compilers"])
 
 
-def _facts(**overrides: Any) -> dict[str, Any]:
+def _facts(**overrides: Any) -> recipes.RecipeFacts:
     facts: dict[str, Any] = {
         "system": "Linux",
         "arch": "x86_64",
         "vendor": "AuthenticAMD",
-        "features": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"},
+        "features": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}),
         "os_state": {"avx": True, "avx512": True, "amx": False},
         "amx_permitted": False,
         "amx_execution": "not-attempted",
         "amx_explanation": "no AMX",
-        "blis": {"selected": "/opt/libblis-mt.so"},
+        "blis": {"selected": "/opt/libblis-mt.so", "libraries": [], "searched": [], "selected_library_dir": "/opt"},
     }
     facts.update(overrides)
-    return facts
+    return recipes.RecipeFacts(**facts)
 
 
 def test_amd_with_working_blis_gets_amd_blis() -> None:
@@ -77,7 +77,7 @@ def test_recipes_are_ordered_by_priority() -> None:
 def test_extension_built_for_a_richer_cpu_is_an_error() -> None:
     document = json.loads((HOST_FIXTURES / "kvm-sapphirerapids-masked.snapshot.json").read_text())
     document["evidence"]["extension"]["build_info"]["required_cpu_features"].append("amx_fp16")
-    report = build_report(Evidence.from_snapshot(document))
+    report = assess(Evidence.from_snapshot(document))
     [finding] = run_checks(report, ["extension.installed"])
     assert finding.status == "error" and "amx_fp16" in finding.finding
 
@@ -88,7 +88,7 @@ def test_extension_with_a_backend_for_a_richer_cpu_is_a_warning() -> None:
         {"name": "avx512", "required_cpu_features": ["avx512f", "amx_fp16"]},
         {"name": "reference", "required_cpu_features": []},
     ]
-    report = build_report(Evidence.from_snapshot(document))
+    report = assess(Evidence.from_snapshot(document))
     [finding] = run_checks(report, ["extension.installed"])
     assert finding.status == "warn"
     assert "avx512 needs amx_fp16" in finding.finding and "reference run here" in finding.finding

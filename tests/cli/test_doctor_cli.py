@@ -173,12 +173,12 @@ def test_unreadable_input_exits_2(tmp_path: Path) -> None:
 
 
 def test_doctor_that_breaks_exits_2_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ktforge.detect.report
+    import ktforge.build.assessment
 
     def explode(_: object) -> None:
         raise RuntimeError("simulated internal failure")
 
-    monkeypatch.setattr(ktforge.detect.report, "build_report", explode)
+    monkeypatch.setattr(ktforge.build.assessment, "assess", explode)
     result = runner.invoke(cli.app, ["doctor"])
     assert result.exit_code == 2
     assert "kt doctor failed: RuntimeError: simulated internal failure" in result.stderr

@@ -5,9 +5,9 @@ from __future__ import annotations
 import errno
 from typing import Any
 
+from ktforge.build.assessment import assess
 from ktforge.detect.amx import interpret
 from ktforge.detect.evidence import Evidence
-from ktforge.detect.report import build_report
 
 from ..conftest import HOST_FIXTURES
 
@@ -83,7 +83,7 @@ def test_recorded_amx_machine_replays_to_amx_with_every_gate_proven() -> None:
     import json
 
     document = json.loads((HOST_FIXTURES / "kvm-sapphirerapids-masked.snapshot.json").read_text())
-    report = build_report(Evidence.from_snapshot(document))
+    report = assess(Evidence.from_snapshot(document))
     assert report["amx"]["verdict"] == "available"
     assert report["backend"]["recommended"] == "amx"
     assert report["backend"]["provisional"] is False
@@ -103,7 +103,7 @@ def test_kernel_lists_amx_but_xcr0_tile_bits_off_is_reported_and_blocks_amx() ->
 
     document = _host_snapshot()
     document["evidence"]["cpu_probe"]["data"]["xcr0"] = 0xE7  # tile state off, AVX-512 on
-    report = build_report(Evidence.from_snapshot(document))
+    report = assess(Evidence.from_snapshot(document))
     assert any(d["topic"] == "os_state.amx" for d in report["disagreements"])
     assert report["backend"]["recommended"] == "avx512"
     amx_recipe = next(r for r in report["backend"]["recipes"] if r["name"] == "amx")
@@ -122,7 +122,7 @@ def test_hypervisor_hiding_avx512_is_a_warning_with_the_fix() -> None:
     text = (CPUINFO_FIXTURES / "linux-rocky8.5-zen4").read_text()
     flags_line = next(line for line in text.splitlines() if line.startswith("flags"))
     hidden = " ".join(f for f in flags_line.split() if not f.startswith("avx512")) + " hypervisor"
-    report = build_report(from_text(text.replace(flags_line, hidden)))
+    report = assess(from_text(text.replace(flags_line, hidden)))
     assert report["backend"]["recommended"] == "avx2"
     finding = next(f for f in run_checks(report) if f.id == "system.hypervisor")
     assert finding.status == "warn" and "avx512f" in finding.finding

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from ktforge.build.assessment import assess
 from ktforge.cli.doctor import run_checks
 from ktforge.detect import blis
 from ktforge.detect.evidence import Evidence
-from ktforge.detect.report import build_report
 
 from .. import host
 
@@ -83,7 +83,7 @@ def test_search_honours_blis_root_and_wheel_libs(tmp_path: Path) -> None:
 
 def _report_with(libs_dirs: list[str], vendor_leaf0: list[int]) -> dict[str, Any]:
     ev = Evidence(source="live", blis=blis.discover(libs_dirs), cpuid_rows=[vendor_leaf0])
-    return build_report(ev)
+    return assess(ev)
 
 
 AMD_LEAF0 = [0, 0, 0x10, 0x68747541, 0x444D4163, 0x69746E65]  # "AuthenticAMD"

@@ -11,9 +11,9 @@ import re
 
 import pytest
 
+from ktforge.build.assessment import assess
 from ktforge.cli.doctor import exit_code, run_checks
 from ktforge.detect import evidence
-from ktforge.detect.report import build_report
 
 from ..conftest import CPUINFO_FIXTURES, HOST_FIXTURES
 from ..fixture_expectations import EXPECTED
@@ -26,7 +26,7 @@ def test_every_fixture_has_an_expectation() -> None:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_fixture_backend(name: str) -> None:
-    report = build_report(evidence.from_file(CPUINFO_FIXTURES / name))
+    report = assess(evidence.from_file(CPUINFO_FIXTURES / name))
     backend = report["backend"]
     assert backend["recommended"] == EXPECTED[name]
     # A dump cannot prove OS state or AMX permission: any choice made from one is provisional.
@@ -41,7 +41,7 @@ def test_fixture_backend(name: str) -> None:
 
 
 def test_zen4_dump_names_zen4_and_rejects_amd_blis_for_lack_of_evidence() -> None:
-    report = build_report(evidence.from_file(CPUINFO_FIXTURES / "linux-rocky8.5-zen4"))
+    report = assess(evidence.from_file(CPUINFO_FIXTURES / "linux-rocky8.5-zen4"))
     assert report["cpu"]["microarchitecture"]["name"] == "zen4"
     amd_blis = next(r for r in report["backend"]["recipes"] if r["name"] == "amd-blis")
     assert not amd_blis["eligible"]
@@ -49,7 +49,7 @@ def test_zen4_dump_names_zen4_and_rejects_amd_blis_for_lack_of_evidence() -> Non
 
 
 def test_sapphire_rapids_dump_amx_gates_are_unverified_not_failed() -> None:
-    report = build_report(evidence.from_file(CPUINFO_FIXTURES / "linux-unknown-sapphirerapids"))
+    report = assess(evidence.from_file(CPUINFO_FIXTURES / "linux-unknown-sapphirerapids"))
     amx_recipe = next(r for r in report["backend"]["recipes"] if r["name"] == "amx")
     assert amx_recipe["eligible"] and amx_recipe["provisional"]
     assert {u.split(":")[0] for u in amx_recipe["unverified"]} == {
@@ -62,14 +62,14 @@ def test_sapphire_rapids_dump_amx_gates_are_unverified_not_failed() -> None:
 
 
 def test_tiger_lake_cpuid_dump_named_from_model_table() -> None:
-    report = build_report(evidence.from_file(CPUINFO_FIXTURES / "windows-cpuid-icelake"))
+    report = assess(evidence.from_file(CPUINFO_FIXTURES / "windows-cpuid-icelake"))
     uarch = report["cpu"]["microarchitecture"]
     # i7-1185G7 is family 6 model 140: Tiger Lake, which archspec files under icelake's features
     assert (uarch["name"], uarch["source"]) == ("tigerlake", "model-table")
 
 
 def test_darwin_haswell_is_rejected_for_the_os_not_the_cpu() -> None:
-    report = build_report(evidence.from_file(CPUINFO_FIXTURES / "darwin-mojave-haswell"))
+    report = assess(evidence.from_file(CPUINFO_FIXTURES / "darwin-mojave-haswell"))
     avx2 = next(r for r in report["backend"]["recipes"] if r["name"] == "avx2")
     assert avx2["why_not"] == ["system: needs Linux, machine runs Darwin"]
 
@@ -79,7 +79,7 @@ def test_a_hypervisor_hiding_a_flag_does_not_demote_the_name() -> None:
     # do): archspec alone calls that "zen2; zen3 but for pku". The model number says Genoa.
     text = (CPUINFO_FIXTURES / "linux-rocky8.5-zen4").read_text()
     guest = re.sub(r"\b(pku|ospke)\b ?", "", text).replace("flags\t\t:", "flags\t\t: hypervisor", 1)
-    report = build_report(evidence.from_text(guest))
+    report = assess(evidence.from_text(guest))
     uarch = report["cpu"]["microarchitecture"]
     assert uarch["by_features"] == "zen2" and uarch["source"] == "model-table"
     assert (uarch["name"], uarch["products"]) == ("zen4", "EPYC 9004 (Genoa)")
@@ -94,7 +94,7 @@ def test_a_hidden_flag_the_kernels_use_is_a_warning() -> None:
     # which of the hidden flags the kernels would have used
     text = (CPUINFO_FIXTURES / "linux-rocky8.5-zen4").read_text()
     guest = re.sub(r"\bavx512\w*\b ?", "", text).replace("flags\t\t:", "flags\t\t: hypervisor", 1)
-    report = build_report(evidence.from_text(guest))
+    report = assess(evidence.from_text(guest))
     uarch = report["cpu"]["microarchitecture"]
     assert uarch["name"] == "zen4" and "avx512f" in uarch["hidden_used_by_kernels"]
     assert report["backend"]["recommended"] == "avx2"  # the kernels can only use what is visible
@@ -104,7 +104,7 @@ def test_a_hidden_flag_the_kernels_use_is_a_warning() -> None:
 
 def test_a_masked_model_number_falls_back_to_the_features() -> None:
     # a Sapphire Rapids whose hypervisor reports model 167 (Rocket Lake, which has no AMX)
-    report = build_report(evidence.from_file(HOST_FIXTURES / "kvm-sapphirerapids-masked.lscpu"))
+    report = assess(evidence.from_file(HOST_FIXTURES / "kvm-sapphirerapids-masked.lscpu"))
     uarch = report["cpu"]["microarchitecture"]
     assert uarch["source"] == "archspec" and uarch["model_table"]["unexpected"]
     assert any(d["topic"] == "cpu.model" for d in report["disagreements"])

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ktforge.build.assessment import assess
 from ktforge.detect import dumps, pycpuinfo
 from ktforge.detect.evidence import Evidence
-from ktforge.detect.report import build_report
 
 from ..conftest import CPUINFO_FIXTURES
 
@@ -76,7 +76,7 @@ def test_a_py_cpuinfo_disagreement_is_reported() -> None:
     # py-cpuinfo seeing no AVX-512 where the kernel lists it: a hypervisor or kernel quirk to report
     pyc = {"status": "ok", "vendor": "AuthenticAMD", "brand": "x", "family": 25, "model": 17, "stepping": 1}
     pyc["flags"] = sorted(f for f in kernel_flags if not f.startswith("avx512"))
-    report = build_report(Evidence(source="live", cpuinfo_text=text, pycpuinfo=pyc))
+    report = assess(Evidence(source="live", cpuinfo_text=text, pycpuinfo=pyc))
     topics = {d["topic"] for d in report["disagreements"]}
     assert {"feature.avx512f", "feature.avx512bw", "feature.avx512_vnni"} <= topics
     assert "feature.avx512_bf16" not in topics  # py-cpuinfo cannot see leaf 7.1: no false alarm

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from ktforge.build.assessment import assess
 from ktforge.cli import commands as cli
 from ktforge.detect import dumps, evidence
-from ktforge.detect.report import build_report
 
 from ..conftest import CPUINFO_FIXTURES, FIXTURES, terminal_wrap
 
@@ -67,7 +67,7 @@ def source_flags(machine: str) -> frozenset[str]:
 
 def check(machine: str, text: str, cpus: int | None = None, numa: bool = False) -> None:
     ev = evidence.from_text(text)
-    report = build_report(ev)
+    report = assess(ev)
     recipe, uarch = EXPECTED[machine]
     cpu = report["cpu"]
     assert set(cpu["features"]) == source_flags(machine)
@@ -175,7 +175,7 @@ def test_cpuinfo_with_hundreds_of_processors_and_crlf() -> None:
     text = (PASTED / "linux-unknown-sapphirerapids" / "many-cpuinfo.txt").read_text()
     assert text.count("processor\t:") == 224
     check("linux-unknown-sapphirerapids", text.replace("\n", "\r\n"))
-    assert build_report(evidence.from_text(text))["cpu"]["logical_cpus"] == 224
+    assert assess(evidence.from_text(text))["cpu"]["logical_cpus"] == 224
 
 
 def test_doctor_from_reads_a_localized_nested_paste(tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ def test_doctor_from_reads_a_localized_nested_paste(tmp_path: Path) -> None:
 def test_a_dump_without_flags_gives_unknown_not_a_verdict(tmp_path: Path) -> None:
     full = (PASTED / "linux-rocky8.5-zen4" / "lscpu-flat.en.txt").read_text()
     partial = "\n".join(line for line in full.splitlines() if not line.startswith("Flags:")) + "\n"
-    report = build_report(evidence.from_text(partial))
+    report = assess(evidence.from_text(partial))
     assert report["cpu"]["features"] is None
     assert report["backend"]["recommended"] == "unknown"
     assert any("CPU features unknown" in fact for fact in report["backend"]["unseen"])
@@ -205,7 +205,7 @@ def test_a_dump_without_flags_gives_unknown_not_a_verdict(tmp_path: Path) -> Non
 
 def test_a_provisional_choice_says_what_the_dump_cannot_show() -> None:
     text = (PASTED / "linux-unknown-sapphirerapids" / "lscpu-tty80.en.txt").read_bytes().decode()
-    backend = build_report(evidence.from_text(text))["backend"]
+    backend = assess(evidence.from_text(text))["backend"]
     assert backend["recommended"] == "amx" and backend["provisional"]
     assert any("AMX permission" in fact for fact in backend["not_seen_by_source"])
     assert any("XCR0" in fact for fact in backend["not_seen_by_source"])

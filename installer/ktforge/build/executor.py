@@ -20,9 +20,10 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ktforge.build.planner import Plan, PlanError
+from ktforge.build.verify import Verified
 
 # --- building ------------------------------------------------------------------------------
 
@@ -84,7 +85,14 @@ def build_wheel(plan: Plan, source: Path, step: Callable[[str], None]) -> tuple[
     return wheels[-1], log
 
 
-def verify_wheel(wheel: Path, log: Path) -> list[dict[str, Any]]:
+class BuildResult(TypedDict):
+    wheel: str
+    log: str
+    installed: bool
+    verified: NotRequired[list[Verified]]  # host builds only
+
+
+def verify_wheel(wheel: Path, log: Path) -> list[Verified]:
     """Every compiled kernel that runs here against the reference, from the unpacked wheel."""
     with tempfile.TemporaryDirectory(prefix="kt-verify-") as tmp:
         with zipfile.ZipFile(wheel) as archive:
@@ -100,7 +108,7 @@ def verify_wheel(wheel: Path, log: Path) -> list[dict[str, Any]]:
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise PlanError(f"verification crashed ({tail[0]}); the full log is {log}")
-    results: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    results: list[Verified] = json.loads(done.stdout.strip().splitlines()[-1])
     bad = [r for r in results if not r["ok"]]
     if bad:
         raise PlanError(
@@ -117,15 +125,15 @@ def install_wheel(wheel: Path, log: Path) -> None:
         raise PlanError(f"installing {wheel.name} failed; the full log is {log}")
 
 
-def carry_out(plan: Plan, source: Path, step: Callable[[str], None]) -> dict[str, Any]:
+def carry_out(plan: Plan, source: Path, step: Callable[[str], None]) -> BuildResult:
     """Build the plan's wheel under the lock; a host build is verified and installed, a target
-    build is copied to ``dist/``. Returns {"wheel", "log", "installed", "verified"?}."""
-    result: dict[str, Any] = {}
+    build is copied to ``dist/``."""
+    verified: list[Verified] | None = None
     with build_lock(source / "build"):
         wheel, log = build_wheel(plan, source, step)
         if plan.target is None:
             step("verifying every compiled kernel against the reference")
-            result["verified"] = verify_wheel(wheel, log)
+            verified = verify_wheel(wheel, log)
             step("installing")
             install_wheel(wheel, log)
         else:
@@ -133,4 +141,5 @@ def carry_out(plan: Plan, source: Path, step: Callable[[str], None]) -> dict[str
             dist.mkdir(exist_ok=True)
             shutil.copy2(wheel, dist / wheel.name)
             wheel = dist / wheel.name
-    return {**result, "wheel": str(wheel), "log": str(log), "installed": plan.target is None}
+    where: BuildResult = {"wheel": str(wheel), "log": str(log), "installed": plan.target is None}
+    return where if verified is None else {"verified": verified, **where}

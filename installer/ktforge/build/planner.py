@@ -12,13 +12,28 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ktforge.build import recipes
+from ktforge.build.assessment import Assessment
 from ktforge.detect import toolchain
+from ktforge.detect.report_types import Compiler, MachineReport
 
 PLAN_SCHEMA_VERSION = 1
 BACKEND_CHOICES = ("auto", *(r.name for r in recipes.load_recipes()))  # the recipes, best first
+
+
+class Rejected(TypedDict):
+    name: str
+    why_not: list[str]
+
+
+class MissingGate(TypedDict):
+    """A gate the plan cannot pass, with its remedy (recipes.GATE_REMEDIES)."""
+
+    gate: str
+    detail: str
+    remedy: str
 
 
 class PlanError(Exception):
@@ -33,9 +48,9 @@ class Plan:
     flags: list[str]
     kernel_backends: list[str]
     reasons: list[str]
-    rejected: list[dict[str, Any]]
-    missing: list[dict[str, str]]
-    compiler: dict[str, Any] | None
+    rejected: list[Rejected]
+    missing: list[MissingGate]
+    compiler: Compiler | None
     blis_library: str | None
     cmake_defines: dict[str, str] = field(default_factory=dict)
     schema_version: int = PLAN_SCHEMA_VERSION
@@ -48,8 +63,8 @@ class Plan:
                 self.flags,
                 self.kernel_backends,
                 self.blis_library,
-                (self.compiler or {}).get("path"),
-                (self.compiler or {}).get("version"),
+                self.compiler["path"] if self.compiler else None,
+                self.compiler["version"] if self.compiler else None,
             ]
         )
         return hashlib.sha256(stuff.encode()).hexdigest()[:12]
@@ -82,7 +97,7 @@ def target_features(target: str) -> set[str]:
     return features
 
 
-def _target_flags(target: str, compiler: dict[str, Any]) -> list[str]:
+def _target_flags(target: str, compiler: Compiler) -> list[str]:
     """-march/-mtune for a named microarchitecture, from archspec's compiler tables."""
     import archspec.cpu
 
@@ -102,22 +117,25 @@ def _target_flags(target: str, compiler: dict[str, Any]) -> list[str]:
     raise PlanError(f"{compiler['name']} {version} cannot target {target}: {errors[-1]}")
 
 
-def _missing(gate: str, detail: str) -> dict[str, str]:
+def _missing(gate: str, detail: str) -> MissingGate:
     """A failed gate, with its remedy from the one table (recipes.GATE_REMEDIES)."""
     return {"gate": gate, "detail": detail, "remedy": recipes.GATE_REMEDIES[gate]}
 
 
-def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None = None) -> Plan:
+def make_plan(report: Assessment, backend: str = "auto", target: str | None = None) -> Plan:
     if backend not in BACKEND_CHOICES:
         raise PlanError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}")
     evaluated = {r["name"]: r for r in report["backend"]["recipes"]}
     name = report["backend"]["recommended"] if backend == "auto" else backend
-    rejected = [{"name": n, "why_not": r["why_not"]} for n, r in evaluated.items() if n != name and not r["eligible"]]
-    compilers = [c for c in (report.get("toolchain") or {}).get("compilers", []) if c.get("language") == "c++"]
+    rejected: list[Rejected] = [
+        {"name": n, "why_not": r["why_not"]} for n, r in evaluated.items() if n != name and not r["eligible"]
+    ]
+    toolchain_found = report["toolchain"]
+    compilers = [c for c in (toolchain_found["compilers"] if toolchain_found else []) if c["language"] == "c++"]
     compiler = compilers[0] if compilers else None
-    missing: list[dict[str, str]] = []
+    missing: list[MissingGate] = []
 
-    def nothing(reason: str, missing: list[dict[str, str]]) -> Plan:
+    def nothing(reason: str, missing: list[MissingGate]) -> Plan:
         return Plan(
             backend="none",
             ok=False,
@@ -182,8 +200,8 @@ def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None 
             missing.append(_missing("compiler_flags", rejects))
     blis_library = None
     if recipe.requires.get("blis_addon") and compiler is not None:
-        blis = report.get("blis") or {}
-        blis_library = blis.get("selected")
+        blis = report["blis"]
+        blis_library = blis["selected"] if blis else None
     defines = (
         {}
         if compiler is None
@@ -211,7 +229,7 @@ def make_plan(report: dict[str, Any], backend: str = "auto", target: str | None 
     )
 
 
-def host_fingerprint(report: dict[str, Any]) -> str:
+def host_fingerprint(report: MachineReport) -> str:
     cpu = report["cpu"]
     text = json.dumps([cpu["vendor"], cpu["family"], cpu["model"], cpu["stepping"], cpu["usable_features"]])
     return hashlib.sha256(text.encode()).hexdigest()[:16]

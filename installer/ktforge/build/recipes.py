@@ -9,10 +9,12 @@ needs positive evidence, since "maybe installed" cannot be built against.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from ktforge.detect.blis import AOCL_INT8_NEEDS
+from ktforge.detect.report_types import BlisSection, GateStatus, MachineReport, RecommendedBackend
 from ktforge.resources import data_path, load_toml
 
 LIBRARY_GATES = frozenset({"blis_addon"})
@@ -41,6 +43,65 @@ GATE_REMEDIES = {
 
 # Gates on what the machine is: unseen, they leave the choice open instead of provisional.
 FACT_GATES = frozenset({"arch", "vendor", "cpu_features"})
+
+
+@dataclass(frozen=True)
+class RecipeFacts:
+    """What the gates read of a machine report (tests give them directly)."""
+
+    system: str | None
+    arch: str | None
+    vendor: str | None
+    features: frozenset[str] | None  # usable features; None: not seen
+    os_state: Mapping[str, object]
+    amx_permitted: bool | None
+    amx_execution: str | None
+    amx_explanation: str
+    blis: BlisSection | None
+
+    @staticmethod
+    def of(report: MachineReport) -> RecipeFacts:
+        cpu, amx_info = report["cpu"], report["amx"]
+        usable = cpu["usable_features"]
+        return RecipeFacts(
+            system=report["os"]["system"],
+            arch=cpu["arch"],
+            vendor=cpu["vendor"],
+            features=frozenset(usable) if usable is not None else None,
+            os_state=cpu["os_state"],
+            amx_permitted=amx_info["permitted"],
+            amx_execution=amx_info["execution"],
+            amx_explanation=amx_info["explanation"],
+            blis=report["blis"],
+        )
+
+
+class GateResult(TypedDict):
+    gate: str
+    status: GateStatus
+    detail: str
+
+
+class RecipeEvaluation(TypedDict):
+    name: str
+    priority: int
+    summary: str
+    compiler_must_accept: list[str]
+    eligible: bool
+    undetermined: bool
+    provisional: bool
+    why_not: list[str]
+    failed_gates: list[GateResult]
+    unverified: list[str]
+    gates: list[GateResult]
+
+
+class BackendChoice(TypedDict):
+    recommended: RecommendedBackend
+    provisional: bool
+    unseen: list[str]
+    recipes: list[RecipeEvaluation]
+    not_seen_by_source: NotRequired[list[str]]
 
 
 @dataclass(frozen=True)
@@ -79,28 +140,32 @@ def load_recipes() -> tuple[Recipe, ...]:
     return tuple(sorted(recipes, key=lambda r: -r.priority))
 
 
-def _gate(gate: str, status: str, detail: str) -> dict[str, str]:
+def _gate(gate: str, status: GateStatus, detail: str) -> GateResult:
     return {"gate": gate, "status": status, "detail": detail}
 
 
-def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
-    """Gates of ``recipe`` against report facts (see report.recipe_facts)."""
+def _status(value: object, passes: bool) -> GateStatus:
+    return "unknown" if value is None else "pass" if passes else "fail"
+
+
+def evaluate(recipe: Recipe, facts: RecipeFacts) -> RecipeEvaluation:
+    """Gates of ``recipe`` against a machine's facts."""
     req = recipe.requires
-    gates: list[dict[str, str]] = []
+    gates: list[GateResult] = []
     if "system" in req:
-        system = facts.get("system")
-        status = "unknown" if system is None else "pass" if system == req["system"] else "fail"
+        system = facts.system
+        status = _status(system, system == req["system"])
         gates.append(_gate("system", status, f"needs {req['system']}, machine runs {system or 'unknown'}"))
     if "arch" in req:
-        arch = facts.get("arch")
-        status = "unknown" if arch is None else "pass" if arch == req["arch"] else "fail"
+        arch = facts.arch
+        status = _status(arch, arch == req["arch"])
         gates.append(_gate("arch", status, f"needs {req['arch']}, machine is {arch or 'unknown'}"))
     if "vendor" in req:
-        vendor = facts.get("vendor")
-        status = "unknown" if vendor is None else "pass" if vendor in req["vendor"] else "fail"
+        vendor = facts.vendor
+        status = _status(vendor, vendor in req["vendor"])
         gates.append(_gate("vendor", status, f"needs {' or '.join(req['vendor'])}, CPU is {vendor or 'unknown'}"))
     if "cpu_features" in req:
-        have = facts.get("features")
+        have = facts.features
         if have is None:
             gates.append(_gate("cpu_features", "unknown", "CPU features unknown"))
         else:
@@ -113,8 +178,8 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
                 )
             )
     for state in req.get("os_state", []):
-        value = facts.get("os_state", {}).get(state)
-        status = "unknown" if value is None else "pass" if value else "fail"
+        value = facts.os_state.get(state)
+        status = _status(value, bool(value))
         detail = {
             "pass": f"XCR0 enables {state} state",
             "fail": f"XCR0 does not enable {state} state",
@@ -122,27 +187,26 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
         }[status]
         gates.append(_gate(f"os_state.{state}", status, detail))
     if req.get("amx_permission"):
-        permitted = facts.get("amx_permitted")
-        status = "unknown" if permitted is None else "pass" if permitted else "fail"
-        gates.append(_gate("amx_permission", status, facts.get("amx_explanation", "")))
+        permitted = facts.amx_permitted
+        gates.append(_gate("amx_permission", _status(permitted, bool(permitted)), facts.amx_explanation))
     if req.get("amx_execution"):
-        execution = facts.get("amx_execution")
+        execution = facts.amx_execution
         status = "pass" if execution == "ok" else "unknown" if execution in (None, "not-attempted") else "fail"
         gates.append(_gate("amx_execution", status, f"tile execution proof: {execution or 'not run'}"))
     if req.get("blis_addon"):
-        blis = facts.get("blis")
+        blis = facts.blis
         if blis is None:
             gates.append(_gate("blis_addon", "unknown", "no evidence of a BLIS library (none was searched)"))
-        elif blis.get("selected"):
+        elif blis["selected"]:
             gates.append(_gate("blis_addon", "pass", f"aocl_gemm works in {blis['selected']}"))
-        elif wrong := [lib for lib in blis.get("libraries", []) if lib.get("has_addon")]:
+        elif wrong := [lib for lib in blis["libraries"] if lib["has_addon"]]:
             # installed, but its GEMM is wrong on this CPU
             gates.append(
                 _gate(
                     "blis_addon",
                     "fail",
                     f"{wrong[0]['path']} has the aocl_gemm add-on, but its s8s8s32 GEMM gave "
-                    f"{wrong[0].get('gemm_s8s8s32')} here: {AOCL_INT8_NEEDS}",
+                    f"{wrong[0]['gemm_s8s8s32']} here: {AOCL_INT8_NEEDS}",
                 )
             )
         else:
@@ -168,7 +232,7 @@ def evaluate(recipe: Recipe, facts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def choose(facts: dict[str, Any]) -> dict[str, Any]:
+def choose(facts: RecipeFacts) -> BackendChoice:
     """The recommended backend: the highest-priority eligible recipe; ``unknown`` when a better
     recipe's gates need a fact that was not seen (a dump without flags, say); ``none`` when
     every recipe fails. ``unseen`` names the facts that were missing."""

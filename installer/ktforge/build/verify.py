@@ -7,14 +7,24 @@ AOCL-BLAS where the build has one. Prints one JSON list of results on its last l
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict
 
 # small, with sizes that are no multiple of the kernels' blocks (ragged tails everywhere)
 E, K, H, I, T = 4, 2, 72, 40, 9
 TOLERANCE = 1e-4  # relative to the reference: the backends follow its order and rounding
 
 
-def results() -> list[dict[str, Any]]:
+class Verified(TypedDict):
+    """One backend and method checked against the reference."""
+
+    backend: str
+    method: str
+    kernel: str
+    rel_err: float
+    ok: bool
+
+
+def results() -> list[Verified]:
     import numpy as np
 
     import ktforge
@@ -28,7 +38,7 @@ def results() -> list[dict[str, Any]]:
     ids = np.stack([rng.permutation(E)[:K] for _ in range(T)]).astype(np.int64)
     w = rng.random((T, K)).astype(np.float32)
     info = native.build_info()
-    out: list[dict[str, Any]] = []
+    out: list[Verified] = []
     for method in ("bf16", "int8", "int4"):
         ref = ktforge.MoE(E, K, H, I, method=method, backend="reference", group_size=32)
         ref.load_weights(gate, up, down)
@@ -40,8 +50,9 @@ def results() -> list[dict[str, Any]]:
             moe.load_weights(gate, up, down)
             err = float(np.abs(moe.forward(x, ids, w) - expected).max() / np.abs(expected).max())
             kernel = moe.info["kernel"]
-            out.append({"backend": backend["name"], "method": method, "kernel": kernel, "rel_err": err})
-            out[-1]["ok"] = err < TOLERANCE
+            out.append(
+                {"backend": backend["name"], "method": method, "kernel": kernel, "rel_err": err, "ok": err < TOLERANCE}
+            )
     if info.get("blis"):
         ok = bool(native.blis_gemm_selftest())
         out.append({"backend": "blis", "method": "int8", "kernel": info["blis"]["version"], "rel_err": 0.0, "ok": ok})

@@ -25,7 +25,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-DOCTOR_SCHEMA_VERSION = 1
 EXIT_DOCTOR_FAILED = 2
 
 
@@ -42,19 +41,6 @@ def _root(
     ] = False,
 ) -> None:
     """ktforge command line."""
-
-
-def doctor_document(report: dict[str, Any], findings: list[Any]) -> dict[str, Any]:
-    from ktforge.cli.doctor import summarize
-
-    return {
-        "schema_version": DOCTOR_SCHEMA_VERSION,
-        "ktforge_version": __version__,
-        "recommended_backend": report["backend"]["recommended"],
-        "summary": summarize(findings),
-        "checks": [f.to_json() for f in findings],
-        "report": report,
-    }
 
 
 @app.command()
@@ -80,28 +66,27 @@ def doctor(
             typer.echo(f"{cid:28} {category:10} {title}")
         raise typer.Exit(0)
     try:
+        from ktforge.build.assessment import assess
+        from ktforge.cli.doctor_schema import doctor_document, to_text
         from ktforge.cli.render import render, use_color
         from ktforge.detect import evidence as evidence_mod
         from ktforge.detect.dumps import DumpFormatError
-        from ktforge.detect.report import build_report
 
         try:
             ev = evidence_mod.from_file(from_file) if from_file else evidence_mod.collect_live()
         except DumpFormatError as exc:
             typer.echo(f"kt doctor: cannot read {from_file}: {exc}", err=True)
             raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
-        report = build_report(ev)
+        report = assess(ev)
         try:
             findings = doctor_checks.run_checks(report, check or None)
         except KeyError as exc:
             typer.echo(f"kt doctor: {exc.args[0]}", err=True)
             raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
         if snapshot is not None:
-            document = ev.to_snapshot()
-            document["report"] = report
-            snapshot.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+            snapshot.write_text(to_text({**ev.to_snapshot(), "report": report}) + "\n")
         if json_output:
-            typer.echo(json.dumps(doctor_document(report, findings), indent=1, sort_keys=True))
+            typer.echo(to_text(doctor_document(report, findings)))
         else:
             render(report, findings, sys.stdout, use_color(sys.stdout))
             if snapshot is not None:
@@ -135,14 +120,14 @@ def build(
     from rich.console import Console
 
     from ktforge.build import executor, planner
+    from ktforge.build.assessment import assess
     from ktforge.detect import evidence as evidence_mod
-    from ktforge.detect.report import build_report
 
     source = source.resolve()
     if not (source / "pyproject.toml").is_file() or 'name = "ktforge"' not in (source / "pyproject.toml").read_text():
         typer.echo(f"kt build: {source} is not a ktforge checkout; run it there or pass --source", err=True)
         raise typer.Exit(1)
-    report = build_report(evidence_mod.collect_live())
+    report = assess(evidence_mod.collect_live())
     try:
         plan = planner.make_plan(report, backend, target)
     except planner.PlanError as exc:

@@ -9,12 +9,37 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Literal, TypedDict, get_args
 
+from ktforge.build.assessment import Assessment
 from ktforge.detect.blis import AOCL_INT8_NEEDS
+from ktforge.detect.report_types import BlisSection, Compiler, ProbeSummary, Schema
 
-STATUSES = ("ok", "info", "warn", "error", "unknown")
+FindingStatus = Literal["ok", "info", "warn", "error", "unknown"]
+STATUSES: tuple[FindingStatus, ...] = get_args(FindingStatus)
+# a check id: category.name
+FindingId = Annotated[str, Schema(keywords={"pattern": r"^[a-z0-9_]+\.[a-z0-9_]+$"})]
+
+
+class FindingJson(TypedDict):
+    id: FindingId
+    category: str
+    status: FindingStatus
+    title: str
+    finding: str
+    remedy: str
+    commands: list[str]
+
+
+class Summary(TypedDict):
+    ok: int
+    info: int
+    warn: int
+    error: int
+    unknown: int
+
+
 GIB = 1 << 30
 
 
@@ -22,19 +47,25 @@ GIB = 1 << 30
 class Finding:
     id: str
     category: str
-    status: str
+    status: FindingStatus
     title: str
     finding: str
     remedy: str = ""
     commands: tuple[str, ...] = field(default_factory=tuple)
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["commands"] = list(self.commands)
-        return data
+    def to_json(self) -> FindingJson:
+        return {
+            "id": self.id,
+            "category": self.category,
+            "status": self.status,
+            "title": self.title,
+            "finding": self.finding,
+            "remedy": self.remedy,
+            "commands": list(self.commands),
+        }
 
 
-Check = Callable[[dict[str, Any]], Finding]
+Check = Callable[[Assessment], Finding]
 _REGISTRY: list[tuple[str, str, str, Check]] = []
 
 
@@ -50,30 +81,35 @@ def list_checks() -> list[tuple[str, str, str]]:
     return [(cid, cat, title) for cid, cat, title, _ in _REGISTRY]
 
 
-def _f(cid: str, status: str, finding: str, remedy: str = "", *commands: str) -> Finding:
+def _f(cid: str, status: FindingStatus, finding: str, remedy: str = "", *commands: str) -> Finding:
     _, category, title, _ = next(entry for entry in _REGISTRY if entry[0] == cid)
     return Finding(cid, category, status, title, finding, remedy, tuple(commands))
 
 
-def _usable(r: dict[str, Any]) -> set[str] | None:
+def _usable(r: Assessment) -> set[str] | None:
     usable = r["cpu"]["usable_features"]
     return set(usable) if usable is not None else None
 
 
-def _is_x86(r: dict[str, Any]) -> bool | None:
+def _is_x86(r: Assessment) -> bool | None:
     arch = r["cpu"]["arch"]
     return None if arch is None else arch == "x86_64"
 
 
-def _has_amx_cpu(r: dict[str, Any]) -> bool | None:
+def _has_amx_cpu(r: Assessment) -> bool | None:
     features = r["cpu"]["features"]
     return None if features is None else "amx_tile" in features
 
 
-def _no_compiler(r: dict[str, Any]) -> bool:
+def _probes_run(r: Assessment) -> dict[str, ProbeSummary]:
+    """The probes that ran, by name."""
+    found = {"cpu": r["probes"]["cpu"], "amx_permission": r["probes"]["amx_permission"]}
+    return {name: summary for name, summary in found.items() if summary is not None}
+
+
+def _no_compiler(r: Assessment) -> bool:
     """The probes could not be compiled: no C compiler yet (a fresh server before deps)."""
-    probes = [p for p in r["probes"].values() if p is not None]
-    return any(p["status"] == "no-compiler" for p in probes)
+    return any(p["status"] == "no-compiler" for p in _probes_run(r).values())
 
 
 def _compiler_commands() -> tuple[str, ...]:
@@ -87,7 +123,7 @@ def _compiler_commands() -> tuple[str, ...]:
     return ("./install.sh deps", *direct)
 
 
-def _amd(r: dict[str, Any]) -> bool:
+def _amd(r: Assessment) -> bool:
     return bool(r["cpu"]["vendor"] == "AuthenticAMD")
 
 
@@ -95,7 +131,7 @@ def _amd(r: dict[str, Any]) -> bool:
 
 
 @check("platform.x86_64", "platform", "x86-64 processor")
-def _platform_arch(r: dict[str, Any]) -> Finding:
+def _platform_arch(r: Assessment) -> Finding:
     arch = r["cpu"]["arch"]
     if arch is None:
         return _f("platform.x86_64", "unknown", "the architecture is not in the evidence")
@@ -110,7 +146,7 @@ def _platform_arch(r: dict[str, Any]) -> Finding:
 
 
 @check("platform.linux", "platform", "Linux")
-def _platform_linux(r: dict[str, Any]) -> Finding:
+def _platform_linux(r: Assessment) -> Finding:
     system = r["os"]["system"]
     if system is None:
         return _f("platform.linux", "unknown", "the operating system is not in the evidence")
@@ -130,7 +166,7 @@ def _platform_linux(r: dict[str, Any]) -> Finding:
 
 
 @check("cpu.avx2_fma", "cpu", "AVX2 and FMA")
-def _cpu_avx2(r: dict[str, Any]) -> Finding:
+def _cpu_avx2(r: Assessment) -> Finding:
     usable = _usable(r)
     if usable is None or _is_x86(r) is None:
         return _f("cpu.avx2_fma", "unknown", "CPU features are not in the evidence")
@@ -149,7 +185,7 @@ def _cpu_avx2(r: dict[str, Any]) -> Finding:
 
 
 @check("cpu.avx512", "cpu", "AVX-512 subsets")
-def _cpu_avx512(r: dict[str, Any]) -> Finding:
+def _cpu_avx512(r: Assessment) -> Finding:
     usable = _usable(r)
     if usable is None:
         return _f("cpu.avx512", "unknown", "CPU features are not in the evidence")
@@ -174,7 +210,7 @@ def _cpu_avx512(r: dict[str, Any]) -> Finding:
 
 
 @check("os.xcr0", "cpu", "OS register state (XCR0)")
-def _os_xcr0(r: dict[str, Any]) -> Finding:
+def _os_xcr0(r: Assessment) -> Finding:
     state = r["cpu"]["os_state"]
     if state["xcr0"] is None:
         why = "XCR0 was not read (text dump)" if r["source"]["kind"] != "live" else "XCR0 could not be read"
@@ -206,7 +242,7 @@ def _os_xcr0(r: dict[str, Any]) -> Finding:
 
 
 @check("amx.cpuid", "amx", "AMX in CPUID")
-def _amx_cpuid(r: dict[str, Any]) -> Finding:
+def _amx_cpuid(r: Assessment) -> Finding:
     has = _has_amx_cpu(r)
     if has is None:
         return _f("amx.cpuid", "unknown", "CPU features are not in the evidence")
@@ -224,7 +260,7 @@ def _amx_cpuid(r: dict[str, Any]) -> Finding:
 
 
 @check("amx.xcr0", "amx", "AMX tile state enabled (XCR0 bits 17-18)")
-def _amx_xcr0(r: dict[str, Any]) -> Finding:
+def _amx_xcr0(r: Assessment) -> Finding:
     has, amx_state = _has_amx_cpu(r), r["cpu"]["os_state"]["amx"]
     if has is False:
         return _f("amx.xcr0", "info", "not applicable: no AMX on this CPU")
@@ -242,7 +278,7 @@ def _amx_xcr0(r: dict[str, Any]) -> Finding:
 
 
 @check("amx.kernel", "amx", "kernel AMX support (>= 5.16, ARCH_GET_XCOMP_SUPP)")
-def _amx_kernel(r: dict[str, Any]) -> Finding:
+def _amx_kernel(r: Assessment) -> Finding:
     version = r["os"]["kernel_version"]
     amx_info = r["amx"]
     has = _has_amx_cpu(r)
@@ -272,7 +308,7 @@ def _amx_kernel(r: dict[str, Any]) -> Finding:
 
 
 @check("amx.permission", "amx", "AMX permission (ARCH_REQ_XCOMP_PERM)")
-def _amx_permission(r: dict[str, Any]) -> Finding:
+def _amx_permission(r: Assessment) -> Finding:
     a = r["amx"]
     if a["probe_status"] is None:
         return _f("amx.permission", "unknown" if _has_amx_cpu(r) is not False else "info", a["explanation"])
@@ -305,7 +341,7 @@ def _amx_permission(r: dict[str, Any]) -> Finding:
 
 
 @check("amx.execution", "amx", "AMX execution proof")
-def _amx_execution(r: dict[str, Any]) -> Finding:
+def _amx_execution(r: Assessment) -> Finding:
     a = r["amx"]
     if _has_amx_cpu(r) is False:
         return _f("amx.execution", "info", "not attempted: no AMX on this CPU")
@@ -329,12 +365,12 @@ _BLIS_COMMAND = "python -m pip install aoclda"
 _BLIS_UNPROBED = "not checked: the BLIS probe (which loads each library and runs a GEMM) needs a C compiler"
 
 
-def _blis_unprobed(b: dict[str, Any]) -> bool:
+def _blis_unprobed(b: BlisSection) -> bool:
     return any(lib["probe_status"] == "no-compiler" for lib in b["libraries"])
 
 
 @check("blis.found", "blis", "BLIS library")
-def _blis_found(r: dict[str, Any]) -> Finding:
+def _blis_found(r: Assessment) -> Finding:
     b = r["blis"]
     if b is None:
         return _f("blis.found", "unknown", "no evidence of BLIS (text dumps carry none)")
@@ -342,7 +378,7 @@ def _blis_found(r: dict[str, Any]) -> Finding:
         return _f("blis.found", "unknown", _BLIS_UNPROBED, "install the build tools", *_compiler_commands())
     libs = b["libraries"]
     if not libs:
-        status = "warn" if _amd(r) else "info"
+        status: FindingStatus = "warn" if _amd(r) else "info"
         return _f(
             "blis.found",
             status,
@@ -365,7 +401,7 @@ def _blis_found(r: dict[str, Any]) -> Finding:
 
 
 @check("blis.addon", "blis", "aocl_gemm (LPGEMM) add-on")
-def _blis_addon(r: dict[str, Any]) -> Finding:
+def _blis_addon(r: Assessment) -> Finding:
     b = r["blis"]
     if b is None:
         return _f("blis.addon", "unknown", "no evidence of BLIS (text dumps carry none)")
@@ -382,7 +418,7 @@ def _blis_addon(r: dict[str, Any]) -> Finding:
             + (f"; also {', '.join(extra)}" if extra else "")
             + ("" if lib["header"] else "; no blis.h (ktforge declares the API itself)"),
         )
-    status = "warn" if _amd(r) else "info"
+    status: FindingStatus = "warn" if _amd(r) else "info"
     if b["libraries"]:
         names = ", ".join(lib["path"] for lib in b["libraries"])
         return _f(
@@ -396,7 +432,7 @@ def _blis_addon(r: dict[str, Any]) -> Finding:
 
 
 @check("blis.gemm", "blis", "aocl_gemm s8s8s32 GEMM runs and is correct")
-def _blis_gemm(r: dict[str, Any]) -> Finding:
+def _blis_gemm(r: Assessment) -> Finding:
     b = r["blis"]
     if b is None:
         return _f("blis.gemm", "unknown", "no evidence of BLIS (text dumps carry none)")
@@ -432,12 +468,13 @@ def _blis_gemm(r: dict[str, Any]) -> Finding:
 # --- toolchain ----------------------------------------------------------------------------
 
 
-def _cxx(r: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for c in (r["toolchain"] or {}).get("compilers", []) if c.get("language") == "c++"]
+def _cxx(r: Assessment) -> list[Compiler]:
+    found = r["toolchain"]
+    return [c for c in found["compilers"] if c["language"] == "c++"] if found else []
 
 
 @check("toolchain.compiler", "toolchain", "C++ compiler")
-def _tc_compiler(r: dict[str, Any]) -> Finding:
+def _tc_compiler(r: Assessment) -> Finding:
     if r["toolchain"] is None:
         return _f("toolchain.compiler", "unknown", "the toolchain is not in the evidence")
     cxx = _cxx(r)
@@ -454,7 +491,7 @@ def _tc_compiler(r: dict[str, Any]) -> Finding:
 
 
 @check("toolchain.backend_flags", "toolchain", "compiler accepts the recommended backend's flags")
-def _tc_flags(r: dict[str, Any]) -> Finding:
+def _tc_flags(r: Assessment) -> Finding:
     if r["toolchain"] is None:
         return _f("toolchain.backend_flags", "unknown", "the toolchain is not in the evidence")
     backend = r["backend"]["recommended"]
@@ -481,13 +518,13 @@ def _tc_flags(r: dict[str, Any]) -> Finding:
     )
 
 
-def _tool(r: dict[str, Any], cid: str, name: str, minimum: tuple[int, ...]) -> Finding:
+def _tool(r: Assessment, cid: str, name: Literal["cmake", "ninja"], minimum: tuple[int, ...]) -> Finding:
     if r["toolchain"] is None:
         return _f(cid, "unknown", "the toolchain is not in the evidence")
     tool = r["toolchain"][name]
-    if not tool.get("path"):
+    if not tool["path"]:
         return _f(cid, "warn", f"{name} is not on PATH", f"install {name}", f"python -m pip install {name}")
-    version = tool.get("version") or "unknown"
+    version = tool["version"] or "unknown"
     parts = tuple(int(p) for p in version.split(".")[: len(minimum)] if p.isdigit())
     if parts and parts < minimum:
         return _f(
@@ -501,17 +538,17 @@ def _tool(r: dict[str, Any], cid: str, name: str, minimum: tuple[int, ...]) -> F
 
 
 @check("toolchain.cmake", "toolchain", "CMake")
-def _tc_cmake(r: dict[str, Any]) -> Finding:
+def _tc_cmake(r: Assessment) -> Finding:
     return _tool(r, "toolchain.cmake", "cmake", (3, 21))
 
 
 @check("toolchain.ninja", "toolchain", "Ninja")
-def _tc_ninja(r: dict[str, Any]) -> Finding:
+def _tc_ninja(r: Assessment) -> Finding:
     return _tool(r, "toolchain.ninja", "ninja", (1, 10))
 
 
 @check("toolchain.python_headers", "toolchain", "Python headers")
-def _tc_headers(r: dict[str, Any]) -> Finding:
+def _tc_headers(r: Assessment) -> Finding:
     if r["toolchain"] is None:
         return _f("toolchain.python_headers", "unknown", "the toolchain is not in the evidence")
     headers = r["toolchain"]["python_headers"]
@@ -531,7 +568,7 @@ def _tc_headers(r: dict[str, Any]) -> Finding:
 
 
 @check("extension.installed", "extension", "native extension installed, importable, built for this CPU")
-def _extension(r: dict[str, Any]) -> Finding:
+def _extension(r: Assessment) -> Finding:
     ext = r["extension"]
     if ext is None:
         return _f("extension.installed", "unknown", "the extension was not inspected (text dump)")
@@ -589,7 +626,7 @@ def _extension(r: dict[str, Any]) -> Finding:
 
 
 @check("system.numa", "system", "NUMA nodes and CPUs")
-def _numa(r: dict[str, Any]) -> Finding:
+def _numa(r: Assessment) -> Finding:
     numa = r["numa"]
     if numa is None:
         return _f("system.numa", "unknown", "NUMA layout is not in the evidence")
@@ -615,7 +652,7 @@ def _numa(r: dict[str, Any]) -> Finding:
 
 
 @check("system.memory", "system", "memory and huge pages")
-def _memory(r: dict[str, Any]) -> Finding:
+def _memory(r: Assessment) -> Finding:
     mem = r["memory"]
     if mem is None:
         return _f("system.memory", "unknown", "memory is not in the evidence")
@@ -636,7 +673,7 @@ def _memory(r: dict[str, Any]) -> Finding:
 
 
 @check("system.hypervisor", "system", "hypervisor hiding CPU features")
-def _hypervisor(r: dict[str, Any]) -> Finding:
+def _hypervisor(r: Assessment) -> Finding:
     cpu = r["cpu"]
     hv = cpu["hypervisor"]
     uarch = cpu["microarchitecture"]
@@ -675,7 +712,7 @@ def _hypervisor(r: dict[str, Any]) -> Finding:
 
 
 @check("sources.agree", "system", "CPUID, XCR0, /proc/cpuinfo and the model number agree")
-def _sources(r: dict[str, Any]) -> Finding:
+def _sources(r: Assessment) -> Finding:
     items = r["disagreements"]
     if not items:
         return _f("sources.agree", "ok", "no disagreement between the sources")
@@ -687,8 +724,8 @@ def _sources(r: dict[str, Any]) -> Finding:
 
 
 @check("probes.ran", "system", "probes compiled and ran")
-def _probes(r: dict[str, Any]) -> Finding:
-    probes = {k: v for k, v in r["probes"].items() if v is not None}
+def _probes(r: Assessment) -> Finding:
+    probes = _probes_run(r)
     if not probes:
         return _f("probes.ran", "unknown", f"no probe ran (evidence from a {r['source']['kind']} dump)")
     bad = {k: v for k, v in probes.items() if v["status"] != "ok"}
@@ -715,7 +752,7 @@ def _probes(r: dict[str, Any]) -> Finding:
 
 
 @check("backend.recommended", "backend", "recommended backend")
-def _backend(r: dict[str, Any]) -> Finding:
+def _backend(r: Assessment) -> Finding:
     b = r["backend"]
     name = b["recommended"]
     rejected = [
@@ -753,7 +790,7 @@ def _backend(r: dict[str, Any]) -> Finding:
     return _f("backend.recommended", "ok", f"{name}: {chosen['summary']}{why}")
 
 
-def run_checks(report: dict[str, Any], only: list[str] | None = None) -> list[Finding]:
+def run_checks(report: Assessment, only: list[str] | None = None) -> list[Finding]:
     known = {cid for cid, _, _, _ in _REGISTRY}
     unknown = [c for c in (only or []) if c not in known]
     if unknown:
@@ -761,8 +798,17 @@ def run_checks(report: dict[str, Any], only: list[str] | None = None) -> list[Fi
     return [fn(report) for cid, _, _, fn in _REGISTRY if not only or cid in only]
 
 
-def summarize(findings: list[Finding]) -> dict[str, int]:
-    return {status: sum(1 for f in findings if f.status == status) for status in STATUSES}
+def summarize(findings: list[Finding]) -> Summary:
+    def count(status: FindingStatus) -> int:
+        return sum(1 for f in findings if f.status == status)
+
+    return {
+        "ok": count("ok"),
+        "info": count("info"),
+        "warn": count("warn"),
+        "error": count("error"),
+        "unknown": count("unknown"),
+    }
 
 
 def exit_code(findings: list[Finding], strict: bool = False) -> int:

@@ -7,9 +7,11 @@ output encoding cannot show the Unicode ones.
 from __future__ import annotations
 
 import os
-from typing import Any, TextIO
+from typing import TextIO
 
+from ktforge.build.assessment import Assessment
 from ktforge.cli.doctor import Finding, summarize
+from ktforge.detect.report_types import MachineReport
 
 _MARKS = {"ok": ("✓", "ok"), "info": ("•", "--"), "warn": ("!", "!!"), "error": ("✗", "XX"), "unknown": ("?", "??")}
 _COLORS = {"ok": "32", "info": "36", "warn": "33", "error": "31", "unknown": "35"}
@@ -26,7 +28,7 @@ def _unicode_ok(stream: TextIO) -> bool:
     return encoding.replace("-", "") in ("utf8", "utf16", "utf32")
 
 
-def headline(report: dict[str, Any]) -> str:
+def headline(report: MachineReport) -> str:
     cpu = report["cpu"]
     uarch = cpu["microarchitecture"]
     closest = uarch.get("closest_newer")
@@ -43,7 +45,7 @@ def headline(report: dict[str, Any]) -> str:
     return f"ktforge doctor: {where}: {' '.join(parts)}"
 
 
-def render(report: dict[str, Any], findings: list[Finding], stream: TextIO, color: bool) -> None:
+def render(report: Assessment, findings: list[Finding], stream: TextIO, color: bool) -> None:
     unicode_ok = _unicode_ok(stream)
     width = max((len(f.id) for f in findings), default=10)
 

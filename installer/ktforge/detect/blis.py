@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ktforge.detect.probe_runner import ProbeOutcome, run_probe
+from ktforge.detect.report_types import BlisCandidate, BlisDiscovery, BlisLibrary
 
 LIBRARY_PATTERNS = ("libblis-mt*.so*", "libblis*.so*")
 # Why an installed add-on can still compute wrong: AOCL 5.x's integer kernels (its own message:
@@ -80,7 +81,7 @@ def header_for(library: str) -> str | None:
     return next((str(c) for c in candidates[:-2] if c.is_file()), None)
 
 
-def probe_library(path: str) -> dict[str, Any]:
+def probe_library(path: str) -> BlisCandidate:
     """Run the BLIS probe on one library; always returns a record, never raises."""
     lib_dir = str(Path(path).resolve().parent)
     # Wheels' bundled libraries find their siblings (libomp) only through the loader path.
@@ -90,18 +91,16 @@ def probe_library(path: str) -> dict[str, Any]:
         "OMP_NUM_THREADS": "1",
     }
     outcome: ProbeOutcome = run_probe("blis", [path], env=env)
-    record: dict[str, Any] = {"path": path, "library_dir": lib_dir, "header": header_for(path)}
-    record["probe"] = outcome.to_json()
-    return record
+    return {"path": path, "library_dir": lib_dir, "header": header_for(path), "probe": outcome.to_json()}
 
 
-def discover(dirs: Sequence[str] | None = None) -> dict[str, Any]:
+def discover(dirs: Sequence[str] | None = None) -> BlisDiscovery:
     """Search ``dirs`` (default: :func:`search_dirs`) and probe every library found."""
     dirs = list(search_dirs() if dirs is None else dirs)
     return {"searched": dirs, "candidates": [probe_library(p) for p in find_candidates(dirs)]}
 
 
-def summarize(candidate: Mapping[str, Any]) -> dict[str, Any]:
+def summarize(candidate: BlisCandidate | Mapping[str, Any]) -> BlisLibrary:
     """Flatten one candidate record into the facts the report shows."""
     probe = ProbeOutcome.from_json(candidate.get("probe", {}))
     data = probe.data or {}
@@ -115,8 +114,8 @@ def summarize(candidate: Mapping[str, Any]) -> dict[str, Any]:
     if threading == "unknown" and "-mt" in name:
         threading = "multithreaded"
     return {
-        "path": candidate.get("path"),
-        "library_dir": candidate.get("library_dir"),
+        "path": str(candidate.get("path", "")),
+        "library_dir": str(candidate.get("library_dir", "")),
         "loaded": bool(data.get("loaded")),
         "load_error": data.get("error") if not data.get("loaded") else None,
         "probe_status": probe.status,

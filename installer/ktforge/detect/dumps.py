@@ -15,7 +15,7 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ktforge.detect.features import SYSCTL_WORDS, known_flag_names
 from ktforge.resources import data_path
@@ -388,7 +388,7 @@ def json_document(text: str) -> Any:
         raise DumpFormatError(f"looks like JSON but does not parse: {exc}") from exc
 
 
-def sniff(text: str) -> str:
+def sniff(text: str) -> Literal["snapshot", "lscpu-json", "cpuid-dump", "sysctl", "cpuinfo", "lscpu"]:
     """Name the format of ``text``: snapshot, lscpu-json, cpuid-dump, sysctl, cpuinfo or lscpu."""
     document = json_document(text)
     if document is not None:

@@ -16,29 +16,49 @@ from pathlib import Path
 from typing import Any
 
 from ktforge.detect import dumps
+from ktforge.detect.report_types import (
+    BlisDiscovery,
+    ExtensionStatus,
+    ProbeOutcomeJson,
+    PycpuinfoResult,
+    SourceKind,
+    SystemFacts,
+    Toolchain,
+)
 
 SNAPSHOT_VERSION = 1
 
 
 @dataclass
 class Evidence:
-    source: str  # live, snapshot, cpuinfo, lscpu, lscpu-json, cpuid-dump, sysctl
+    source: SourceKind
     origin: str | None = None  # the file it came from
-    cpu_probe: dict[str, Any] | None = None  # ProbeOutcome JSON of probes/cpu.c
-    pycpuinfo: dict[str, Any] | None = None  # CPUID through py-cpuinfo (ktforge.detect.pycpuinfo)
-    amx_probe: dict[str, Any] | None = None  # ProbeOutcome JSON of probes/amx_permission.c
-    blis: dict[str, Any] | None = None  # {"searched": [...], "candidates": [...]}
+    cpu_probe: ProbeOutcomeJson | None = None  # probes/cpu.c
+    pycpuinfo: PycpuinfoResult | None = None  # CPUID through py-cpuinfo (ktforge.detect.pycpuinfo)
+    amx_probe: ProbeOutcomeJson | None = None  # probes/amx_permission.c
+    blis: BlisDiscovery | None = None
     cpuinfo_text: str | None = None
     lscpu_text: str | None = None
     lscpu_json: dict[str, Any] | None = None
     sysctl_text: str | None = None
     cpuid_rows: list[list[int]] | None = None
-    system: dict[str, Any] | None = None
-    toolchain: dict[str, Any] | None = None
-    extension: dict[str, Any] | None = None
+    system: SystemFacts | None = None
+    toolchain: Toolchain | None = None
+    extension: ExtensionStatus | None = None
 
     def to_snapshot(self) -> dict[str, Any]:
         return {"ktforge_snapshot": SNAPSHOT_VERSION, "evidence": asdict(self)}
+
+    def not_seen_by_source(self) -> list[str]:
+        """What this source could not show: the facts only the probes read."""
+        missing = []
+        if self.cpu_probe is None:
+            missing.append("XCR0 (the OS register state; a text dump implies it from the kernel's flags)")
+        if self.amx_probe is None:
+            missing.append("AMX permission (arch_prctl) and a tile execution proof")
+        if self.blis is None:
+            missing.append("BLIS libraries (which one has a working aocl_gemm add-on)")
+        return missing
 
     @staticmethod
     def from_snapshot(document: dict[str, Any], origin: str | None = None) -> Evidence:
@@ -63,13 +83,13 @@ def from_text(text: str, origin: str | None = None) -> Evidence:
     if kind == "snapshot":
         return Evidence.from_snapshot(dumps.json_document(text), origin)
     if kind == "lscpu-json":
-        return Evidence(source=kind, origin=origin, lscpu_json=dumps.json_document(text))
+        return Evidence(source="lscpu-json", origin=origin, lscpu_json=dumps.json_document(text))
     if kind == "cpuid-dump":
-        return Evidence(source=kind, origin=origin, cpuid_rows=dumps.parse_cpuid_rows(text))
+        return Evidence(source="cpuid-dump", origin=origin, cpuid_rows=dumps.parse_cpuid_rows(text))
     if kind == "sysctl":
-        return Evidence(source=kind, origin=origin, sysctl_text=text)
+        return Evidence(source="sysctl", origin=origin, sysctl_text=text)
     if kind == "cpuinfo":
-        return Evidence(source=kind, origin=origin, cpuinfo_text=text)
+        return Evidence(source="cpuinfo", origin=origin, cpuinfo_text=text)
     return Evidence(source="lscpu", origin=origin, lscpu_text=text)
 
 

@@ -11,7 +11,9 @@ import json
 import signal
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
+
+from ktforge.detect.report_types import ExtensionStatus
 
 MODULE = "ktforge._native"
 
@@ -44,7 +46,13 @@ print(json.dumps({"status": "importable", "path": origin, "build_info": dict(inf
 """
 
 
-def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float = 30.0) -> dict[str, Any]:
+def _status(child: dict[str, Any], **changes: str) -> ExtensionStatus:
+    """The child's last line, with the doctor's verdict, as the report's type."""
+    known = ExtensionStatus.__annotations__
+    return cast(ExtensionStatus, {k: v for k, v in {**child, **changes}.items() if k in known})
+
+
+def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float = 30.0) -> ExtensionStatus:
     """Status of the extension: missing, broken, stale or ok, with what was learnt."""
     try:
         # The child imports the way this process does (same interpreter, same site setting).
@@ -70,12 +78,12 @@ def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float
     if last.get("status") == "importable":
         info = last.get("build_info", {})
         if info.get("version") != last.get("package_version"):
-            return {
-                **last,
-                "status": "stale",
-                "error": f"extension built for ktforge {info.get('version')}, package is {last.get('package_version')}",
-            }
-        return {**last, "status": "ok"}
+            return _status(
+                last,
+                status="stale",
+                error=f"extension built for ktforge {info.get('version')}, package is {last.get('package_version')}",
+            )
+        return _status(last, status="ok")
     if last.get("status") == "located":
-        return {**last, "status": "broken", "error": (done.stderr or "no output").strip()[-1000:]}
-    return last
+        return _status(last, status="broken", error=(done.stderr or "no output").strip()[-1000:])
+    return _status(last)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ktforge.detect.features import REPORTED
+from ktforge.detect.report_types import ClosestNewer, Microarchitecture
 from ktforge.resources import data_path, load_toml
 
 
@@ -81,7 +82,12 @@ def _archspec_targets() -> dict[str, Any]:
     return dict(archspec.cpu.TARGETS)
 
 
-def from_features(arch: str | None, vendor: str | None, features: Iterable[str]) -> dict[str, Any]:
+class FeatureMatch(TypedDict):
+    name: str
+    closest_newer: ClosestNewer | None
+
+
+def from_features(arch: str | None, vendor: str | None, features: Iterable[str]) -> FeatureMatch:
     """archspec's best x86-64 match for ``features``, and the next newer target that almost
     matches (with what it misses): ``{"name", "closest_newer": {"name", "missing"} | None}``."""
     if arch != "x86_64":
@@ -96,7 +102,7 @@ def from_features(arch: str | None, vendor: str | None, features: Iterable[str])
         return {"name": "x86_64", "closest_newer": None}
     best = max(compatible, key=lambda t: (len(t.ancestors), t.vendor != "generic"))
     newer = [t for t in x86 if best in t.ancestors and t.vendor == vendor]
-    closest = None
+    closest: ClosestNewer | None = None
     if newer:
         near = min(newer, key=lambda t: (len(set(t.features) - have), len(t.ancestors)))
         missing = sorted(set(near.features) - have)
@@ -117,15 +123,23 @@ def identify(
     model: int | None,
     stepping: int | None,
     features: Iterable[str],
-) -> dict[str, Any]:
+) -> Microarchitecture:
     """``name`` (the generation), ``source`` (model-table or archspec), ``by_features``
     (archspec's name for the visible flags), ``hidden`` (what the generation has that is not
     visible), ``hidden_used_by_kernels``, ``products``, ``closest_newer`` and ``model_table``."""
     features = frozenset(features)
-    result = from_features(arch, vendor, features)
-    result.update(source="archspec", by_features=result["name"], hidden=[], hidden_used_by_kernels=[], products=None)
+    match = from_features(arch, vendor, features)
+    result: Microarchitecture = {
+        "name": match["name"],
+        "closest_newer": match["closest_newer"],
+        "source": "archspec",
+        "by_features": match["name"],
+        "hidden": [],
+        "hidden_used_by_kernels": [],
+        "products": None,
+        "model_table": None,
+    }
     entry = lookup_model(vendor, family, model, stepping) if arch == "x86_64" else None
-    result["model_table"] = None
     if entry is None:
         return result
     missing = sorted(entry.expects - features)
@@ -135,12 +149,10 @@ def identify(
         return result
     have = set(features) | ({"sse3"} if features & {"pni", "ssse3"} else set())
     hidden = sorted(_target_features(entry.archspec) - have)
-    result.update(
-        name=entry.name,
-        source="model-table",
-        products=entry.products or None,
-        hidden=hidden,
-        hidden_used_by_kernels=sorted(set(hidden) & set(REPORTED)),
-        closest_newer=None,
-    )
+    result["name"] = entry.name
+    result["source"] = "model-table"
+    result["products"] = entry.products or None
+    result["hidden"] = hidden
+    result["hidden_used_by_kernels"] = sorted(set(hidden) & set(REPORTED))
+    result["closest_newer"] = None
     return result

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ktforge.detect.report_types import ProbeOutcomeJson
 from ktforge.resources import cache_dir, data_path
 
 PROBE_FLAGS = ("-O1", "-std=gnu11")
@@ -42,7 +43,7 @@ class ProbeOutcome:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ProbeOutcomeJson:
         return {"status": self.status, "detail": self.detail, "data": self.data}
 
     @staticmethod

@@ -12,9 +12,9 @@ import importlib.util
 import json
 import subprocess
 import sys
-from typing import Any
 
 from ktforge.detect.features import PYCPUINFO_NAMES
+from ktforge.detect.report_types import PycpuinfoResult
 
 # py-cpuinfo's own CPUID path (its get_cpu_info() prefers /proc/cpuinfo on Linux, a source the
 # report already has, and spends a second measuring the clock). It executes machine code, so
@@ -38,7 +38,7 @@ print(json.dumps({"status": "ok", "vendor": cpuid.get_vendor_id(), "brand": cpui
 """
 
 
-def collect(timeout_s: float = 20.0) -> dict[str, Any]:
+def collect(timeout_s: float = 20.0) -> PycpuinfoResult:
     """``{"status": "ok", "vendor", "brand", "family", "model", "stepping", "flags"}`` with linux
     flag names, or ``{"status": "unavailable"|"failed", "detail"}``."""
     if importlib.util.find_spec("cpuinfo") is None:
@@ -52,7 +52,7 @@ def collect(timeout_s: float = 20.0) -> dict[str, Any]:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return {"status": "failed", "detail": f"py-cpuinfo's CPUID child failed: {why}"}
     try:
-        raw: dict[str, Any] = json.loads(lines[-1])
+        raw: PycpuinfoResult = json.loads(lines[-1])
     except json.JSONDecodeError as exc:
         return {"status": "failed", "detail": f"py-cpuinfo's CPUID child printed no JSON: {exc}"}
     if raw.get("status") != "ok":

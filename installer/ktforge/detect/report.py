@@ -10,14 +10,27 @@ import contextlib
 import struct
 from typing import Any
 
-from ktforge.build import recipes
 from ktforge.detect import amx, blis, dumps, microarch
 from ktforge.detect.cpuid import CpuidFacts, decode, leaves_from_rows
 from ktforge.detect.evidence import Evidence
 from ktforge.detect.features import AMX_FAMILY, AVX512_FAMILY, PYCPUINFO_SEES, REPORTED
+from ktforge.detect.report_types import (
+    REPORT_SCHEMA_VERSION,
+    BlisSection,
+    CpuSection,
+    Disagreement,
+    ExtensionStatus,
+    MachineReport,
+    MemorySection,
+    NumaSection,
+    OsState,
+    ProbeOutcomeJson,
+    ProbeSummary,
+    TilePalette,
+)
 from ktforge.detect.system import kernel_version, parse_meminfo
 
-REPORT_SCHEMA_VERSION = 1
+__all__ = ["REPORT_SCHEMA_VERSION", "build_report"]
 _HYPERVISOR_SIGNATURES = {
     "KVMKVMKVM": "KVM",
     "Microsoft Hv": "Microsoft Hyper-V",
@@ -80,12 +93,12 @@ def _hypervisor(
     return None
 
 
-def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
+def _cpu_section(ev: Evidence) -> tuple[CpuSection, list[Disagreement]]:
     facts, cpuid_data, cpuid_error = _cpuid_facts(ev)
     texts = _text_facts(ev)
     kernel_view = texts.get("cpuinfo") or texts.get("lscpu")
     text = kernel_view or texts.get("sysctl")
-    disagreements: list[dict[str, str]] = []
+    disagreements: list[Disagreement] = []
 
     # py-cpuinfo's CPUID: the identity when the probe could not run (no compiler yet)
     pyc = ev.pycpuinfo if ev.pycpuinfo and ev.pycpuinfo.get("status") == "ok" else None
@@ -105,7 +118,7 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
         )
         or text
     )
-    machine = (ev.system or {}).get("machine")
+    machine = ev.system["machine"] if ev.system else None
     arch = machine or ("x86_64" if facts or pyc else None) or (text.arch if text else None)
     vendor = identity.vendor if identity else None
     family = identity.family if identity else None
@@ -117,7 +130,7 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
     if facts is not None:
         features: frozenset[str] | None = facts.cpu_features
         usable: frozenset[str] | None = facts.usable_features()
-        os_state = {
+        os_state: OsState = {
             "xcr0": facts.os_state.xcr0,
             "avx": facts.os_state.avx,
             "avx512": facts.os_state.avx512,
@@ -189,7 +202,18 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
             }
         )
 
-    cpu = {
+    palette: TilePalette | None = (
+        {
+            "total_tile_bytes": facts.tile_palette.total_tile_bytes,
+            "bytes_per_tile": facts.tile_palette.bytes_per_tile,
+            "bytes_per_row": facts.tile_palette.bytes_per_row,
+            "max_names": facts.tile_palette.max_names,
+            "max_rows": facts.tile_palette.max_rows,
+        }
+        if facts and facts.tile_palette
+        else None
+    )
+    cpu: CpuSection = {
         "arch": arch,
         "vendor": vendor,
         "brand": brand,
@@ -210,7 +234,7 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
             for name in REPORTED
         },
         "os_state": os_state,
-        "tile_palette": facts.tile_palette.__dict__ if facts and facts.tile_palette else None,
+        "tile_palette": palette,
         "cpuid_source": "probe" if facts and ev.cpu_probe else "dump" if facts else "py-cpuinfo" if pyc else None,
         "cpuid_error": cpuid_error,
         "notes": list(facts.notes) if facts else [],
@@ -219,12 +243,11 @@ def _cpu_section(ev: Evidence) -> tuple[dict[str, Any], list[dict[str, str]]]:
     return cpu, disagreements
 
 
-def _memory(ev: Evidence) -> dict[str, Any] | None:
-    system = ev.system or {}
-    if not system.get("meminfo"):
+def _memory(ev: Evidence) -> MemorySection | None:
+    if ev.system is None or not ev.system["meminfo"]:
         return None
-    info = parse_meminfo(system["meminfo"])
-    thp = system.get("thp") or ""
+    info = parse_meminfo(ev.system["meminfo"])
+    thp = ev.system["thp"] or ""
     thp_mode = thp[thp.find("[") + 1 : thp.find("]")] if "[" in thp else None
     return {
         "total_bytes": info.get("MemTotal"),
@@ -236,13 +259,13 @@ def _memory(ev: Evidence) -> dict[str, Any] | None:
     }
 
 
-def _numa(ev: Evidence, cpu: dict[str, Any]) -> dict[str, Any] | None:
+def _numa(ev: Evidence) -> NumaSection | None:
     system = ev.system
     if system is not None:
         return {
-            "nodes": {str(k): v for k, v in (system.get("numa_nodes") or {}).items()},
-            "online_cpus": system.get("online_cpus"),
-            "affinity": system.get("affinity"),
+            "nodes": {str(k): v for k, v in (system["numa_nodes"] or {}).items()},
+            "online_cpus": system["online_cpus"],
+            "affinity": system["affinity"],
         }
     texts = _text_facts(ev)
     lscpu = texts.get("lscpu")
@@ -251,25 +274,25 @@ def _numa(ev: Evidence, cpu: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _blis(ev: Evidence) -> dict[str, Any] | None:
+def _blis(ev: Evidence) -> BlisSection | None:
     if ev.blis is None:
         return None
-    libraries = [blis.summarize(c) for c in ev.blis.get("candidates", [])]
+    libraries = [blis.summarize(c) for c in ev.blis["candidates"]]
     selected = next((lib for lib in libraries if lib["usable"]), None)
     return {
-        "searched": ev.blis.get("searched", []),
+        "searched": ev.blis["searched"],
         "libraries": libraries,
         "selected": selected["path"] if selected else None,
         "selected_library_dir": selected["library_dir"] if selected else None,
     }
 
 
-def _extension(ev: Evidence, cpu: dict[str, Any]) -> dict[str, Any] | None:
+def _extension(ev: Evidence, cpu: CpuSection) -> ExtensionStatus | None:
     if ev.extension is None:
         return None
-    ext = dict(ev.extension)
+    ext = ExtensionStatus(**ev.extension)
     info = ext.get("build_info") or {}
-    usable = cpu.get("usable_features")
+    usable = cpu["usable_features"]
     if usable is not None:
         have = set(usable)
         ext["missing_cpu_features"] = sorted(set(info.get("required_cpu_features") or []) - have)
@@ -279,67 +302,38 @@ def _extension(ev: Evidence, cpu: dict[str, Any]) -> dict[str, Any] | None:
     return ext
 
 
-def recipe_facts(report: dict[str, Any]) -> dict[str, Any]:
-    cpu = report["cpu"]
-    amx_info = report["amx"]
-    return {
-        "system": report["os"]["system"],
-        "arch": cpu["arch"],
-        "vendor": cpu["vendor"],
-        "features": set(cpu["usable_features"]) if cpu["usable_features"] is not None else None,
-        "os_state": cpu["os_state"],
-        "amx_permitted": amx_info["permitted"],
-        "amx_execution": amx_info["execution"],
-        "amx_explanation": amx_info["explanation"],
-        "blis": report["blis"],
-    }
+def _probe_summary(outcome: ProbeOutcomeJson | None) -> ProbeSummary | None:
+    return {"status": outcome.get("status"), "detail": outcome.get("detail")} if outcome else None
 
 
-def _not_seen(ev: Evidence) -> list[str]:
-    missing = []
-    if ev.cpu_probe is None:
-        missing.append("XCR0 (the OS register state; a text dump implies it from the kernel's flags)")
-    if ev.amx_probe is None:
-        missing.append("AMX permission (arch_prctl) and a tile execution proof")
-    if ev.blis is None:
-        missing.append("BLIS libraries (which one has a working aocl_gemm add-on)")
-    return missing
-
-
-def build_report(ev: Evidence) -> dict[str, Any]:
+def build_report(ev: Evidence) -> MachineReport:
+    """The facts of the machine that ``ev`` saw; the choice of backend is not made here (see
+    :func:`ktforge.build.assessment.assess`)."""
     cpu, disagreements = _cpu_section(ev)
     usable = set(cpu["usable_features"] or ())
     cpu_has_amx = None if cpu["features"] is None else "amx_tile" in cpu["features"]
     amx_info = amx.interpret(ev.amx_probe, cpu_has_amx, cpu["os_state"]["amx"])
-    system = ev.system or {}
-    release = system.get("kernel_release")
-    report: dict[str, Any] = {
+    release = ev.system["kernel_release"] if ev.system else None
+    system = ev.system["system"] if ev.system else None
+    if cpu_has_amx and "amx_tile" not in usable and cpu["os_state"]["amx"] is not False:
+        disagreements.append({"topic": "amx", "detail": "amx_tile reported but not usable"})
+    return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "source": {"kind": ev.source, "origin": ev.origin},
         "cpu": cpu,
         "amx": amx_info,
         "blis": _blis(ev),
         "os": {
-            "system": system.get("system")
+            "system": system
             or ("Darwin" if ev.sysctl_text else "Linux" if ev.cpuinfo_text or ev.lscpu_text or ev.lscpu_json else None),
             "kernel_release": release,
             "kernel_version": list(kv) if (kv := kernel_version(release)) else None,
-            "distribution": system.get("os_release"),
+            "distribution": ev.system["os_release"] if ev.system else None,
         },
-        "numa": _numa(ev, cpu),
+        "numa": _numa(ev),
         "memory": _memory(ev),
         "toolchain": ev.toolchain,
         "extension": _extension(ev, cpu),
         "disagreements": disagreements,
-        "probes": {
-            "cpu": {k: ev.cpu_probe.get(k) for k in ("status", "detail")} if ev.cpu_probe else None,
-            "amx_permission": {k: ev.amx_probe.get(k) for k in ("status", "detail")} if ev.amx_probe else None,
-        },
+        "probes": {"cpu": _probe_summary(ev.cpu_probe), "amx_permission": _probe_summary(ev.amx_probe)},
     }
-    if cpu_has_amx and "amx_tile" not in usable and cpu["os_state"]["amx"] is not False:
-        report["disagreements"].append({"topic": "amx", "detail": "amx_tile reported but not usable"})
-    report["backend"] = recipes.choose(recipe_facts(report))
-    if report["backend"]["provisional"] or report["backend"]["recommended"] == "unknown":
-        # what a dump cannot show, whatever the recipe: the facts only probes read
-        report["backend"]["not_seen_by_source"] = _not_seen(ev)
-    return report

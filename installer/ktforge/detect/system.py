@@ -6,9 +6,9 @@ import os
 import platform
 import re
 from pathlib import Path
-from typing import Any
 
 from ktforge.detect.dumps import parse_cpu_list
+from ktforge.detect.report_types import SystemFacts
 
 
 def _read(path: str) -> str | None:
@@ -38,7 +38,7 @@ def numa_nodes() -> dict[str, list[int]]:
     return nodes
 
 
-def collect() -> dict[str, Any]:
+def collect() -> SystemFacts:
     """Raw OS facts, JSON-ready (the report interprets them)."""
     online = _read("/sys/devices/system/cpu/online")
     try:

@@ -14,8 +14,9 @@ import subprocess
 import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from ktforge.detect.report_types import Compiler, Tool, Toolchain
 from ktforge.resources import cache_dir
 
 # Flags the recipes rely on; doctor reports each compiler's answer for all of them.
@@ -90,13 +91,13 @@ def _save_cache(data: dict[str, Any]) -> None:
         pass  # a read-only cache only costs time
 
 
-def describe_compiler(path: str, cache: dict[str, Any]) -> dict[str, Any]:
+def describe_compiler(path: str, cache: dict[str, Any]) -> Compiler:
     key = _identity(path)
     cached = cache.get(key)
     if isinstance(cached, dict):
-        return {**cached, "path": path}
+        return cast(Compiler, {**cached, "path": path})
     family, version = _version(path)
-    info = {
+    info: Compiler = {
         "name": Path(path).name,
         "path": path,
         "family": family,
@@ -108,22 +109,22 @@ def describe_compiler(path: str, cache: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
-def _tool_version(name: str, cache: dict[str, Any]) -> dict[str, Any]:
+def _tool_version(name: str, cache: dict[str, Any]) -> Tool:
     path = shutil.which(name)
     if path is None:
         return {"name": name, "path": None, "version": None}
     key = f"tool:{_identity(path)}"
     cached = cache.get(key)
     if isinstance(cached, dict):
-        return cached
+        return cast(Tool, cached)
     _, text = _run([path, "--version"])
     match = re.search(r"(\d+\.\d+(\.\d+)?)", text)
-    info = {"name": name, "path": path, "version": match.group(1) if match else None}
+    info: Tool = {"name": name, "path": path, "version": match.group(1) if match else None}
     cache[key] = info
     return info
 
 
-def collect() -> dict[str, Any]:
+def collect() -> Toolchain:
     cache = _load_cache()
     before = json.dumps(cache, sort_keys=True)
     paths: list[str] = []
@@ -135,7 +136,7 @@ def collect() -> dict[str, Any]:
     paths += [p for p in (shutil.which(n) for n in COMPILER_NAMES) if p]
     compilers = [describe_compiler(p, cache) for p in dict.fromkeys(paths)]
     include = sysconfig.get_paths().get("include", "")
-    result = {
+    result: Toolchain = {
         "compilers": compilers,
         "cmake": _tool_version("cmake", cache),
         "ninja": _tool_version("ninja", cache),
