@@ -45,20 +45,85 @@ def test_routing_draws_distinct_experts(kind: str) -> None:
 
 def test_cli_bench_json_on_a_tiny_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "models", lambda: {"tiny": TINY})
-    result = CliRunner().invoke(
-        cli.app, ["bench", "--model", "tiny", "--tokens", "1,64", "--method", "bf16,int4", "--repeats", "1", "--json"]
-    )
+    args = ["--model", "tiny", "--tokens", "1,64", "--method", "bf16,int4", "--repeats", "1", "--threads", "1,2"]
+    result = CliRunner().invoke(cli.app, ["bench", *args, "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    [peaks] = document["peaks"].values()  # the best backend this machine runs
-    assert peaks["bf16_dot"] > 0 and peaks["int8_dot"] > 0 and peaks["read_gb_per_s"] > 0
+    [by_threads] = document["peaks"].values()  # the best backend this machine runs
+    assert set(by_threads) == {"1", "2"}
+    for peaks in by_threads.values():
+        assert peaks["bf16_dot"] > 0 and peaks["int8_dot"] > 0 and peaks["read_gb_per_s"] > 0
+    assert "best of" in document["peak_method"]
+    [costs] = document["fixed_cost_us"].values()
+    assert set(costs) == {"1", "2"} and all(us > 0 for us in costs.values())
     results = document["results"]
-    assert len(results) == 2 * 2 * 2  # methods x token counts x routings
+    assert len(results) == 2 * 2 * 2 * 2  # threads x methods x token counts x routings
     for r in results:
-        assert r["ms"] > 0 and r["tokens_per_s"] > 0 and r["pct_of_peak"] > 0
-        assert r["peak_kind"] == ("read_gb_per_s" if r["tokens"] == 1 else bench.PEAK_KIND[r["method"]])
+        assert r["ms_min"] <= r["ms"] <= r["ms_max"] and r["tokens_per_s"] > 0
+        assert r["runs"] == (4 if r["tokens"] < bench.DECODE_MAX_TOKENS else 1)
+        roof = r["roofline"]
+        # the bound is the slower of the two ceilings, each from this run's own peaks (the best
+        # measured up to and right after the case; the document ends with the run's best)
+        peaks = document["peaks"][next(iter(document["peaks"]))][str(r["threads"])]
+        assert 0 < roof["read_gb_per_s"] <= peaks["read_gb_per_s"]
+        assert 0 < roof["dot_gops"] <= peaks[roof["dot_peak"]]
+        assert roof["dot_peak"] == bench.DOT_PEAK[r["method"]]
+        assert roof["compute_ms"] == pytest.approx(roof["ops"] / roof["dot_gops"] / 1e6)
+        assert roof["bandwidth_ms"] == pytest.approx(roof["weight_bytes"] / roof["read_gb_per_s"] / 1e6)
+        assert roof["bound_ms"] == max(roof["compute_ms"], roof["bandwidth_ms"])
+        assert r["pct_of_bound"] == pytest.approx(100 * roof["bound_ms"] / r["ms"])
+        assert roof["ops"] == 2 * r["tokens"] * TINY.top_k * 3 * TINY.hidden * TINY.intermediate
+        # the bytes of the experts the routing touched, scales included (int4 packs below 1 byte)
+        per_expert = roof["weight_bytes"] / r["experts_touched"]
+        weights = 3 * TINY.hidden * TINY.intermediate
+        assert (2 * weights <= per_expert < 2.2 * weights) if r["method"] == "bf16" else (weights / 2 < per_expert)
+        assert 1 <= r["experts_touched"] <= min(TINY.experts, r["tokens"] * TINY.top_k)
         assert r["speedup_vs_torch"] > 0  # torch is a test requirement: the peer ran
         assert set(r["profile_ms"]) >= {"gate_up_ms", "down_ms"}
+    [scale] = [s for s in document["scaling"] if (s["method"], s["tokens"], s["routing"]) == ("bf16", 64, "uniform")]
+    assert scale["threads"] == [1, 2] and scale["speedup"] > 0
+
+
+def test_default_tokens_are_the_help_s() -> None:
+    help_text = " ".join(CliRunner().invoke(cli.app, ["bench", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    assert f"(default: {','.join(map(str, bench.DEFAULT_TOKENS))})" in help_text
+    assert bench.DEFAULT_TOKENS == (1, 4, 16, 64, 128, 512, 2048)
+
+
+def test_roofline_takes_the_slower_ceiling() -> None:
+    peaks = bench.Peaks(fp32_fma=100.0, bf16_dot=0.0, int8_dot=400.0, read_gb_per_s=50.0)
+    # 1 GOP of int8 at 400 GOP/s: 2.5 ms; 100 MB at 50 GB/s: 2 ms -> compute-bound
+    roof = bench.roofline(1e9, 100e6, peaks, "int8")
+    assert (roof.bound, roof.bound_ms, roof.dot_peak) == ("compute", pytest.approx(2.5), "int8_dot")
+    roof = bench.roofline(1e9, 200e6, peaks, "int4")
+    assert (roof.bound, roof.bound_ms) == ("bandwidth", pytest.approx(4.0))
+    # no bf16 dot instruction on this backend: its kernels run on fp32 FMA, and so does the bound
+    roof = bench.roofline(1e9, 0.0, peaks, "bf16")
+    assert (roof.dot_peak, roof.bound_ms) == ("fp32_fma", pytest.approx(10.0))
+    assert peaks.best(bench.Peaks(90.0, 5.0, 500.0, 40.0)) == bench.Peaks(100.0, 5.0, 500.0, 50.0)
+
+
+def test_contenders_are_timed_interleaved_on_the_same_routing() -> None:
+    calls: list[tuple[str, int]] = []
+    routes = iter(range(100))
+
+    def contender(name: str) -> bench.Contender:
+        return bench.Contender(name, lambda x, ids, w: calls.append((name, int(ids[0, 0]))))
+
+    def make_route() -> tuple[object, object]:
+        n = next(routes)
+        return np.array([[n, n + 1]]), np.array([[0.5, 0.5]])
+
+    trio = [contender("a"), contender("b"), contender("torch")]
+    times, touched = bench.time_interleaved(trio, None, make_route, runs=3, decode=True)
+    assert [len(t) for t in times.values()] == [3, 3, 3] and touched == [2, 2, 2]
+    timed = calls[3:]  # after one warm-up call each
+    assert [name for name, _ in timed] == ["a", "b", "torch", "b", "torch", "a", "torch", "a", "b"]
+    # one routing per round, a fresh one every round (decode: the weights come from memory)
+    assert [route for _, route in timed] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    calls.clear()
+    bench.time_interleaved(trio, None, make_route, runs=2, decode=False)
+    assert len({route for _, route in calls}) == 1  # prefill: the same routing throughout
 
 
 def test_cli_bench_rejects_unknown_models() -> None:

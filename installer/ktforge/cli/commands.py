@@ -171,15 +171,22 @@ def bench(
     backend: Annotated[
         str, typer.Option(help="Comma-separated backends, 'auto' or 'all' (every one that runs).")
     ] = "auto",
-    tokens: Annotated[str, typer.Option(help="Comma-separated token counts.")] = "1,4,128,512",
+    tokens: Annotated[
+        str | None, typer.Option(help="Comma-separated token counts (default: 1,4,16,64,128,512,2048).")
+    ] = None,
     routing: Annotated[str, typer.Option(help="Comma-separated routings: uniform,zipf.")] = "uniform,zipf",
-    threads: Annotated[int | None, typer.Option(help="Threads (default: the CPUs this process may use).")] = None,
+    threads: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated thread counts, e.g. 1,2 for the scaling (default: the CPUs this process may use)."
+        ),
+    ] = None,
     repeats: Annotated[int, typer.Option(help="Timed runs per case (the median is reported).")] = 5,
     peer: Annotated[bool, typer.Option(help="Time a plain PyTorch bf16 loop beside each case.")] = True,
     max_weight_gib: Annotated[float | None, typer.Option(help="Memory for weights (default 45% of available).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
 ) -> None:
-    """Measure one MoE layer of real models against this machine's measured peaks."""
+    """Measure one MoE layer of real models against this machine's roofline (peaks measured in the same run)."""
     from rich.progress import Progress
 
     import ktforge
@@ -191,8 +198,8 @@ def bench(
         typer.echo(f"kt bench: unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_mod.models())}", err=True)
         raise typer.Exit(2)
     try:
-        token_counts = bench_mod.check_options(
-            names, _csv(method), _csv(tokens), _csv(routing), threads, repeats, max_weight_gib
+        token_counts, thread_counts = bench_mod.check_options(
+            names, _csv(method), _csv(tokens or ""), _csv(routing), _csv(threads or ""), repeats, max_weight_gib
         )
         info = ktforge.build_info()  # the import guard: a bad KTFORGE_BACKEND or build record stops here
     except (ValueError, RuntimeError, ImportError) as exc:
@@ -217,7 +224,7 @@ def bench(
                 backends,
                 token_counts,
                 _csv(routing),
-                threads,
+                thread_counts,
                 repeats,
                 peer,
                 max_weight_gib,
@@ -226,18 +233,22 @@ def bench(
                 if "peaks" in item:
                     header = item
                     if not json_output:
-                        typer.echo(bench_mod.format_peaks(item["peaks"], item["threads"]))
-                    continue
-                results.append(item["result"])
-                if not json_output:
-                    typer.echo(bench_mod.format_row(item["result"]))
+                        typer.echo(bench_mod.format_header(item))
+                elif "result" in item:
+                    results.append(item["result"])
+                    if not json_output:
+                        typer.echo(bench_mod.format_row(item["result"]))
+                else:
+                    header.update(item["final"])
     except ValueError as exc:  # a backend or method this machine cannot run, named with the reason
         typer.echo(f"kt bench: {exc}", err=True)
         raise typer.Exit(2) from None
     if json_output:
         typer.echo(
-            json.dumps({"schema_version": 1, "ktforge_version": __version__, **header, "results": results}, indent=1)
+            json.dumps({"schema_version": 2, "ktforge_version": __version__, **header, "results": results}, indent=1)
         )
+    else:
+        typer.echo(bench_mod.format_summary(results) + bench_mod.format_scaling(header.get("scaling", [])))
 
 
 @app.command()
