@@ -329,8 +329,12 @@ PYBIND11_MODULE(_native, m) {
       "measure_peak",
       [](const std::string& backend, const std::string& kind, int threads, int64_t iterations) {
         const KernelTable* t = select_backend(backend);
-        const int k = kind == "fp32_fma" ? 0 : kind == "bf16_dot" ? 1 : kind == "int8_dot" ? 2 : -1;
-        if (k < 0) throw std::invalid_argument("kind must be fp32_fma, bf16_dot or int8_dot");
+        const int k = kind == "fp32_fma"   ? 0
+                      : kind == "bf16_dot" ? 1
+                      : kind == "int8_dot" ? 2
+                      : kind == "int4_dot" ? 3
+                                           : -1;
+        if (k < 0) throw std::invalid_argument("kind must be fp32_fma, bf16_dot, int8_dot or int4_dot");
         py::gil_scoped_release release;
         ThreadPool pool(threads);
         std::vector<double> ops(threads, 0);

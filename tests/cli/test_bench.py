@@ -52,7 +52,7 @@ def test_cli_bench_json_on_a_tiny_layer(monkeypatch: pytest.MonkeyPatch) -> None
     [by_threads] = document["peaks"].values()  # the best backend this machine runs
     assert set(by_threads) == {"1", "2"}
     for peaks in by_threads.values():
-        assert peaks["bf16_dot"] > 0 and peaks["int8_dot"] > 0 and peaks["read_gb_per_s"] > 0
+        assert min(peaks["bf16_dot"], peaks["int8_dot"], peaks["int4_dot"], peaks["read_gb_per_s"]) > 0
     assert "best of" in document["peak_method"]
     [costs] = document["fixed_cost_us"].values()
     assert set(costs) == {"1", "2"} and all(us > 0 for us in costs.values())
@@ -91,16 +91,16 @@ def test_default_tokens_are_the_help_s() -> None:
 
 
 def test_roofline_takes_the_slower_ceiling() -> None:
-    peaks = bench.Peaks(fp32_fma=100.0, bf16_dot=0.0, int8_dot=400.0, read_gb_per_s=50.0)
+    peaks = bench.Peaks(fp32_fma=100.0, bf16_dot=0.0, int8_dot=400.0, int4_dot=500.0, read_gb_per_s=50.0)
     # 1 GOP of int8 at 400 GOP/s: 2.5 ms; 100 MB at 50 GB/s: 2 ms -> compute-bound
     roof = bench.roofline(1e9, 100e6, peaks, "int8")
     assert (roof.bound, roof.bound_ms, roof.dot_peak) == ("compute", pytest.approx(2.5), "int8_dot")
     roof = bench.roofline(1e9, 200e6, peaks, "int4")
-    assert (roof.bound, roof.bound_ms) == ("bandwidth", pytest.approx(4.0))
+    assert (roof.bound, roof.bound_ms, roof.dot_peak) == ("bandwidth", pytest.approx(4.0), "int4_dot")
     # no bf16 dot instruction on this backend: its kernels run on fp32 FMA, and so does the bound
     roof = bench.roofline(1e9, 0.0, peaks, "bf16")
     assert (roof.dot_peak, roof.bound_ms) == ("fp32_fma", pytest.approx(10.0))
-    assert peaks.best(bench.Peaks(90.0, 5.0, 500.0, 40.0)) == bench.Peaks(100.0, 5.0, 500.0, 50.0)
+    assert peaks.best(bench.Peaks(90.0, 5.0, 500.0, 1.0, 40.0)) == bench.Peaks(100.0, 5.0, 500.0, 500.0, 50.0)
 
 
 def test_contenders_are_timed_interleaved_on_the_same_routing() -> None:

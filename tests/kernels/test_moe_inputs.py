@@ -94,12 +94,18 @@ def test_bad_forward_inputs(moe: ktforge.MoE) -> None:
         moe.forward(x.tolist(), ids, w)
 
 
-@pytest.mark.parametrize("bad_id", [-1, E, 2**40])
-def test_expert_id_out_of_range(moe: ktforge.MoE, bad_id: int) -> None:
+@pytest.mark.parametrize(
+    ("bad_id", "dtype"),
+    [(-1, np.int64), (E, np.int64), (2**40, np.int64), (-1, np.int32), (E, np.int32), (E, np.uint64), (2**63, np.uint64)],
+)
+def test_expert_id_out_of_range(moe: ktforge.MoE, bad_id: int, dtype: type) -> None:
     x, ids, w = inputs()
+    ids = ids.astype(dtype)
     ids[1, 1] = bad_id
-    with pytest.raises(ValueError, match=rf"expert id {bad_id} is outside \[0, {E}\)"):
+    before = x.copy()
+    with pytest.raises(ValueError, match=rf"expert id {bad_id} (at token 1 )?is outside \[0, {E}\)"):
         moe.forward(x, ids, w)
+    np.testing.assert_array_equal(x, before)
 
 
 def test_native_layer_checks_ids_itself(moe: ktforge.MoE) -> None:

@@ -24,7 +24,8 @@ import numpy as np
 from ktforge.build import backends as backends_table
 from ktforge.resources import data_path, load_toml
 
-DOT_PEAK = {"bf16": "bf16_dot", "int8": "int8_dot", "int4": "int8_dot"}  # the instruction each method runs on
+# the instruction (sequence) each method's multiply-adds run on, per backend (see its peak_ops)
+DOT_PEAK = {"bf16": "bf16_dot", "int8": "int8_dot", "int4": "int4_dot"}
 DEFAULT_TOKENS = (1, 4, 16, 64, 128, 512, 2048)
 DECODE_MAX_TOKENS = 64  # below: a fresh routing every call (weights stream from memory), 4x the runs
 PEAK_RUNS = 7
@@ -47,6 +48,7 @@ class Peaks:
     fp32_fma: float
     bf16_dot: float
     int8_dot: float
+    int4_dot: float
     read_gb_per_s: float
 
     def dot(self, method: str) -> tuple[str, float]:
@@ -259,7 +261,7 @@ def measure_peaks(backend: str, threads: int, runs: int = PEAK_RUNS, read_bytes:
 
     size = read_bytes or read_buffer_bytes()
     read = native.measure_read_bandwidth(backend, threads, size, runs) / 1e9
-    return Peaks(best("fp32_fma"), best("bf16_dot"), best("int8_dot"), read)
+    return Peaks(best("fp32_fma"), best("bf16_dot"), best("int8_dot"), best("int4_dot"), read)
 
 
 class TorchPeer:
@@ -536,7 +538,8 @@ def format_header(header: dict[str, Any]) -> str:
         for threads, p in by_threads.items():
             lines.append(
                 f"  {simd:9} {threads:>2} thr  fp32 fma {p['fp32_fma']:7.0f} GFLOP/s  bf16 dot {p['bf16_dot']:7.0f} "
-                f"GFLOP/s  int8 dot {p['int8_dot']:7.0f} GOP/s  read {p['read_gb_per_s']:5.1f} GB/s"
+                f"GFLOP/s  int8 dot {p['int8_dot']:7.0f}  int4 dot {p['int4_dot']:7.0f} GOP/s  "
+                f"read {p['read_gb_per_s']:5.1f} GB/s"
             )
     lines.append(f"  ({header['peak_method']})")
     for backend, by_threads in header["fixed_cost_us"].items():

@@ -13,6 +13,7 @@ Behaviour at the edges, by design:
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -75,6 +76,7 @@ def import_guard() -> str | None:
 _SELECTED_BACKEND = import_guard()
 
 
+@functools.cache
 def _bf16_dtype() -> Any:
     import ml_dtypes
 
@@ -343,19 +345,19 @@ class MoE:
         for name, array in (("ids", ids_np), ("weights", weights_np)):
             if array.shape != (T, self.top_k):
                 raise ValueError(f"{name} has shape {tuple(array.shape)}; expected ({T}, {self.top_k})")
-        if not np.issubdtype(ids_np.dtype, np.integer):
+        if ids_np.dtype.kind not in "iu":
             raise ValueError(f"ids must be integers, got {ids_np.dtype}")
         x_kernel = _kernel_view(x_np, "x", copy)
-        out_dtype = x_np.dtype if x_np.dtype == _bf16_dtype() else np.dtype(np.float32)
-        out = np.empty((T, self.hidden_size), dtype=out_dtype)
+        bf16 = x_np.dtype == _bf16_dtype()
+        out = np.empty((T, self.hidden_size), dtype=x_np.dtype if bf16 else np.float32)
         if T > 0:
-            if ids_np.min() < 0 or ids_np.max() >= self.num_experts:
-                bad = ids_np[(ids_np < 0) | (ids_np >= self.num_experts)][0]
-                raise ValueError(f"expert id {bad} is outside [0, {self.num_experts})")
+            if ids_np.dtype == np.uint64 and ids_np.max() >= self.num_experts:  # would wrap in int64
+                raise ValueError(f"expert id {int(ids_np.max())} is outside [0, {self.num_experts})")
             ids64 = np.ascontiguousarray(ids_np, dtype=np.int64)
             w32 = np.ascontiguousarray(weights_np, dtype=np.float32)
-            # NaN/inf in x or the weights: the kernels find them while quantizing and routing
-            self._layer.forward(x_kernel, ids64, w32, out.view(np.uint16) if out.dtype == _bf16_dtype() else out)
+            # an expert id outside [0, E), NaN/inf in x or the weights: the kernels find them
+            # (routing, quantizing) before touching memory, and raise ValueError
+            self._layer.forward(x_kernel, ids64, w32, out.view(np.uint16) if bf16 else out)
         if is_torch:
             import torch
 

@@ -178,8 +178,11 @@ void prepare_activations(const KernelTable& ops, Activations& act, Method method
   act.rows = rows;
   act.Kp = Kp;
   const std::size_t total = static_cast<std::size_t>(rows) * Kp;
+  const bool widen = method == Method::bf16 && ops.reads_f32_activations && ops.reads_f32_activations();
   if (method == Method::bf16) {
     if (act.bf16.size() < total) act.bf16.resize(total);
+    act.f32_ld = Kp + 16;
+    if (widen && act.f32.size() < static_cast<std::size_t>(rows * act.f32_ld)) act.f32.resize(rows * act.f32_ld);
   } else {
     if (act.q.size() < total) act.q.resize(total);
     if (act.q_u8.size() < total) act.q_u8.resize(total);
@@ -190,6 +193,11 @@ void prepare_activations(const KernelTable& ops, Activations& act, Method method
     }
   }
   std::atomic<int64_t> bad_row{-1};
+  auto widen_row = [&](int64_t r) {
+    const uint16_t* src = act.bf16.data() + r * Kp;
+    float* dst = act.f32.data() + r * act.f32_ld;
+    for (int k = 0; k < Kp; ++k) dst[k] = bf16_to_f32(src[k]);
+  };
   auto convert_row = [&](int64_t r, int) {
     const int64_t base = r * ld;
     if (method == Method::bf16 && dtype == DType::bf16) {
@@ -199,6 +207,7 @@ void prepare_activations(const KernelTable& ops, Activations& act, Method method
       std::fill(dst + K, dst + Kp, uint16_t{0});
       for (int k = 0; k < K; ++k)
         if ((src[k] & 0x7f80) == 0x7f80) bad_row = r;  // exponent all ones: inf or NaN
+      if (widen) widen_row(r);
       return;
     }
     thread_local std::vector<float> widened;
@@ -212,6 +221,7 @@ void prepare_activations(const KernelTable& ops, Activations& act, Method method
     bool finite;
     if (method == Method::bf16) {
       finite = ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
+      if (widen) widen_row(r);
     } else {
       int32_t* gsum = method == Method::int4 ? act.gsum.data() + r * (Kp / group) : nullptr;
       finite = ops.quantize_row(row, K, Kp, group, act.q.data() + r * Kp, act.q_u8.data() + r * Kp,

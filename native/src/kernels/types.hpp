@@ -55,6 +55,10 @@ struct Activations {
   int64_t rows = 0;
   int Kp = 0;
   aligned_vector<uint16_t> bf16;  // [rows][Kp]
+  // [rows][f32_ld]: the bf16 values widened, for kernels that ask. The row stride is Kp + 16:
+  // rows a power of two apart would share the same L1 sets (a tile reads 5 rows at one offset).
+  aligned_vector<float> f32;
+  int64_t f32_ld = 0;
   aligned_vector<int8_t> q;       // [rows][Kp], values in [-127, 127]
   aligned_vector<uint8_t> q_u8;   // [rows][Kp], q + 128 (for u8 x s8 dot products)
   aligned_vector<float> scale;    // [rows]: x ~= q * scale
@@ -85,11 +89,15 @@ struct KernelTable {
                        int32_t* gsum);
   bool (*to_bf16_row)(const float* x, int K, int Kp, uint16_t* out);
   void (*combine)(const float* const* rows, const float* weights, int k, int n, float* out);
-  // Machine peaks, for `kt bench`: runs `iterations` rounds of the instruction behind a
-  // method (0 fp32 fma, 1 bf16 dot, 2 int8 dot) and returns the operations executed
-  // (0 if this backend has no such instruction); and a streaming read of n bytes.
+  // Machine peaks, for `kt bench`: runs `iterations` rounds of the instruction (sequence)
+  // behind a method (kind 0 fp32 FMA, 1 bf16 dot, 2 int8 dot, 3 int4 dot) and returns the
+  // operations executed (0 if this backend has no such instruction); and a streaming read.
   double (*peak_ops)(int kind, int64_t iterations);
   uint64_t (*read_stream)(const uint8_t* data, std::size_t bytes);
+  // Whether bf16 GEMMs read the activations widened to fp32 (Activations::f32) rather than
+  // as bf16: a kernel without a bf16 dot broadcasts each value from memory, a load, instead
+  // of widening it in registers. nullptr: no.
+  bool (*reads_f32_activations)() = nullptr;
 };
 
 }  // namespace kt

@@ -323,9 +323,12 @@ double peak_ops(int kind, int64_t iterations) {
   return 4.0 * static_cast<double>(iterations / 64) * (kind == 1 ? 16 * 16 * 32 * 2 : 16 * 16 * 64 * 2);
 }
 
+// the tiles read bf16; what they hand to the SIMD backend (decode) is read its own way
+bool reads_f32_activations() { return simd().reads_f32_activations && simd().reads_f32_activations(); }
+
 }  // namespace
 
 const KernelTable KT_AMX_TABLE = {KT_AMX_NAME, features,    describe, gemm,     silu_mul,   quantize_row,
-                                  to_bf16_row, combine,     peak_ops, read_stream};
+                                  to_bf16_row, combine,     peak_ops, read_stream, reads_f32_activations};
 
 }  // namespace kt

@@ -18,15 +18,44 @@
 namespace kt {
 namespace {
 
-constexpr int kRows = 4;  // 16 ymm registers: 4 rows x 2 halves of 16 columns + operands
+constexpr int kRows = 4;  // int8/int4 tiles: 4 rows x 2 halves of 16 columns + operands in 16 ymm
+// bf16: 5 rows x 2 halves = 10 accumulators. Each accumulator takes 2 dependent FMAs per
+// step (odd then even k, the vdpbf16ps order), so it needs more than 8 of them to keep both
+// FMA pipes busy through the 4-cycle latency; + 4 weight vectors + 1 broadcast = 15 registers.
+constexpr int kBf16Rows = 5;
+// Every tile step reads one 64-byte line of the panel. Decode (one row) does little work per
+// line, so the out-of-order window alone keeps too few lines in flight: ask for the line
+// this far ahead (the next block of a task follows its panel in memory).
+constexpr int kPrefetchBytes = 1024;
 
+inline void prefetch_panel(const void* line) {
+  _mm_prefetch(static_cast<const char*>(line) + kPrefetchBytes, _MM_HINT_T0);
+}
+
+// K is taken in chunks whose panel slice (16 KB) and activation slices (5 x 2 KB) stay in L1
+// across a block's row groups; the partial sums wait in `out` (fp32, exact: the same FMA
+// chain resumes).
+constexpr int kBf16ChunkPairs = 256;
+
+// x: rows of the activations widened to fp32 (Activations::f32); each value is broadcast
+// straight from memory (a load, no shuffle), the weights widened in registers. Steps
+// [p0, p1) of the panel; `resume`: add to the partial sums in out. `ahead`: the next chunk,
+// whose line i this tile prefetches for every i = first (mod every): the row groups of a
+// chunk share its prefetching, so the weight stream runs under all of their arithmetic.
 template <int M, int NB>
 struct Bf16Tile {
-  static void run(const uint16_t* const* x, const uint16_t* panel, int kp2, float* out, int64_t ld) {
+  static void run(const float* const* x, const uint16_t* panel, int p0, int p1, bool resume, const uint16_t* ahead,
+                  int first, int every, float* out, int64_t ld) {
     __m256 acc[M][2];
-    for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h) acc[i][h] = resume ? _mm256_loadu_ps(out + i * ld + h * 8) : _mm256_setzero_ps();
     const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
-    for (int p = 0; p < kp2; ++p) {
+    int countdown = ahead ? first : p1;
+    for (int p = p0; p < p1; ++p) {
+      if (countdown-- == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + (p - p0) * 32), _MM_HINT_T0);
+        countdown = every - 1;
+      }
       __m256 b_odd[2], b_even[2];
       for (int h = 0; h < 2; ++h) {
         __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 32 + h * 16));
@@ -34,19 +63,40 @@ struct Bf16Tile {
         b_even[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
       }
       for (int i = 0; i < M; ++i) {
-        uint32_t pair = *reinterpret_cast<const uint32_t*>(x[i] + 2 * p);
-        __m256 a_odd = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(pair & 0xFFFF0000u)));
-        __m256 a_even = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(pair << 16)));
-        for (int h = 0; h < 2; ++h) {
-          acc[i][h] = _mm256_fmadd_ps(a_odd, b_odd[h], acc[i][h]);
-          acc[i][h] = _mm256_fmadd_ps(a_even, b_even[h], acc[i][h]);
-        }
+        const __m256 a_odd = _mm256_broadcast_ss(x[i] + 2 * p + 1);
+        for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_fmadd_ps(a_odd, b_odd[h], acc[i][h]);
+        const __m256 a_even = _mm256_broadcast_ss(x[i] + 2 * p);
+        for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_fmadd_ps(a_even, b_even[h], acc[i][h]);
       }
     }
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * ld + h * 8, acc[i][h]);
   }
 };
+
+// A block's bf16 GEMM: chunk by chunk of K, every row group per chunk. The row groups of a
+// chunk prefetch the next chunk (the next block's first, at the end of a block) between
+// them, so the weight stream overlaps the arithmetic.
+void gemm_bf16_block(const GemmArgs& a, int blk) {
+  const PackedMatrix& w = *a.w;
+  const Activations& act = *a.act;
+  const int kp2 = w.Kp / 2, last_blk = a.n1 / 16 - 1;
+  const auto* panel = reinterpret_cast<const uint16_t*>(w.block(blk));
+  const float* rows[kBf16Rows];
+  const int groups = (a.m + kBf16Rows - 1) / kBf16Rows;
+  for (int p0 = 0; p0 < kp2; p0 += kBf16ChunkPairs) {
+    const int p1 = std::min(kp2, p0 + kBf16ChunkPairs);
+    const uint16_t* next = p1 < kp2 ? panel + p1 * 32
+                           : blk < last_blk ? reinterpret_cast<const uint16_t*>(w.block(blk + 1))
+                                            : nullptr;
+    for (int i0 = 0; i0 < a.m; i0 += kBf16Rows) {
+      const int m = std::min(kBf16Rows, a.m - i0);
+      for (int i = 0; i < m; ++i) rows[i] = act.f32.data() + a.rows[i0 + i] * act.f32_ld;
+      dispatch<kBf16Rows, 1, Bf16Tile>(m, 1, static_cast<const float* const*>(rows), panel, p0, p1, p0 > 0, next,
+                                       i0 / kBf16Rows, groups, a.out + i0 * a.ld_out + (blk * 16 - a.n0), a.ld_out);
+    }
+  }
+}
 
 template <int M, int NB>
 struct Int8Tile {
@@ -56,6 +106,7 @@ struct Int8Tile {
     for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
     const __m256i ones = _mm256_set1_epi16(1);
     for (int p = 0; p < kp4; ++p) {
+      prefetch_panel(panel + p * 64);
       __m256i b[2];
       for (int h = 0; h < 2; ++h) b[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
       for (int i = 0; i < M; ++i) {
@@ -88,6 +139,7 @@ struct Int4Tile {
       for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
       for (int s = 0; s < steps; ++s) {
         const int p = g * steps + s;
+        prefetch_panel(panel + p * 64);
         __m256i lo[2], hi[2];
         for (int h = 0; h < 2; ++h) {
           __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
@@ -122,39 +174,31 @@ void gemm(const GemmArgs& a) {
   const Activations& act = *a.act;
   const int G = w.groups();
   for (int blk = a.n0 / 16; blk < a.n1 / 16; ++blk) {
+    if (w.method == Method::bf16) {
+      gemm_bf16_block(a, blk);
+      continue;
+    }
     for (int i0 = 0; i0 < a.m; i0 += kRows) {
       const int m = std::min(kRows, a.m - i0);
       float* out = a.out + i0 * a.ld_out + (blk * 16 - a.n0);
       float xs[kRows];
       const int32_t* sums[kRows];
-      const void* rows[kRows];
+      const int8_t* rows[kRows];
       for (int i = 0; i < m; ++i) {
         int64_t r = a.rows[i0 + i];
-        if (w.method == Method::bf16) {
-          rows[i] = act.bf16.data() + r * act.Kp;
-        } else {
-          rows[i] = act.q.data() + r * act.Kp;
-          xs[i] = act.scale[r];
-          if (w.method == Method::int4) sums[i] = act.gsum.data() + r * G;
-        }
+        rows[i] = act.q.data() + r * act.Kp;
+        xs[i] = act.scale[r];
+        if (w.method == Method::int4) sums[i] = act.gsum.data() + r * G;
       }
-      switch (w.method) {
-        case Method::bf16:
-          dispatch<kRows, 1, Bf16Tile>(m, 1, reinterpret_cast<const uint16_t* const*>(rows),
-                                       reinterpret_cast<const uint16_t*>(w.block(blk)), w.Kp / 2, out, a.ld_out);
-          break;
-        case Method::int8:
-          dispatch<kRows, 1, Int8Tile>(m, 1, reinterpret_cast<const int8_t* const*>(rows),
-                                       static_cast<const float*>(xs), reinterpret_cast<const int8_t*>(w.block(blk)),
-                                       w.scale.data() + blk * 16, w.Kp / 4, out, a.ld_out);
-          break;
-        case Method::int4:
-          dispatch<kRows, 1, Int4Tile>(m, 1, reinterpret_cast<const int8_t* const*>(rows),
-                                       static_cast<const int32_t* const*>(sums), static_cast<const float*>(xs),
-                                       w.block(blk), w.scale.data() + static_cast<int64_t>(blk) * G * 16, G, w.group,
-                                       out, a.ld_out);
-          break;
-      }
+      if (w.method == Method::int8)
+        dispatch<kRows, 1, Int8Tile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float*>(xs),
+                                     reinterpret_cast<const int8_t*>(w.block(blk)), w.scale.data() + blk * 16,
+                                     w.Kp / 4, out, a.ld_out);
+      else
+        dispatch<kRows, 1, Int4Tile>(m, 1, static_cast<const int8_t* const*>(rows),
+                                     static_cast<const int32_t* const*>(sums), static_cast<const float*>(xs),
+                                     w.block(blk), w.scale.data() + static_cast<int64_t>(blk) * G * 16, G, w.group,
+                                     out, a.ld_out);
     }
   }
 }
@@ -169,27 +213,42 @@ std::vector<std::string> features() { return compiled_features(); }
 
 // ---- machine peaks (kt bench) -------------------------------------------------------------
 
+// Each chain carries its accumulator into the next step's inputs, so no two steps compute
+// the same value (a compiler would otherwise compute a loop-invariant product once).
 double peak_ops(int kind, int64_t iterations) {
-  constexpr int kChains = 12;
+  constexpr int kChains = 12;  // > latency x throughput for every sequence below
+  __m256 fa = _mm256_set1_ps(1.0000001f), fb = _mm256_set1_ps(1e-9f);
+  __m256i wa = _mm256_set1_epi8(3), wb = _mm256_set1_epi8(5);
+  __asm__ volatile("" : "+x"(fa), "+x"(fb), "+x"(wa), "+x"(wb));  // opaque: no constant folding
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256 f[kChains];
   __m256i q[kChains];
   for (int c = 0; c < kChains; ++c) {
     f[c] = _mm256_set1_ps(static_cast<float>(c));
     q[c] = _mm256_set1_epi32(c);
   }
-  __m256 fa = _mm256_set1_ps(1.0000001f), fb = _mm256_set1_ps(1e-9f);
-  __m256i ia = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
   double ops = 0;
-  for (int64_t it = 0; it < iterations; ++it) {
-    __asm__ volatile("" : "+x"(fa), "+x"(ia));
-    if (kind == 0 || kind == 1) {  // bf16 runs as fp32 fma here: 2 fma per bf16 pair
+  if (kind == 0 || kind == 1) {  // bf16 runs as fp32 FMA here: 2 FMAs per bf16 pair
+    for (int64_t it = 0; it < iterations; ++it)
       for (int c = 0; c < kChains; ++c) f[c] = _mm256_fmadd_ps(f[c], fa, fb);
-      ops = 16;
-    } else {  // the int8 dot sequence of the kernels: maddubs, madd, add
+    ops = 16;
+  } else if (kind == 2) {
+    // signed x signed bytes: pmaddubsw multiplies unsigned by signed bytes, so the sign moves
+    // onto the weights first (vpsignb); |activation| is taken once per broadcast, not here
+    for (int64_t it = 0; it < iterations; ++it)
       for (int c = 0; c < kChains; ++c)
-        q[c] = _mm256_add_epi32(q[c], _mm256_madd_epi16(_mm256_maddubs_epi16(ia, ia), ones));
-      ops = 64;
-    }
+        q[c] = _mm256_add_epi32(q[c], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(wb, q[c])), ones));
+    ops = 64;
+  } else if (kind == 3) {
+    // int4: nibbles are unsigned already; two pmaddubsw products share one 16-bit add and pmaddwd
+    for (int64_t it = 0; it < iterations; ++it)
+      for (int c = 0; c < kChains; ++c)
+        q[c] = _mm256_add_epi32(
+            q[c], _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wa, q[c]), _mm256_maddubs_epi16(wb, q[c])),
+                                    ones));
+    ops = 128;
+  } else {
+    return 0;
   }
   float sink = 0;
   alignas(32) float fl[8];
@@ -246,9 +305,12 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
   for (; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
+bool reads_f32_activations() { return true; }
+
 }  // namespace
 
-const KernelTable avx2_kernels = {"avx2", features, describe, gemm, silu_mul, quantize_row_generic,
-                                   to_bf16_row_generic, combine_generic, peak_ops, read_stream};
+const KernelTable avx2_kernels = {"avx2",          features,     describe,        gemm,
+                                   silu_mul,        quantize_row_generic, to_bf16_row_generic, combine_generic,
+                                   peak_ops,        read_stream,  reads_f32_activations};
 
 }  // namespace kt
