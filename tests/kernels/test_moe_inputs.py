@@ -96,7 +96,15 @@ def test_bad_forward_inputs(moe: ktforge.MoE) -> None:
 
 @pytest.mark.parametrize(
     ("bad_id", "dtype"),
-    [(-1, np.int64), (E, np.int64), (2**40, np.int64), (-1, np.int32), (E, np.int32), (E, np.uint64), (2**63, np.uint64)],
+    [
+        (-1, np.int64),
+        (E, np.int64),
+        (2**40, np.int64),
+        (-1, np.int32),
+        (E, np.int32),
+        (E, np.uint64),
+        (2**63, np.uint64),
+    ],
 )
 def test_expert_id_out_of_range(moe: ktforge.MoE, bad_id: int, dtype: type) -> None:
     x, ids, w = inputs()
