@@ -5,7 +5,8 @@
 #   ./install.sh deps       system packages (compiler, CMake, Ninja, Python headers) and the Python environment
 #   ./install.sh build      build, verify and install the kernels of the best recipe for this machine
 #                           (`kt build`), then run `kt doctor`; options go to `kt build`:
-#                           --backend auto|amx|amd-blis|avx512|avx2, --plan, --target NAME
+#                           --backend auto|amx|amd-blis|avx512|avx2, --plan, --target NAME,
+#                           --portable (one wheel for every x86-64 in dist/: needs auditwheel and patchelf)
 #   ./install.sh test       install the test tools (and upstream BLIS, a test fixture) and run the suite
 #   --with-blis             with deps: also AOCL-BLAS with the aocl_gemm add-on (the `aoclda` wheel)
 #   --dry-run               print the system-package commands instead of running them
@@ -22,7 +23,7 @@ WITH_BLIS=0
 ACTION=all
 BUILD_ARGS=()
 
-usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
 
@@ -33,6 +34,7 @@ while [ $# -gt 0 ]; do
     --with-blis) WITH_BLIS=1 ;;
     deps|build|test|all) ACTION=$1 ;;
     --plan) BUILD_ARGS+=("--plan") ;;
+    --portable) BUILD_ARGS+=("--portable") ;;
     --backend|--target)
       [ $# -ge 2 ] || { printf 'install.sh: %s needs a value\n' "$1" >&2; exit 2; }
       BUILD_ARGS+=("$1" "$2"); shift ;;

@@ -5,6 +5,13 @@
 # BF16, ...). A backend whose minimum flags the compiler rejects stops the configure
 # step with the fix, rather than being silently dropped.
 set(KTFORGE_ARCH_FLAGS "-march=native" CACHE STRING "ISA flags for the SIMD backends")
+# A portable build (kt build --portable) runs on any x86-64: each backend is compiled with
+# exactly its level's flags (nothing of the build machine), the core with none at all, and
+# the best level this CPU, its OS state and its AMX permission allow is chosen at run time.
+option(KTFORGE_PORTABLE "One binary for every x86-64: each backend at exactly its level" OFF)
+if(KTFORGE_PORTABLE)
+  set(KTFORGE_ARCH_FLAGS "" CACHE STRING "ISA flags for the SIMD backends" FORCE)
+endif()
 
 # Each backend's flags, folder and dependencies come from the backend table
 # (installer/ktforge/data/backends.json), generated into ktforge_backends.cmake by native/.
@@ -23,7 +30,9 @@ function(ktforge_add_backend name)
                           "(now '${KTFORGE_BACKENDS}').")
     endif()
   endforeach()
-  if(NOT KTFORGE_HOST_MARCH_${name})  # exactly its level: the host's -march must not add AVX-512
+  if(KTFORGE_PORTABLE)  # exactly its level, tuned for no machine in particular
+    set(_flags ${KTFORGE_FLAGS_${name}})
+  elseif(NOT KTFORGE_HOST_MARCH_${name})  # exactly its level: the host's -march must not add AVX-512
     set(_flags ${KTFORGE_FLAGS_${name}} -mtune=native)
   else()
     set(_flags ${_arch} ${KTFORGE_FLAGS_${name}})

@@ -62,3 +62,23 @@ def aocl_gemm_works() -> bool:
     """The BLIS probe found a library whose aocl_gemm add-on computed a correct GEMM here."""
     blis = live_report()["blis"] or {}
     return bool(blis.get("selected"))
+
+
+AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+
+
+def expected_auto_backend(portable: bool = False) -> str:
+    """The level backend='auto' should run here, from the report's usable features (written out
+    here, not read from the backend table): in a portable wheel every level exists; in the host
+    build, the ones its build compiled."""
+    amx = has("amx_tile", "amx_int8", "amx_bf16", *AVX512) and live_report()["amx"]["permitted"] is not False
+    ladder = [
+        ("amx", amx),
+        ("avx512-bf16", has(*AVX512, "avx512_vnni", "avx512_bf16")),
+        ("avx512-vnni", has(*AVX512, "avx512_vnni")),
+        ("avx512", has(*AVX512)),
+        ("avx2", has("avx2", "fma", "f16c")),
+        ("reference", True),
+    ]
+    compiled = None if portable else {b["name"] for b in build_backends()}
+    return next(name for name, runs in ladder if runs and (compiled is None or name in compiled))

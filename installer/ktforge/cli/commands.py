@@ -111,6 +111,14 @@ def build(
             help="Build for another machine (e.g. sapphirerapids, znver4): a wheel in dist/, not installed here."
         ),
     ] = None,
+    portable: Annotated[
+        bool,
+        typer.Option(
+            "--portable",
+            help="One wheel for every x86-64 (fleets, containers, package indexes): every ISA level, the best "
+            "chosen at run time; in dist/, not installed here.",
+        ),
+    ] = False,
     source: Annotated[Path, typer.Option(help="The ktforge checkout to build.")] = Path(),
 ) -> None:
     """Plan, build, verify and install the kernels of one recipe.
@@ -127,9 +135,12 @@ def build(
     if not (source / "pyproject.toml").is_file() or 'name = "ktforge"' not in (source / "pyproject.toml").read_text():
         typer.echo(f"kt build: {source} is not a ktforge checkout; run it there or pass --source", err=True)
         raise typer.Exit(1)
+    if portable and (target is not None or backend != "auto"):
+        typer.echo("kt build: --portable holds every level; it takes no --target or --backend", err=True)
+        raise typer.Exit(1)
     report = assess(evidence_mod.collect_live())
     try:
-        plan = planner.make_plan(report, backend, target)
+        plan = planner.make_portable_plan(report) if portable else planner.make_plan(report, backend, target)
     except planner.PlanError as exc:
         typer.echo(f"kt build: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -154,7 +165,12 @@ def build(
     typer.echo(planner.format_plan(plan))
     for r in result.get("verified", []):
         typer.echo(f"  verified {r['backend']:7} {r['method']:5} {r['kernel']} (max rel. error {r['rel_err']:.1e})")
-    if target is None:
+    if portable:
+        typer.echo(
+            f"built {wheel}: one wheel for every x86-64; `pip install {wheel.name}` anywhere, `kt doctor` there "
+            f"says which level runs (log: {log})"
+        )
+    elif target is None:
         typer.echo(f"installed {wheel.name} (log: {log}); next: kt bench --backend all")
     else:
         typer.echo(f"built {wheel} for {target}: copy it to that machine and pip install it there (log: {log})")

@@ -608,7 +608,18 @@ def _extension(r: Assessment) -> Finding:
     lacking = {name: miss for name, miss in per_backend.items() if miss}
     record = ext.get("record") or {}
     recipe = f"{record.get('recipe')} recipe, " if record.get("recipe") else ""
-    where = f"{ext.get('path')} ({recipe}{info.get('compiler')}, {info.get('arch_flags')})"
+    where = f"{ext.get('path')} ({recipe}{info.get('compiler')}, {info.get('arch_flags') or 'no -march'})"
+    selection = ext.get("selection")
+    if record.get("recipe") == "portable" and selection is not None:
+        # every level is in the wheel on purpose: the best this machine allows runs
+        runs = selection["override"] or selection["auto"]
+        how = f"KTFORGE_BACKEND={runs}" if selection["override"] else "the best level this CPU allows"
+        better = "; ".join(f"not {name}: {why}" for name, why in selection["why_not"].items())
+        return _f(
+            "extension.installed",
+            "ok",
+            f"{where}: portable wheel, runs {runs} ({how})" + (f"; {better}" if better else ""),
+        )
     if lacking:
         detail = "; ".join(f"{name} needs {', '.join(miss)}" for name, miss in lacking.items())
         return _f(

@@ -42,7 +42,8 @@ except Exception as exc:
     print(json.dumps({"status": "refused", "path": origin, "error": str(exc), "build_info": dict(info)}))
     sys.exit(0)
 print(json.dumps({"status": "importable", "path": origin, "build_info": dict(info),
-                  "package_version": ktforge.__version__, "record": installed_record()}))
+                  "package_version": ktforge.__version__, "record": installed_record(),
+                  "selection": ktforge.kernels.moe.build_info()["selection"]}))
 """
 
 

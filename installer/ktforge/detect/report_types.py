@@ -116,6 +116,15 @@ class Toolchain(TypedDict):
     python_headers: PythonHeaders
 
 
+class BackendSelection(TypedDict):
+    """The level backend='auto' runs here, why each better compiled one does not, and the
+    KTFORGE_BACKEND override if one is set."""
+
+    auto: str
+    why_not: dict[str, str]
+    override: str | None
+
+
 class ExtensionStatus(TypedDict):
     """The native extension as a child process found it (``detect.extension.inspect``), and
     in the report what this CPU lacks of what it was built for."""
@@ -126,6 +135,7 @@ class ExtensionStatus(TypedDict):
     build_info: NotRequired[dict[str, Any]]
     package_version: NotRequired[str]
     record: NotRequired[dict[str, Any] | None]
+    selection: NotRequired[BackendSelection]
     missing_cpu_features: NotRequired[list[str]]
     backends_missing_features: NotRequired[dict[str, list[str]]]
 

@@ -120,6 +120,30 @@ def _check_finite(array: np.ndarray[Any, Any], name: str) -> None:
         raise ValueError(f"{name} contains NaN or infinite values")
 
 
+_LIBRARY_BACKENDS = {lib.name for lib in backends_table.libraries()}
+
+
+@functools.cache
+def _find_blis_library() -> str | None:
+    """For a library backend in a build that links no AOCL (a portable wheel) and without
+    KTFORGE_BLIS_LIBRARY: the first BLIS library on this machine with the aocl_gemm entry points
+    (the aoclda wheel's, /opt/AMD/aocl, ...); the layer then checks its GEMMs on known answers.
+    None: nothing found (the layer says how to get one)."""
+    import ktforge._native as _native
+
+    if os.environ.get("KTFORGE_BLIS_LIBRARY") or _native.build_info().get("blis"):
+        return None
+    from ktforge.detect import blis
+
+    for path in blis.find_candidates(blis.search_dirs()):
+        try:
+            _native.use_blis_library(path)
+        except ValueError:
+            continue  # upstream BLIS without the add-on, or not loadable
+        return path
+    return None
+
+
 class MoE:
     """Routed experts of one MoE layer.
 
@@ -132,7 +156,8 @@ class MoE:
             unit: slow, for verification on CPUs without AMX), or "amd-blis":
             AOCL-BLAS's aocl_gemm for int8/bf16 experts with enough tokens (the threshold is
             measured at load against ktforge's kernels and shown in .info), ktforge's kernels
-            otherwise and for int4. Needs an amd-blis build or KTFORGE_BLIS_LIBRARY.
+            otherwise and for int4. Uses the library an amd-blis build linked, else
+            KTFORGE_BLIS_LIBRARY, else the first AOCL-BLAS with the add-on found on this machine.
         threads: worker threads (default: the CPUs this process may use).
     """
 
@@ -178,6 +203,8 @@ class MoE:
         self._group = int(group_size)
         if backend == "auto" and _SELECTED_BACKEND:
             backend = _SELECTED_BACKEND
+        if backend in _LIBRARY_BACKENDS:
+            _find_blis_library()
         self._layer = _native.MoELayer(
             self.num_experts,
             self.top_k,
@@ -371,8 +398,17 @@ class MoE:
 
 def build_info() -> dict[str, Any]:
     """What the installed extension was built with: compiler, flags, backends and their CPU needs
-    (from the extension itself), and under "record" the build record written beside it."""
+    (from the extension itself), under "record" the build record written beside it, and under
+    "selection" the level backend='auto' runs here and why each better compiled one does not
+    (KTFORGE_BACKEND, when set, overrides it)."""
     import ktforge._native as _native
     from ktforge.build.build_record import installed_record
 
-    return {**_native.build_info(), "record": installed_record()}
+    info = dict(_native.build_info())
+    choice = backends_table.select(
+        [(b["name"], b["required_cpu_features"]) for b in info["backends"]],
+        _native.cpu_has,
+        lambda: _native.request_amx_permission() == 0,
+    )
+    selection = {"auto": choice.name, "why_not": choice.why_not, "override": _SELECTED_BACKEND}
+    return {**info, "record": installed_record(), "selection": selection}

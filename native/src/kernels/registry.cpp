@@ -1,7 +1,9 @@
 #include "kernels/registry.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
+#include "runtime/amx_permission.hpp"
 #include "runtime/cpu_features.hpp"
 
 namespace kt {
@@ -14,8 +16,12 @@ const KernelTable* select_backend(const std::string& name) {
     compiled += (compiled.empty() ? "" : ", ") + std::string(table->name);
     if (name != "auto" && name != table->name) continue;
     if (name == "auto" && !auto_may_choose(table->name)) continue;  // a verification tool, slow
-    auto missing = missing_features(table->compiled_features());
-    if (missing.empty()) return table;
+    const auto required = table->compiled_features();
+    auto missing = missing_features(required);
+    // auto: a level that needs AMX needs the tiles granted too (by name, it runs its SIMD
+    // path without them and says so in its description)
+    const bool needs_tiles = std::find(required.begin(), required.end(), "amx_tile") != required.end();
+    if (missing.empty() && !(name == "auto" && needs_tiles && request_amx_permission() != 0)) return table;
     if (name == "auto") continue;
     std::string list;
     for (const auto& f : missing) list += (list.empty() ? "" : ", ") + f;

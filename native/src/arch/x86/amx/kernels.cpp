@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 #include <immintrin.h>
 
@@ -35,17 +36,26 @@
 namespace kt {
 namespace {
 
-// The kernels for everything that is not tile work.
+// The kernels for everything that is not tile work: the best compiled SIMD backend this CPU
+// runs (the real tiles: an AVX-512 level, e.g. avx512-bf16 in a portable build on Sapphire
+// Rapids; the model: AVX-512 where it runs, else AVX2).
 const KernelTable& simd() {
+  static const KernelTable* best = [] {
+    for (const KernelTable* t : compiled_backends()) {
+      const std::string name = t->name;
+      if (name == "amx" || name == "amx-model" || name == "reference") continue;
 #ifndef KTFORGE_AMX_MODEL
-  return avx512_kernels;
+      if (name.rfind("avx512", 0) != 0) continue;  // this backend's own flags include AVX-512
+#endif
+      if (missing_features(t->compiled_features()).empty()) return t;
+    }
+#ifndef KTFORGE_AMX_MODEL
+    return &avx512_kernels;
 #else
-#ifdef KTFORGE_HAVE_AVX512
-  static const bool avx512_runs = missing_features(avx512_kernels.compiled_features()).empty();
-  if (avx512_runs) return avx512_kernels;
+    return &avx2_kernels;
 #endif
-  return avx2_kernels;
-#endif
+  }();
+  return *best;
 }
 
 // Fewest tokens per expert for which the tiles are used; below it (decode) the AVX-512

@@ -16,6 +16,20 @@
 #include "kernels/silu.hpp"
 #include "kernels/rowops.hpp"
 
+// One source, three levels in a portable build (the backend table's avx512, avx512-vnni and
+// avx512-bf16 rows: the same kernels, each compiled with exactly its level's flags; the VNNI
+// and BF16 dot products are used where the compiler's macros say the level has them).
+#if defined(KTFORGE_AVX512_LEVEL_BF16)
+#define KT_AVX512_TABLE avx512_bf16_kernels
+#define KT_AVX512_NAME "avx512-bf16"
+#elif defined(KTFORGE_AVX512_LEVEL_VNNI)
+#define KT_AVX512_TABLE avx512_vnni_kernels
+#define KT_AVX512_NAME "avx512-vnni"
+#else
+#define KT_AVX512_TABLE avx512_kernels
+#define KT_AVX512_NAME "avx512"
+#endif
+
 namespace kt {
 namespace {
 
@@ -481,7 +495,7 @@ bool quantize_row(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* 
 
 }  // namespace
 
-const KernelTable avx512_kernels = {"avx512", features, describe, gemm, silu_mul, quantize_row,
-                                   to_bf16_row_generic, combine_generic, peak_ops, read_stream};
+const KernelTable KT_AVX512_TABLE = {KT_AVX512_NAME, features,       describe, gemm,       silu_mul, quantize_row,
+                                    to_bf16_row_generic, combine_generic, peak_ops, read_stream};
 
 }  // namespace kt
