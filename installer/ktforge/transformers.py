@@ -1,0 +1,235 @@
+"""ktforge inside Hugging Face transformers: ``experts_implementation="ktforge"``.
+
+``import ktforge.transformers`` registers "ktforge" in transformers' experts interface
+(``transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS``), so that::
+
+    model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="ktforge")
+    model.set_experts_implementation("ktforge")          # or on a loaded model
+
+run every routed-experts module of the model on ktforge's kernels; the router, shared experts
+and attention stay in torch. Each experts module is packed once, on its first call, for the
+method of :func:`configure` (bf16 by default), and runs through the ``ktforge::moe`` torch
+operator (:mod:`ktforge.kernels.torch_op`: ``torch.compile(fullgraph=True)`` traces it).
+
+A module whose layout the kernels do not compute (biases, no gate, a gating function or an
+activation other than SiLU, a post-expert norm, expert parallelism, weights off the CPU) runs
+transformers' own eager experts, after one warning naming the module and the reason: never a
+wrong answer.
+
+Threads: ktforge's pool takes ``torch.get_num_threads()`` threads by default, the same cores
+torch uses; the two run one after the other (attention, then experts), not at once. Set
+``OMP_WAIT_POLICY=PASSIVE`` before torch starts so its idle OpenMP workers sleep instead of
+spinning on those cores while ktforge computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import ktforge
+from ktforge.kernels import torch_op
+
+NAME = "ktforge"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    method: str = "bf16"  # bf16, int8 or int4
+    group_size: int = 128  # int4
+    threads: int | None = None  # None: torch.get_num_threads()
+    backend: str = "auto"
+    release_torch_weights: bool = False  # drop transformers' copy once packed: one copy in memory
+
+
+_settings = Settings()
+_lock = threading.Lock()
+_ids = itertools.count(1)
+
+
+def configure(**changes: Any) -> Settings:
+    """Set how experts modules are packed from now on (modules already packed keep theirs):
+    ``method``, ``group_size``, ``threads``, ``backend``, ``release_torch_weights``."""
+    global _settings
+    unknown = set(changes) - {f.name for f in dataclasses.fields(Settings)}
+    if unknown:
+        raise TypeError(f"unknown setting(s) {', '.join(sorted(unknown))}; known: {_known()}")
+    candidate = dataclasses.replace(_settings, **changes)
+    ktforge.MoE(2, 1, 16, 16, method=candidate.method, group_size=candidate.group_size, backend=candidate.backend)
+    _settings = candidate
+    return _settings
+
+
+def settings() -> Settings:
+    return _settings
+
+
+def _known() -> str:
+    return ", ".join(f.name for f in dataclasses.fields(Settings))
+
+
+def why_unsupported(module: Any, *, layout_only: bool = False) -> str | None:
+    """Why the kernels cannot compute this experts module exactly (None: they can).
+    ``layout_only``: judge the layout, not where the weights are (a module on the meta device)."""
+    import torch
+    from transformers.integrations import moe as hf_moe
+
+    if getattr(module, "has_bias", False):
+        return "its experts have biases"
+    if not getattr(module, "has_gate", True):
+        return "its experts have no gate (a plain activation, not gate * up)"
+    if getattr(module, "has_post_expert_norm", False):
+        return "it normalizes each expert's output"
+    if getattr(module, "_is_expert_parallel", False):
+        return "its experts are split across processes (expert parallelism)"
+    if type(module)._apply_gate is not hf_moe._default_apply_gate:
+        return f"it gates with its own function ({type(module).__name__}._apply_gate)"
+    act = getattr(module, "act_fn", None)
+    if not (type(act).__name__ in ("SiLU", "SiLUActivation") or act is torch.nn.functional.silu):
+        return f"its activation is {getattr(act, '__name__', type(act).__name__)}, not SiLU"
+    for name in ("gate_up_proj", "down_proj"):
+        weight = getattr(module, name, None)
+        if not isinstance(weight, torch.Tensor) or weight.ndim != 3:
+            return f"it has no 3-D {name}"
+        if weight.device.type != "cpu" and not layout_only:
+            return f"its {name} is on {weight.device}"
+        if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16) and not layout_only:
+            return f"its {name} is {weight.dtype}"
+    return None
+
+
+def _pack(module: Any, top_k: int) -> int:
+    """The module's weights packed into a ktforge layer; returns its operator handle."""
+    gate_up, down = module.gate_up_proj.detach(), module.down_proj.detach()
+    if getattr(module, "is_transposed", False):  # [E, H, 2I] and [E, I, H]
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+    experts, two_i, hidden = gate_up.shape
+    inter = two_i // 2
+    if getattr(module, "is_concatenated", True):
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    else:  # interleaved: gate0, up0, gate1, up1, ...
+        gate, up = gate_up[:, 0::2], gate_up[:, 1::2]
+    import torch
+
+    dtype = torch.float32 if gate.dtype == torch.float16 else gate.dtype  # the kernels take fp32 or bf16
+
+    def ready(t: Any) -> Any:
+        return t.to(dtype).contiguous()
+
+    s = _settings
+
+    layer = ktforge.MoE(
+        experts,
+        top_k,
+        hidden,
+        inter,
+        method=s.method,
+        group_size=s.group_size,
+        backend=s.backend,
+        threads=s.threads or torch.get_num_threads(),
+    )
+    layer.load_weights(ready(gate), ready(up), ready(down))
+    handle = next(_ids)
+    torch_op.register_layer(handle, layer)
+    if s.release_torch_weights:
+        # transformers' copy is no longer read: keep the parameters' identity, free their storage
+        module.gate_up_proj.data = module.gate_up_proj.data.new_empty(0)
+        module.down_proj.data = module.down_proj.data.new_empty(0)
+    return handle
+
+
+def experts_forward(module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    """transformers' experts interface: the routed experts of ``module`` on ktforge's kernels."""
+    handle = getattr(module, "_ktforge_handle", None)
+    if handle is None and not getattr(module, "_ktforge_fallback", None):
+        with _lock:  # pack once, even when two threads call first
+            handle = getattr(module, "_ktforge_handle", None)
+            if handle is None and not getattr(module, "_ktforge_fallback", None):
+                reason = why_unsupported(module)
+                if reason is None:
+                    handle = module._ktforge_handle = _pack(module, int(top_k_index.shape[-1]))
+                else:
+                    module._ktforge_fallback = reason
+                    warnings.warn(
+                        f"ktforge: {type(module).__name__} runs transformers' eager experts: {reason}", stacklevel=2
+                    )
+    if handle is None:
+        return type(module).forward.__wrapped__(module, hidden_states, top_k_index, top_k_weights)
+    return torch_op.moe(hidden_states, top_k_index, top_k_weights, handle)
+
+
+def sweep() -> list[tuple[str, str, str | None]]:
+    """Every experts class of transformers' models that uses the experts interface, built from
+    its model type's default config on the meta device (no memory): (model type, class, why it
+    falls back or None)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import torch
+    import transformers.models
+    from transformers import AutoConfig
+
+    rows: list[tuple[str, str, str | None]] = []
+    for info in sorted(pkgutil.iter_modules(transformers.models.__path__), key=lambda m: m.name):
+        model_type = info.name
+        try:
+            source = importlib.util.find_spec(f"transformers.models.{model_type}.modeling_{model_type}")
+        except (ImportError, ValueError):
+            continue
+        if (
+            source is None
+            or source.origin is None
+            or "@use_experts_implementation" not in Path(source.origin).read_text()
+        ):
+            continue
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        classes: list[Any] = [
+            c
+            for _, c in inspect.getmembers(module, inspect.isclass)
+            if c.__module__ == module.__name__
+            and hasattr(c, "_apply_gate")
+            and hasattr(getattr(c, "forward", None), "__wrapped__")
+        ]
+        try:
+            config = AutoConfig.for_model(model_type)
+        except (ValueError, KeyError) as exc:
+            rows += [(model_type, c.__name__, f"no default config ({str(exc)[:60]})") for c in classes]
+            continue
+        for cls in classes:
+            error = "no config"
+            for candidate in _configs(config):
+                try:
+                    with torch.device("meta"):
+                        experts = cls(candidate)
+                    rows.append((model_type, cls.__name__, why_unsupported(experts, layout_only=True)))
+                    break
+                except Exception as exc:  # a class that needs another sub-config: try the next
+                    error = f"{type(exc).__name__}: {str(exc)[:100]}"
+            else:
+                rows.append((model_type, cls.__name__, f"could not be built from its default config ({error})"))
+    return rows
+
+
+def _configs(config: Any, depth: int = 2) -> list[Any]:
+    """A config and its sub-configs (text, thinker, talker, ...), breadth first."""
+    from transformers import PretrainedConfig
+
+    found, frontier = [config], [config]
+    for _ in range(depth):
+        frontier = [v for c in frontier for v in vars(c).values() if isinstance(v, PretrainedConfig)]
+        found += frontier
+    return found
+
+
+def _register() -> None:
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    ALL_EXPERTS_FUNCTIONS.register(NAME, experts_forward)
+
+
+_register()

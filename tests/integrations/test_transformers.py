@@ -1,0 +1,292 @@
+"""ktforge in Hugging Face transformers: tiny random models of real architectures, built from
+their configs with transformers' own classes (nothing downloaded), run with
+experts_implementation="ktforge" against transformers' eager experts."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import ktforge
+import ktforge.transformers as kt_hf
+from ktforge.kernels import torch_op
+
+SMALL = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+}
+# Each architecture's own names for its MoE sizes.
+TINY: dict[str, dict[str, Any]] = {
+    "qwen3_moe": {
+        "moe_intermediate_size": 32,
+        "intermediate_size": 96,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "head_dim": 16,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    },
+    "mixtral": {"intermediate_size": 32, "num_local_experts": 8, "num_experts_per_tok": 2, "head_dim": 16},
+    "deepseek_v3": {
+        "moe_intermediate_size": 32,
+        "intermediate_size": 96,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 2,
+        "topk_group": 1,
+        "kv_lora_rank": 16,
+        "q_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "num_hidden_layers": 3,
+    },
+    "qwen2_moe": {
+        "moe_intermediate_size": 32,
+        "intermediate_size": 96,
+        "shared_expert_intermediate_size": 48,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    },
+    "olmoe": {"intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2},
+}
+# Tolerance of the logits against transformers' eager experts, relative to their largest value:
+# the kernels round activations to each method's format (bf16: as the eager bf16 matmul does).
+TOLERANCE = {"bf16": 2e-2, "int8": 6e-2, "int4": 0.25}
+
+
+MARGIN = 0.5  # logits of |x| < 32 in bf16 are 1/8 apart: 4 steps of rounding
+
+
+def tiny_model(model_type: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Any:
+    config = AutoConfig.for_model(model_type, **{**SMALL, **TINY[model_type]})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)  # logits of a few tens, as trained models have
+    return model
+
+
+def confident(model: Any, prompt: torch.Tensor, new_tokens: int = 32) -> Any:
+    """The model made sure of its own greedy continuation of ``prompt``, as a trained model is:
+    a random one has near-ties between its top two logits (bf16 rounds many to exact ties), and
+    a different rounding of the experts (any other implementation's) flips those. Each round
+    raises the chosen token's output embedding along the final hidden state wherever its lead
+    is under MARGIN, until every step of the eager trajectory leads by MARGIN; the experts still
+    decide the hidden states. Checked: the returned model's trajectory has that margin."""
+    start = prompt.shape[1] - 1
+    with torch.inference_mode():
+        model.set_experts_implementation("eager")
+        seen: list[torch.Tensor] = []
+        hook = model.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+        for _ in range(60):
+            seq = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens)
+            seen.clear()
+            out = model(seq)
+            hidden = seen[-1][:, start:-1].float()  # what the output embedding reads
+            top2 = out.logits[:, start:-1].float().topk(2, dim=-1).values
+            lead = top2[..., 0] - top2[..., 1]
+            if lead.min() >= MARGIN:
+                hook.remove()
+                return model
+            weight = model.lm_head.weight
+            for b, t in (lead < MARGIN).nonzero().tolist():
+                h = hidden[b, t]
+                weight[seq[b, start + t + 1]] += (2 * MARGIN * h / h.dot(h)).to(weight.dtype)
+    raise AssertionError("the tiny model did not become confident of its continuation")
+
+
+def _prompt(batch: int = 2, length: int = 12) -> torch.Tensor:
+    return torch.randint(0, SMALL["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def _experts_modules(model: Any) -> list[Any]:
+    return [m for m in model.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "has_gate")]
+
+
+@pytest.fixture(autouse=True)
+def _default_settings() -> Any:
+    before = kt_hf.settings()
+    yield
+    kt_hf.configure(**{f: getattr(before, f) for f in before.__dataclass_fields__})
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3", "mixtral", "qwen2_moe", "olmoe"])
+def test_greedy_generation_is_identical_in_bf16(model_type: str) -> None:
+    prompt = _prompt()
+    model = confident(tiny_model(model_type), prompt)
+    with torch.inference_mode():
+        model.set_experts_implementation("eager")
+        eager = model.generate(prompt, max_new_tokens=32, do_sample=False, min_new_tokens=32)
+        model.set_experts_implementation("ktforge")
+        ours = model.generate(prompt, max_new_tokens=32, do_sample=False, min_new_tokens=32)
+    assert ours.shape == eager.shape == (2, 12 + 32)
+    assert torch.equal(ours, eager)
+    # and the experts really ran on ktforge's kernels, every module of them
+    modules = _experts_modules(model)
+    assert modules and all(getattr(m, "_ktforge_handle", None) for m in modules)
+
+
+@pytest.mark.parametrize("method", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3", "mixtral"])
+def test_logits_match_eager_within_the_method_s_tolerance(model_type: str, method: str, dtype: torch.dtype) -> None:
+    kt_hf.configure(method=method, group_size=32)
+    model = tiny_model(model_type, dtype)
+    prompt = _prompt()
+    with torch.inference_mode():
+        model.set_experts_implementation("eager")
+        eager = model(prompt).logits.float()
+        model.set_experts_implementation("ktforge")
+        ours = model(prompt).logits.float()
+    assert ours.dtype == eager.dtype and ours.shape == eager.shape
+    err = float((ours - eager).abs().max() / eager.abs().max())
+    assert err < TOLERANCE[method], err
+    layer = torch_op.layer(_experts_modules(model)[0]._ktforge_handle)
+    assert layer.method == method
+
+
+def test_from_pretrained_with_experts_implementation(tmp_path: Path) -> None:
+    model = tiny_model("qwen3_moe")
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="ktforge", dtype=torch.bfloat16)
+    prompt = _prompt()
+    with torch.inference_mode():
+        ours = loaded(prompt).logits
+    assert loaded.config._experts_implementation == "ktforge"
+    assert all(getattr(m, "_ktforge_handle", None) for m in _experts_modules(loaded))
+    with torch.inference_mode():
+        eager = model(prompt).logits  # the default implementation, same weights
+    assert float((ours.float() - eager.float()).abs().max() / eager.float().abs().max()) < TOLERANCE["bf16"]
+
+
+def test_an_unsupported_layout_falls_back_with_one_warning_and_the_same_answer() -> None:
+    # GPT-OSS: biases and its own clamped gating, which the kernels do not compute
+    config = AutoConfig.for_model(
+        "gpt_oss",
+        **{**SMALL, "intermediate_size": 32, "num_local_experts": 8, "num_experts_per_tok": 2, "head_dim": 16},
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    prompt = _prompt()
+    with torch.inference_mode():
+        model.set_experts_implementation("eager")
+        eager = model(prompt).logits
+        model.set_experts_implementation("ktforge")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = model(prompt).logits
+            model(prompt)  # the second call: no second warning
+    messages = [str(w.message) for w in caught if "ktforge" in str(w.message)]
+    assert messages == ["ktforge: GptOssExperts runs transformers' eager experts: its experts have biases"] * 2
+    assert not any(getattr(m, "_ktforge_handle", None) for m in _experts_modules(model))
+    assert torch.equal(ours, eager)  # transformers' own code, so exactly its answer
+
+
+@pytest.fixture(scope="module")
+def sweep() -> list[tuple[str, str, str | None]]:
+    return kt_hf.sweep()
+
+
+def test_the_sweep_covers_every_architecture_of_the_interface(sweep: list[tuple[str, str, str | None]]) -> None:
+    import importlib.util
+    import pkgutil
+
+    import transformers.models
+
+    decorated = set()
+    for info in pkgutil.iter_modules(transformers.models.__path__):
+        spec = importlib.util.find_spec(f"transformers.models.{info.name}.modeling_{info.name}")
+        if spec and spec.origin and "@use_experts_implementation" in Path(spec.origin).read_text():
+            decorated.add(info.name)
+    assert {model_type for model_type, _, _ in sweep} == decorated
+    verdicts = {model_type: why for model_type, _, why in sweep}
+    for supported in ("qwen3_moe", "deepseek_v3", "mixtral", "qwen2_moe", "olmoe", "glm4_moe", "lfm2_moe"):
+        assert verdicts[supported] is None, (supported, verdicts[supported])
+    assert verdicts["gpt_oss"] == "its experts have biases"
+    assert verdicts["nemotron_h"] == "its experts have no gate (a plain activation, not gate * up)"
+    assert sum(why is None for why in verdicts.values()) >= 40
+
+
+def test_release_torch_weights_keeps_one_copy() -> None:
+    kt_hf.configure(release_torch_weights=True)
+    model = tiny_model("mixtral")
+    prompt = _prompt()
+    with torch.inference_mode():
+        model.set_experts_implementation("ktforge")
+        before = model(prompt).logits
+        for module in _experts_modules(model):
+            assert module.gate_up_proj.numel() == 0 and module.down_proj.numel() == 0
+        after = model(prompt).logits
+    assert torch.equal(before, after)
+
+
+def test_threads_follow_torch_unless_configured() -> None:
+    model = tiny_model("olmoe")
+    with torch.inference_mode():
+        model.set_experts_implementation("ktforge")
+        model(_prompt())
+    layer = torch_op.layer(_experts_modules(model)[0]._ktforge_handle)
+    assert layer.info["threads"] == torch.get_num_threads()
+    kt_hf.configure(threads=1)
+    other = tiny_model("olmoe", seed=1)
+    with torch.inference_mode():
+        other.set_experts_implementation("ktforge")
+        other(_prompt())
+    assert torch_op.layer(_experts_modules(other)[0]._ktforge_handle).info["threads"] == 1
+    # no oversubscription: each layer's pool has `threads` workers in all, the caller included
+    tasks = len(list(Path("/proc/self/task").iterdir()))
+    assert tasks < 64, f"{tasks} threads in this process"
+
+
+def test_configure_rejects_what_the_kernels_do_not_take() -> None:
+    with pytest.raises(ValueError, match="method"):
+        kt_hf.configure(method="fp4")
+    with pytest.raises(TypeError, match="unknown setting"):
+        kt_hf.configure(metod="bf16")
+    assert kt_hf.settings().method == "bf16"
+
+
+def test_the_operator_traces_under_torch_compile_fullgraph() -> None:
+    E, k, H, I = 4, 2, 32, 32
+    rng = np.random.default_rng(0)
+    w = [torch.from_numpy((rng.standard_normal(s) / 8).astype(np.float32)) for s in ((E, I, H), (E, I, H), (E, H, I))]
+    layer = ktforge.MoE(E, k, H, I, method="bf16")
+    layer.load_weights(*w)
+    torch_op.register_layer(10_000, layer)
+    x = torch.randn(5, H)
+    ids = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2]])
+    weights = torch.full((5, k), 0.5)
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.relu(torch.ops.ktforge.moe(x * 2, ids, weights, 10_000)) + 1
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    with torch.inference_mode():
+        expected = block(x)
+        assert torch.equal(compiled(x), expected)
+        bf16 = torch.ops.ktforge.moe(x.bfloat16(), ids, weights, 10_000)
+    assert bf16.dtype == torch.bfloat16 and bf16.shape == x.shape
+    with pytest.raises(ValueError, match="no ktforge layer"):
+        torch.ops.ktforge.moe(x, ids, weights, 99_999)
+
+
+def test_registered_in_transformers_interface() -> None:
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert ALL_EXPERTS_FUNCTIONS["ktforge"] is kt_hf.experts_forward
+    assert transformers.__version__.startswith("5.")
