@@ -26,6 +26,7 @@ from ktforge.detect.features import COMPILER_MACROS
 from .. import host
 from ..conftest import CPUINFO_FIXTURES
 from ..fixture_expectations import EXPECTED
+from ..wheels import run_in_new_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -197,18 +198,7 @@ def test_amd_blis_wheel_runs_amd_blis_in_a_fresh_venv_without_environment_variab
 
     # As a user gets it: the wheel in a new virtualenv (dependencies from this Python's
     # site-packages), no KTFORGE_* variable, run from outside the checkout.
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed"]
-    subprocess.run([*pip, str(wheel)], check=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KTFORGE_")}
-    done = subprocess.run(
-        [python, "-c", AMD_BLIS_IN_A_FRESH_VENV], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["file"].startswith(str(venv))
+    _, result = run_in_new_venv(wheel, AMD_BLIS_IN_A_FRESH_VENV, tmp_path)
     assert result["blis"]["library"] == aocl["path"]
     bf16 = result["methods"]["bf16"]
     assert bf16["info"]["name"] == "amd-blis" and bf16["info"]["aocl"]["library"] == aocl["path"]

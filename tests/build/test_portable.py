@@ -9,11 +9,9 @@ run there the way a user gets it.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from ktforge.detect import blis, evidence
 
 from .. import host
 from ..conftest import CPUINFO_FIXTURES, HOST_FIXTURES
+from ..wheels import run_in_new_venv, user_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 CXX = shutil.which("g++") or "g++"
@@ -182,17 +181,7 @@ print(json.dumps({"file": ktforge.__file__, "selection": info["selection"], "run
 
 def test_the_wheel_installs_and_runs_in_a_new_virtualenv(portable: tuple[Path, Path], tmp_path: Path) -> None:
     wheel, _ = portable
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KTFORGE_")}
-    done = subprocess.run(
-        [python, "-c", PORTABLE_IN_A_VENV], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["file"].startswith(str(venv))
+    venv, result = run_in_new_venv(wheel, PORTABLE_IN_A_VENV, tmp_path)
     assert result["runs"] == result["selection"]["auto"] == host.expected_auto_backend(portable=True)
     assert result["verified"] and all(r["ok"] for r in result["verified"])
     # nothing linked; the aoclda wheel's AOCL-BLAS (a test requirement) found and checked at run time
@@ -202,7 +191,7 @@ def test_the_wheel_installs_and_runs_in_a_new_virtualenv(portable: tuple[Path, P
         [str(venv / "bin" / "kt"), "doctor", "--json", "--check", "extension.installed"],
         capture_output=True,
         text=True,
-        env=env,
+        env=user_environment(),
         cwd=tmp_path,
     )
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
