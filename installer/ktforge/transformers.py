@@ -167,6 +167,7 @@ def sweep() -> list[tuple[str, str, str | None]]:
     its model type's default config on the meta device (no memory): (model type, class, why it
     falls back or None)."""
     import importlib
+    import importlib.util
     import inspect
     import pkgutil
 
