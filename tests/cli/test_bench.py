@@ -62,11 +62,11 @@ def test_cli_bench_json_on_a_tiny_layer(monkeypatch: pytest.MonkeyPatch) -> None
         assert r["ms_min"] <= r["ms"] <= r["ms_max"] and r["tokens_per_s"] > 0
         assert r["runs"] == (4 if r["tokens"] < bench.DECODE_MAX_TOKENS else 1)
         roof = r["roofline"]
-        # the bound is the slower of the two ceilings, each from this run's own peaks (the best
-        # measured up to and right after the case; the document ends with the run's best)
+        # the bound is the slower of the two ceilings, both the best peaks of the whole run (a
+        # case measured before the machine showed its best is held to the same bound)
         peaks = document["peaks"][next(iter(document["peaks"]))][str(r["threads"])]
-        assert 0 < roof["read_gb_per_s"] <= peaks["read_gb_per_s"]
-        assert 0 < roof["dot_gops"] <= peaks[roof["dot_peak"]]
+        assert roof["read_gb_per_s"] == peaks["read_gb_per_s"] > 0
+        assert roof["dot_gops"] == peaks[roof["dot_peak"]] > 0
         assert roof["dot_peak"] == bench.DOT_PEAK[r["method"]]
         assert roof["compute_ms"] == pytest.approx(roof["ops"] / roof["dot_gops"] / 1e6)
         assert roof["bandwidth_ms"] == pytest.approx(roof["weight_bytes"] / roof["read_gb_per_s"] / 1e6)

@@ -254,7 +254,8 @@ def bench(
                     results.append(item["result"])
                     if not json_output:
                         typer.echo(bench_mod.format_row(item["result"]))
-                else:
+                else:  # the rows above, against the best peaks of the whole run
+                    results = item["final"].pop("results")
                     header.update(item["final"])
     except ValueError as exc:  # a backend or method this machine cannot run, named with the reason
         typer.echo(f"kt bench: {exc}", err=True)
