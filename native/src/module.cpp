@@ -141,13 +141,14 @@ class PyMoE {
 
   py::dict info() {
     std::size_t packed = 0;
-    bool loaded = false;
+    bool loaded = false, huge_pages = false;
     int min_rows = 0;
     {  // what a concurrent load changes
       py::gil_scoped_release release;
       auto lock = layer_.lock_calls();
       packed = layer_.packed_bytes();
       loaded = layer_.loaded();
+      huge_pages = layer_.weights_huge_pages();
       min_rows = layer_.aocl_min_rows();
     }
     py::dict d = backend_info(layer_.kernels());
@@ -172,6 +173,7 @@ class PyMoE {
     d["threads"] = layer_.threads();
     d["packed_bytes"] = packed;
     d["loaded"] = loaded;
+    d["huge_pages_advised"] = huge_pages;  // the packed weights, for transparent huge pages
     return d;
   }
 
@@ -361,7 +363,8 @@ PYBIND11_MODULE(_native, m) {
       [](const std::string& backend, int threads, std::size_t bytes, int repeats) {
         const KernelTable* t = select_backend(backend);
         py::gil_scoped_release release;
-        aligned_vector<uint8_t> buffer(bytes, 1);
+        HugePageBuffer buffer(bytes);  // as the layer's weights are stored
+        std::fill(buffer.data(), buffer.data() + bytes, uint8_t{1});
         ThreadPool pool(threads);
         const std::size_t share = bytes / threads / 256 * 256;
         std::atomic<uint64_t> sink{0};
@@ -379,15 +382,19 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "thread_pool_selftest",
       [](int threads, int tasks) {
-        // The first `threads` tasks meet at a rendezvous: it is only reached if every
-        // thread of the pool takes a task while the others are still busy (dynamic
-        // hand-out, no thread left idle). Returns the tasks each thread ran, or raises.
+        // Each thread's first task waits at a rendezvous: it is only reached if every thread
+        // of the pool takes a task while the others are still busy (no thread left idle), and
+        // while all wait, none can take another's task: the first task each thread takes is
+        // the start of its own share. Returns (tasks each thread ran, each thread's first
+        // task), or raises.
         py::gil_scoped_release release;
         ThreadPool pool(threads);
+        std::vector<int64_t> first(threads, -1);
         std::atomic<int> arrived{0};
         std::atomic<bool> timed_out{false};
-        pool.parallel_for(tasks, [&](int64_t task, int) {
-          if (task >= threads) return;
+        pool.parallel_for(tasks, [&](int64_t task, int thread) {
+          if (first[thread] >= 0) return;
+          first[thread] = task;
           arrived.fetch_add(1);
           auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
           while (arrived.load() < threads) {
@@ -399,7 +406,7 @@ PYBIND11_MODULE(_native, m) {
           }
         });
         if (timed_out) throw std::runtime_error("thread pool: not every thread took work");
-        return pool.last_task_counts();
+        return std::make_pair(pool.last_task_counts(), first);
       },
       py::arg("threads"), py::arg("tasks"));
   m.def("quantize_weights", &quantize_weights, py::arg("weights"), py::arg("method"), py::arg("group_size"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -188,6 +190,31 @@ def test_thread_pool_balances_a_hot_expert(weights) -> None:  # type: ignore[no-
 def test_every_pool_thread_takes_work_while_others_are_busy(threads: int) -> None:
     from ktforge import _native
 
-    counts = _native.thread_pool_selftest(threads, 50)
+    counts, first = _native.thread_pool_selftest(threads, 50)
     assert len(counts) == threads and sum(counts) == 50
     assert min(counts) >= 1
+    # each thread starts on its own contiguous share (it streams its own experts' weights)
+    assert first == [50 * i // threads for i in range(threads)]
+
+
+def _anon_huge_kib() -> int:
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    raise AssertionError("no AnonHugePages in /proc/self/smaps_rollup")
+
+
+def test_packed_weights_are_backed_by_huge_pages_where_linux_allows() -> None:
+    # A forward streams the experts' weights: one TLB entry per 2 MiB instead of per 4 KiB.
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    mode = thp[thp.index("[") + 1 : thp.index("]")]
+    rng = np.random.default_rng(5)
+    E2, H2, I2 = 4, 1024, 1024  # 4 x 6 MiB of bf16 gate, up and down
+    g = rng.standard_normal((E2, I2, H2), dtype=np.float32)
+    d = rng.standard_normal((E2, H2, I2), dtype=np.float32)
+    before = _anon_huge_kib()
+    layer = ktforge.MoE(E2, 2, H2, I2, method="bf16", threads=1)
+    layer.load_weights(g, g, d)
+    assert layer.info["huge_pages_advised"] is True
+    if mode != "never":  # "always" or "madvise": the advice is taken (compaction permitting: most of it)
+        assert _anon_huge_kib() - before >= 12 * 1024, mode

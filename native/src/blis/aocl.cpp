@@ -134,7 +134,7 @@ template <typename T, int Step>
 std::vector<T> unpack_transposed(const PackedMatrix& w) {
   const int N = w.Np, K = w.Kp;
   std::vector<T> b(static_cast<std::size_t>(K) * N);
-  const auto* packed = reinterpret_cast<const T*>(w.data.data());
+  const auto* packed = reinterpret_cast<const T*>(w.values);
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < K; ++k)
       b[static_cast<std::size_t>(k) * N + n] =

@@ -26,7 +26,12 @@ void shape(PackedMatrix& out, Method method, int group, int N, int K) {
   out.K = K;
   out.Np = static_cast<int>(round_up(N, 16));
   out.Kp = static_cast<int>(round_up(K, k_step(method, group)));
-  out.data.assign(static_cast<std::size_t>(out.blocks()) * out.block_bytes(), 0);
+  if (out.values == nullptr || out.values == out.owned.data()) {
+    out.owned.assign(out.value_bytes(), 0);
+    out.values = out.owned.data();
+  } else {
+    std::memset(out.values, 0, out.value_bytes());  // the owner's memory, sized by value_bytes()
+  }
   out.scale.clear();
   out.colsum.clear();
 }
@@ -39,7 +44,7 @@ void begin_quantized(PackedMatrix& out) {
 // Row n of an int8 matrix: Kp values (zero past K) and its scale; the column sum feeds
 // the kernels' removal of the unsigned activation offset.
 void put_int8_row(PackedMatrix& out, int n, const int8_t* q, float scale) {
-  auto* dst = reinterpret_cast<int8_t*>(out.data.data());
+  auto* dst = reinterpret_cast<int8_t*>(out.values);
   int32_t sum = 0;
   for (int k = 0; k < out.Kp; ++k) {
     sum += q[k];
@@ -55,7 +60,7 @@ void put_int4_row(PackedMatrix& out, int n, const int8_t* q, const float* scales
   for (int g = 0; g < G; ++g) out.scale[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16] = scales[g];
   for (int k = 0; k < out.Kp; ++k) {
     const int v = q[k] + 8, q8 = k / 8, b = k % 4, high = (k % 8) >= 4;
-    uint8_t& byte = out.data[((static_cast<int64_t>(n / 16) * (out.Kp / 8) + q8) * 16 + n % 16) * 4 + b];
+    uint8_t& byte = out.values[((static_cast<int64_t>(n / 16) * (out.Kp / 8) + q8) * 16 + n % 16) * 4 + b];
     byte = static_cast<uint8_t>(high ? (byte & 0x0F) | (v << 4) : (byte & 0xF0) | v);
   }
 }
@@ -126,7 +131,7 @@ void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<co
   };
 
   if (method == Method::bf16) {
-    auto* dst = reinterpret_cast<uint16_t*>(out.data.data());
+    auto* dst = reinterpret_cast<uint16_t*>(out.values);
     for (int n = 0; n < out.Np; ++n)
       for (int k = 0; k < out.Kp; ++k)
         dst[((static_cast<int64_t>(n / 16) * (out.Kp / 2) + k / 2) * 16 + n % 16) * 2 + k % 2] =

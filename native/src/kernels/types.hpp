@@ -32,20 +32,35 @@ struct PackedMatrix {
   Method method = Method::bf16;
   int group = 0;  // int4 group size
   int N = 0, K = 0, Np = 0, Kp = 0;
-  aligned_vector<uint8_t> data;
+  // The packed values, value_bytes() of them: in `owned`, or in memory the matrix's owner
+  // provides by setting `values` before packing (a layer puts all its experts in one
+  // huge-page buffer). Not copyable: `values` may point into `owned`.
+  uint8_t* values = nullptr;
+  aligned_vector<uint8_t> owned;
   // int8: scale[n]; int4: scale[block][group][16] (16 consecutive columns per group).
   aligned_vector<float> scale;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
   aligned_vector<int32_t> colsum;
 
+  PackedMatrix() = default;
+  PackedMatrix(PackedMatrix&&) = default;  // a vector's move keeps its buffer: `values` stays valid
+  PackedMatrix& operator=(PackedMatrix&&) = default;
+  PackedMatrix(const PackedMatrix&) = delete;
+  PackedMatrix& operator=(const PackedMatrix&) = delete;
+
   int blocks() const { return Np / 16; }
   int groups() const { return group ? Kp / group : 0; }
-  std::size_t block_bytes() const {
-    return method == Method::bf16 ? static_cast<std::size_t>(Kp) * 32
-           : method == Method::int8 ? static_cast<std::size_t>(Kp) * 16
-                                    : static_cast<std::size_t>(Kp) * 8;
+  std::size_t block_bytes() const { return block_bytes(method, Kp); }
+  std::size_t value_bytes() const { return static_cast<std::size_t>(blocks()) * block_bytes(); }
+  const uint8_t* block(int b) const { return values + b * block_bytes(); }
+
+  static std::size_t block_bytes(Method m, int Kp) {
+    return static_cast<std::size_t>(Kp) * (m == Method::bf16 ? 32 : m == Method::int8 ? 16 : 8);
   }
-  const uint8_t* block(int b) const { return data.data() + b * block_bytes(); }
+  // The bytes of values an N x K matrix packs into.
+  static std::size_t value_bytes(Method m, int group, int N, int K) {
+    return static_cast<std::size_t>(round_up(N, 16) / 16) * block_bytes(m, static_cast<int>(round_up(K, k_step(m, group))));
+  }
 };
 
 // Activation rows converted for a method: bf16 values, or int8 with a per-row scale.

@@ -107,6 +107,16 @@ template <typename Row, typename GateUpRow, typename DownRow, typename Pack>
 void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) {
   const int E = config_.experts, H = config_.hidden, I = config_.intermediate;
   std::vector<PackedMatrix> gate_up(E), down_packed(E);
+  // Every expert's values in one huge-page buffer, each expert's gate/up then down: a
+  // forward streams them with few TLB misses.
+  const Method m = config_.method;
+  const std::size_t gate_up_bytes = PackedMatrix::value_bytes(m, config_.group, 2 * inter_padded_, H),
+                    down_bytes = PackedMatrix::value_bytes(m, config_.group, H, I);
+  HugePageBuffer arena(static_cast<std::size_t>(E) * (gate_up_bytes + down_bytes));
+  for (int e = 0; e < E; ++e) {
+    gate_up[e].values = arena.data() + e * (gate_up_bytes + down_bytes);
+    down_packed[e].values = gate_up[e].values + gate_up_bytes;
+  }
   pool().parallel_for(E, [&](int64_t e, int) {
     // gate and up as one matrix, 16-column blocks alternating: one pass over x serves both
     std::vector<Row> rows(2 * static_cast<std::size_t>(inter_padded_), Row{});
@@ -121,6 +131,7 @@ void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) 
   });
   gate_up_ = std::move(gate_up);
   down_ = std::move(down_packed);
+  weights_ = std::move(arena);
   if (aocl_) {
     aocl_gate_up_.assign(E, {});
     aocl_down_.assign(E, {});
@@ -273,7 +284,7 @@ void MoeLayer::aocl_down(int expert, int64_t r0, int64_t r1, int thread) {
 std::size_t MoeLayer::packed_bytes() const {
   std::size_t total = 0;
   for (const auto* set : {&gate_up_, &down_})
-    for (const auto& m : *set) total += m.data.size() + m.scale.size() * 4 + m.colsum.size() * 4;
+    for (const auto& m : *set) total += m.value_bytes() + m.scale.size() * 4 + m.colsum.size() * 4;
   return total;
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/pack.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/types.hpp"
+#include "runtime/huge_pages.hpp"
 #include "runtime/thread_pool.hpp"
 
 namespace kt {
@@ -64,6 +65,8 @@ class MoeLayer {
   int aocl_min_rows() const { return aocl_min_rows_; }
   int threads() const { return pool_threads_; }
   std::size_t packed_bytes() const;
+  // Whether Linux took the advice to back the packed weights with transparent huge pages.
+  bool weights_huge_pages() const { return weights_.advised(); }
   // Tasks each thread ran in the gate/up phase of the last forward() (balance under skew).
   std::vector<int64_t> gate_up_task_counts() const { return gate_up_task_counts_; }
   // Milliseconds per phase of the last forward().
@@ -91,6 +94,7 @@ class MoeLayer {
   pid_t mutex_pid_;
   int inter_padded_;  // I rounded up to 16
   std::vector<PackedMatrix> gate_up_, down_;
+  HugePageBuffer weights_;  // the values of gate_up_ and down_
   const Aocl* aocl_ = nullptr;
   int aocl_min_rows_ = 1 << 30;
   std::vector<aligned_vector<uint8_t>> aocl_gate_up_, aocl_down_;

@@ -27,6 +27,7 @@ int available_cpus() {
 ThreadPool::ThreadPool(int threads) {
   if (threads < 1) threads = 1;
   counts_.assign(threads, 0);
+  shares_ = std::make_unique<Share[]>(threads);
   try {
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
   } catch (const std::system_error& e) {
@@ -55,20 +56,32 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+void ThreadPool::divide(int64_t n) {
+  const int threads = size();
+  for (int i = 0; i < threads; ++i) {
+    shares_[i].next.store(n * i / threads, std::memory_order_relaxed);
+    shares_[i].end = n * (i + 1) / threads;
+  }
+}
+
 void ThreadPool::run_tasks(int index) {
   const auto& fn = *job_;
+  const int threads = size();
   int64_t ran = 0;
-  for (;;) {
-    int64_t task = next_.fetch_add(1, std::memory_order_relaxed);
-    if (task >= job_size_) break;
-    try {
-      fn(task, index);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!error_) error_ = std::current_exception();
-      next_.store(job_size_, std::memory_order_relaxed);  // stop handing out work
+  for (int k = 0; k < threads; ++k) {  // its own share first, then the others' leftovers
+    Share& share = shares_[(index + k) % threads];
+    for (;;) {
+      const int64_t task = share.next.fetch_add(1, std::memory_order_relaxed);
+      if (task >= share.end) break;
+      try {
+        fn(task, index);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!error_) error_ = std::current_exception();
+        for (int i = 0; i < threads; ++i) shares_[i].next.store(shares_[i].end, std::memory_order_relaxed);
+      }
+      ++ran;
     }
-    ++ran;
   }
   counts_[index] = ran;
 }
@@ -103,15 +116,16 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>
   error_ = nullptr;
   if (workers_.empty() || n == 1) {
     job_ = &fn;
-    job_size_ = n;
-    next_.store(0);
+    for (int i = 0; i < size(); ++i) {
+      shares_[i].next.store(0, std::memory_order_relaxed);
+      shares_[i].end = i == 0 ? n : 0;
+    }
     run_tasks(0);
   } else {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = &fn;
-      job_size_ = n;
-      next_.store(0);
+      divide(n);
       pending_atomic_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
       ++generation_;
       published_.store(generation_, std::memory_order_release);

@@ -1,5 +1,8 @@
-// A small thread pool for the MoE layer: parallel_for over task indices with dynamic
-// balancing (an atomic counter), the calling thread working too. One pool per layer
+// A small thread pool for the MoE layer: parallel_for over task indices, the calling
+// thread working too. Each thread starts on its own contiguous share of the tasks (the MoE
+// phases order tasks by weight address, so each thread streams its own weights and the
+// hardware prefetcher follows it) and, when that is done, takes the remaining tasks of the
+// others one at a time (balance under skew). One pool per layer
 // owns its threads; nothing else in ktforge spawns threads, so there is no
 // oversubscription unless the caller asks for more threads than CPUs.
 #pragma once
@@ -9,6 +12,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -39,8 +43,13 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const std::function<void(int64_t, int)>* job_ = nullptr;
-  int64_t job_size_ = 0;
-  std::atomic<int64_t> next_{0};
+  // Thread i's share is [next, end) of shares_[i]; anyone may claim from it with fetch_add.
+  struct alignas(64) Share {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
+  std::unique_ptr<Share[]> shares_;
+  void divide(int64_t n);
   std::atomic<int> pending_atomic_{0};
   std::atomic<uint64_t> published_{0};
   uint64_t generation_ = 0;

@@ -89,11 +89,14 @@ void gemm_bf16_block(const GemmArgs& a, int blk) {
     const uint16_t* next = p1 < kp2 ? panel + p1 * 32
                            : blk < last_blk ? reinterpret_cast<const uint16_t*>(w.block(blk + 1))
                                             : nullptr;
-    for (int i0 = 0; i0 < a.m; i0 += kBf16Rows) {
-      const int m = std::min(kBf16Rows, a.m - i0);
+    for (int g = 0, i0 = 0; g < groups; ++g) {
+      // Rows spread evenly over the groups (16 rows: 4 x 4, not 5 + 5 + 5 + 1): a group of
+      // fewer than 4 rows has too few accumulator chains to hide the FMA latency.
+      const int m = (a.m - i0) / (groups - g);
       for (int i = 0; i < m; ++i) rows[i] = act.f32.data() + a.rows[i0 + i] * act.f32_ld;
       dispatch<kBf16Rows, 1, Bf16Tile>(m, 1, static_cast<const float* const*>(rows), panel, p0, p1, p0 > 0, next,
-                                       i0 / kBf16Rows, groups, a.out + i0 * a.ld_out + (blk * 16 - a.n0), a.ld_out);
+                                       g, groups, a.out + i0 * a.ld_out + (blk * 16 - a.n0), a.ld_out);
+      i0 += m;
     }
   }
 }
