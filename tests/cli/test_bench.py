@@ -117,10 +117,14 @@ def test_contenders_are_timed_interleaved_on_the_same_routing() -> None:
     trio = [contender("a"), contender("b"), contender("torch")]
     times, touched = bench.time_interleaved(trio, None, make_route, runs=3, decode=True)
     assert [len(t) for t in times.values()] == [3, 3, 3] and touched == [2, 2, 2]
-    timed = calls[3:]  # after one warm-up call each
+    # after one warm-up call each: pairs of an untimed lead-in and the timed call, same contender
+    lead_in, timed = calls[3::2], calls[4::2]
     assert [name for name, _ in timed] == ["a", "b", "torch", "b", "torch", "a", "torch", "a", "b"]
-    # one routing per round, a fresh one every round (decode: the weights come from memory)
-    assert [route for _, route in timed] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [name for name, _ in lead_in] == [name for name, _ in timed]
+    # one routing per round, a fresh one every round (decode: the weights come from memory); each
+    # lead-in on a routing of its own
+    assert [route for _, route in timed] == [1, 1, 1, 5, 5, 5, 9, 9, 9]
+    assert len({route for _, route in lead_in} | {1, 5, 9}) == len(lead_in) + 3
     calls.clear()
     bench.time_interleaved(trio, None, make_route, runs=2, decode=False)
     assert len({route for _, route in calls}) == 1  # prefill: the same routing throughout

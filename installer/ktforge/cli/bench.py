@@ -246,8 +246,10 @@ def peak_method(threads: int) -> str:
     return (
         f"compute: best of {PEAK_RUNS} runs of the backend's dot-product sequence (12 independent chains) on each "
         f"of {threads} threads; read: best of {PEAK_RUNS} passes over {size / (1 << 20):.0f} MiB (>= 8x the "
-        "last-level cache), each thread streaming its own contiguous share; both re-measured right after each "
-        "case and the best value of the run kept"
+        "last-level cache; transparent huge pages, as the packed weights), each thread streaming its own "
+        f"contiguous share, and one pass over {read_buffer_bytes(quick=True) / (1 << 20):.0f} MiB after every "
+        "timed round of every case (interleaved with the kernels); compute re-measured after each case; the "
+        "best value of the run kept and every case held to it"
     )
 
 
@@ -259,9 +261,22 @@ def measure_peaks(backend: str, threads: int, runs: int = PEAK_RUNS, read_bytes:
         # ~20 ms each: on a shared machine the best run is the machine's, the others are noise
         return max(native.measure_peak(backend, kind, threads, 8_000_000) for _ in range(runs)) / 1e9
 
-    size = read_bytes or read_buffer_bytes()
-    read = native.measure_read_bandwidth(backend, threads, size, runs) / 1e9
+    read = measure_read(backend, threads, read_bytes or read_buffer_bytes(), runs)
     return Peaks(best("fp32_fma"), best("bf16_dot"), best("int8_dot"), best("int4_dot"), read)
+
+
+def sample_read(peaks: dict[tuple[str, int], Peaks], simds: Sequence[str], threads: int) -> None:
+    """One quick read pass per backend, kept in ``peaks`` where it beats the best so far."""
+    for simd in simds:
+        gb_per_s = measure_read(simd, threads, read_buffer_bytes(quick=True), 1)
+        peaks[simd, threads] = peaks[simd, threads].best(Peaks(0, 0, 0, 0, gb_per_s))
+
+
+def measure_read(backend: str, threads: int, size: int, runs: int) -> float:
+    """GB/s of ``threads`` threads streaming a ``size`` buffer (kept between calls), best of ``runs``."""
+    import ktforge._native as native
+
+    return float(native.measure_read_bandwidth(backend, threads, size, runs)) / 1e9
 
 
 class TorchPeer:
@@ -300,11 +315,21 @@ class Contender:
 
 
 def time_interleaved(
-    contenders: Sequence[Contender], x: Any, make_route: Callable[[], tuple[Any, Any]], runs: int, decode: bool
+    contenders: Sequence[Contender],
+    x: Any,
+    make_route: Callable[[], tuple[Any, Any]],
+    runs: int,
+    decode: bool,
+    each_round: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, list[float]], list[int]]:
     """Seconds per call of every contender, interleaved (the order rotating each round), all on
     the same routing in a round; decode draws a fresh routing every round, so weights come from
-    memory. Returns the times and the distinct experts of each round's routing."""
+    memory. A decode call is timed right after an untimed one of the same contender (another
+    routing): in a model, layers call back to back; after an idle gap a virtual machine's
+    sleeping CPUs take up to milliseconds to run at speed again, which would be timed instead.
+    ``each_round`` runs after every round (the read-bandwidth pass: the bound's own
+    measurement interleaved with the kernels'). Returns the times and the distinct experts of
+    each round's routing."""
     route = make_route()
     for c in contenders:
         c.call(x, *route)  # warm-up
@@ -317,9 +342,12 @@ def time_interleaved(
         shift = i % len(contenders)
         for c in [*contenders[shift:], *contenders[:shift]]:
             time.sleep(GAP_S)
+            if decode:
+                c.call(x, *make_route())  # the lead-in: cores awake, as in a running model
             start = time.perf_counter()
             c.call(x, *route)
             times[c.name].append(time.perf_counter() - start)
+        each_round()
     return times, touched
 
 
@@ -465,7 +493,8 @@ def run(
                         make_route = functools.partial(routing, kind, tokens, experts, model.top_k, rng)
 
                         runs = repeats * (4 if decode else 1)
-                        times, touched = time_interleaved(contenders, x, make_route, runs, decode)
+                        read_pass = functools.partial(sample_read, peaks, simds, threads)
+                        times, touched = time_interleaved(contenders, x, make_route, runs, decode, read_pass)
                         for simd in {backends_table.simd_of(b) for b in backends}:
                             # the machine drifts: its peaks again, right after the case (kept: the best)
                             again = measure_peaks(simd, threads, runs=2, read_bytes=read_buffer_bytes(quick=True))
