@@ -10,6 +10,7 @@ run every routed-experts module of the model on ktforge's kernels; the router, s
 and attention stay in torch. Each experts module is packed once, on its first call, for the
 method of :func:`configure` (bf16 by default), and runs through the ``ktforge::moe`` torch
 operator (:mod:`ktforge.kernels.torch_op`: ``torch.compile(fullgraph=True)`` traces it).
+:func:`load_converted` takes the experts from a ``kt convert`` output instead.
 
 A module whose layout the kernels do not compute (biases, no gate, a gating function or an
 activation other than SiLU, a post-expert norm, expert parallelism, weights off the CPU) runs
@@ -26,8 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import threading
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -133,13 +136,81 @@ def _pack(module: Any, top_k: int) -> int:
         threads=s.threads or torch.get_num_threads(),
     )
     layer.load_weights(ready(gate), ready(up), ready(down))
+    return _register_handle(module, layer)
+
+
+def _register_handle(module: Any, layer: ktforge.MoE) -> int:
     handle = next(_ids)
     torch_op.register_layer(handle, layer)
-    if s.release_torch_weights:
+    # the layer (packed weights, threads) lives as long as the module: a model deleted frees it
+    weakref.finalize(module, torch_op.unregister_layer, handle)
+    if _settings.release_torch_weights:
         # transformers' copy is no longer read: keep the parameters' identity, free their storage
         module.gate_up_proj.data = module.gate_up_proj.data.new_empty(0)
         module.down_proj.data = module.down_proj.data.new_empty(0)
     return handle
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def load_converted(model: Any, path: str | Path, *, verify: bool = True) -> list[int]:
+    """Run ``model``'s routed experts from a ``kt convert`` output instead of packing
+    transformers' weights: each experts module of a converted layer (``model.layers.N...``)
+    loads layer N of the conversion (its method and group size; checksums verified unless
+    ``verify=False``), with the threads and backend of :func:`configure`. Layers the
+    conversion lacks are packed from transformers' weights on first use, as usual. Switches
+    the model to ``experts_implementation="ktforge"``. Returns the layers loaded.
+
+    Raises ValueError when the conversion is not of this model (its sizes differ) or a
+    converted layer's module is one the kernels cannot compute."""
+    import torch
+
+    from ktforge.checkpoints import convert
+
+    directory = Path(path)
+    manifest = convert.read_manifest(directory)
+    converted = {int(layer) for layer in manifest["layers"]}
+    modules = [
+        (name, module, int(match.group(1)))
+        for name, module in model.named_modules()
+        if hasattr(module, "gate_up_proj") and hasattr(module, "has_gate")
+        for match in [_LAYER_INDEX.search(name + ".")]
+        if match is not None and int(match.group(1)) in converted
+    ]
+    if not modules:
+        raise ValueError(
+            f"{directory}: none of its layers ({convert.format_layers(sorted(converted))}) is an experts module "
+            f"of this {type(model).__name__}"
+        )
+    layers: list[tuple[Any, ktforge.MoE]] = []
+    for name, module, index in modules:
+        reason = why_unsupported(module, layout_only=True)
+        if reason is not None:
+            raise ValueError(f"{name} cannot run on ktforge's kernels: {reason}")
+        shape = tuple(module.gate_up_proj.shape)
+        if getattr(module, "is_transposed", False):
+            shape = (shape[0], shape[2], shape[1])
+        expected = (manifest["num_experts"], 2 * manifest["intermediate_size"], manifest["hidden_size"])
+        if shape != expected:
+            raise ValueError(
+                f"{directory} is not a conversion of this model: {name} has experts x 2*intermediate x hidden "
+                f"{shape}, the conversion {expected}"
+            )
+        layer = ktforge.MoE.from_pretrained(
+            directory,
+            index,
+            backend=_settings.backend,
+            threads=_settings.threads or torch.get_num_threads(),
+            verify=verify,
+        )
+        layers.append((module, layer))
+    with _lock:  # every layer read and checked before any module changes
+        for module, layer in layers:
+            module._ktforge_handle = _register_handle(module, layer)
+            module._ktforge_fallback = None
+    model.set_experts_implementation(NAME)
+    return sorted({index for _, _, index in modules})
 
 
 def experts_forward(module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:

@@ -411,3 +411,17 @@ def test_conversion_memory_is_bounded_by_a_few_experts(tmp_path: Path) -> None:
             consumed.append(expert)
             assert max(seen) - expert <= 4  # at most 2 x threads experts in flight
     assert consumed == list(range(16))
+
+
+def test_a_qwen3_config_written_by_transformers_5_names_its_experts_num_local_experts(tmp_path: Path) -> None:
+    # transformers 5 saves Qwen3-MoE's expert count as num_local_experts; the Hub's files say num_experts
+    write_checkpoint(tmp_path, "qwen3_moe", dtype="bf16", E=4, k=2, H=64, I=32)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_local_experts"] = config.pop("num_experts")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with Checkpoint(tmp_path) as checkpoint:
+        assert (checkpoint.experts, checkpoint.top_k) == (4, 2)
+    del config["num_local_experts"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="num_experts or num_local_experts must be a positive integer"):
+        Checkpoint(tmp_path)

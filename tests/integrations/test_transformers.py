@@ -174,6 +174,67 @@ def test_from_pretrained_with_experts_implementation(tmp_path: Path) -> None:
     assert float((ours.float() - eager.float()).abs().max() / eager.float().abs().max()) < TOLERANCE["bf16"]
 
 
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_experts_load_from_a_kt_convert_output(tmp_path: Path, method: str) -> None:
+    from typer.testing import CliRunner
+
+    from ktforge.cli.commands import app
+
+    model = tiny_model("qwen3_moe")
+    model.save_pretrained(tmp_path / "model")
+    converted = tmp_path / "converted"
+    args = ["--input", str(tmp_path / "model"), "--output", str(converted), "--quant", method, "--group-size", "32"]
+    result = CliRunner().invoke(app, ["convert", *args])
+    assert result.exit_code == 0, result.output
+    prompt = _prompt()
+
+    # packed on first use from transformers' weights, for the same method
+    kt_hf.configure(method=method, group_size=32)
+    try:
+        packed = AutoModelForCausalLM.from_pretrained(tmp_path / "model", experts_implementation="ktforge")
+        with torch.inference_mode():
+            want = packed(prompt).logits
+    finally:
+        kt_hf.configure(method="bf16", group_size=128)
+
+    # the conversion: the same quantization, so the same logits to the bit
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model")  # eager experts until loaded
+    assert kt_hf.load_converted(loaded, converted) == [0, 1]
+    assert loaded.config._experts_implementation == "ktforge"
+    for module in _experts_modules(loaded):
+        assert torch_op.layer(module._ktforge_handle).method == method
+    with torch.inference_mode():
+        got = loaded(prompt).logits
+    assert torch.equal(got, want)
+
+
+def test_load_converted_takes_the_layers_converted_and_refuses_another_model(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ktforge.cli.commands import app
+
+    model = tiny_model("qwen3_moe")
+    model.save_pretrained(tmp_path / "model")
+    args = ["--input", str(tmp_path / "model"), "--output", str(tmp_path / "layer1"), "--layers", "1"]
+    assert CliRunner().invoke(app, ["convert", *args]).exit_code == 0
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.bfloat16)
+    assert kt_hf.load_converted(loaded, tmp_path / "layer1") == [1]
+    first, second = _experts_modules(loaded)
+    assert getattr(first, "_ktforge_handle", None) is None  # packed on first use, as usual
+    assert torch_op.layer(second._ktforge_handle).method == "int8"
+    with torch.inference_mode():
+        loaded(_prompt())
+    assert torch_op.layer(first._ktforge_handle).method == "bf16"
+
+    other = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("qwen3_moe", **{**SMALL, **TINY["qwen3_moe"], "moe_intermediate_size": 48})
+    )
+    with pytest.raises(ValueError, match="not a conversion of this model"):
+        kt_hf.load_converted(other, tmp_path / "layer1")
+    with pytest.raises(ValueError, match="manifest"):
+        kt_hf.load_converted(other, tmp_path)  # not a conversion at all
+
+
 def test_an_unsupported_layout_falls_back_with_one_warning_and_the_same_answer() -> None:
     # GPT-OSS: biases and its own clamped gating, which the kernels do not compute
     config = AutoConfig.for_model(
@@ -251,6 +312,32 @@ def test_threads_follow_torch_unless_configured() -> None:
     # no oversubscription: each layer's pool has `threads` workers in all, the caller included
     tasks = len(list(Path("/proc/self/task").iterdir()))
     assert tasks < 64, f"{tasks} threads in this process"
+
+
+def test_a_deleted_model_frees_its_layers() -> None:
+    import gc
+
+    def live_threads() -> int:
+        return len(list(Path("/proc/self/task").iterdir()))
+
+    kt_hf.configure(threads=3)
+    try:
+        model = tiny_model("qwen3_moe")
+        gc.collect()  # earlier tests' models go first
+        before = live_threads()
+        with torch.inference_mode():
+            model.set_experts_implementation("ktforge")
+            model(_prompt())
+        handles = [m._ktforge_handle for m in _experts_modules(model)]
+        assert live_threads() == before + 2 * len(handles)  # each pool: 2 workers beside the caller
+    finally:
+        kt_hf.configure(threads=None)
+    del model
+    gc.collect()
+    for handle in handles:
+        with pytest.raises(ValueError, match="no ktforge layer"):
+            torch_op.layer(handle)
+    assert live_threads() == before
 
 
 def test_configure_rejects_what_the_kernels_do_not_take() -> None:

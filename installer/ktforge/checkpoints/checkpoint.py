@@ -40,7 +40,11 @@ class Architecture:
     label: str
     tensor: str
     projections: dict[str, str]
-    config: dict[str, str]
+    config: dict[str, str | list[str]]  # a size's key in config.json, or its names, oldest first
+
+    def config_keys(self, size: str) -> list[str]:
+        keys = self.config[size]
+        return [keys] if isinstance(keys, str) else keys
 
     def tensor_name(self, layer: int, expert: int, projection: str) -> str:
         return self.tensor.format(layer=layer, expert=expert, projection=self.projections[projection])
@@ -86,18 +90,24 @@ class Checkpoint:
             )
         self.arch = known[model_type]
         sizes = {}
-        for key, field in self.arch.config.items():
+        self._fields: dict[str, str] = {}
+        for key in self.arch.config:
+            # a config written by another transformers version may name the size differently
+            # (Qwen3-MoE: num_experts on the Hub, num_local_experts from transformers 5)
+            keys = self.arch.config_keys(key)
+            field = next((name for name in keys if name in self.config), keys[0])
             value = self.config.get(field)
             # bool is an int to Python; `"num_experts": true` is not a size
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value >= 2**31:
                 raise CheckpointError(
-                    f"{config_path}: {field} must be a positive integer below 2^31 for {self.arch.label}, got {value!r}"
+                    f"{config_path}: {field if field in self.config else ' or '.join(keys)} must be a positive "
+                    f"integer below 2^31 for {self.arch.label}, got {value!r}"
                 )
-            sizes[key] = value
+            sizes[key], self._fields[key] = value, field
         self.hidden, self.intermediate = sizes["hidden"], sizes["intermediate"]
         self.experts, self.top_k = sizes["experts"], sizes["top_k"]
         if self.top_k > self.experts:
-            field = self.arch.config["top_k"]
+            field = self._fields["top_k"]
             raise CheckpointError(
                 f"{config_path}: {field} = {self.top_k} routes to more experts than there are ({self.experts})"
             )
@@ -165,7 +175,7 @@ class Checkpoint:
         expert_pattern = re.escape(template).replace("EXPERT", r"(\d+)", 1)
         stored = {int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(expert_pattern, name))}
         if stored and max(stored) >= self.experts:
-            field = self.arch.config["experts"]
+            field = self._fields["experts"]
             raise CheckpointError(
                 f"{self.path}: layer {layers[0]} holds expert {max(stored)}, but config.json says {field} = "
                 f"{self.experts}; the config does not describe these files"

@@ -27,6 +27,12 @@ def register_layer(handle: int, layer: MoE) -> None:
         _LAYERS[handle] = layer
 
 
+def unregister_layer(handle: int) -> None:
+    """Drop a layer (its packed weights and threads go with it); unknown handles are ignored."""
+    with _LAYERS_LOCK:
+        _LAYERS.pop(handle, None)
+
+
 def layer(handle: int) -> MoE:
     try:
         return _LAYERS[handle]
