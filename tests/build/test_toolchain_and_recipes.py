@@ -92,3 +92,18 @@ def test_extension_with_a_backend_for_a_richer_cpu_is_a_warning() -> None:
     [finding] = run_checks(report, ["extension.installed"])
     assert finding.status == "warn"
     assert "avx512 needs amx_fp16" in finding.finding and "reference run here" in finding.finding
+
+
+def test_extension_without_the_machine_s_best_backend_is_a_warning_naming_the_build() -> None:
+    # the bootstrap install (`pip install .`: reference kernels only) on a machine avx512 suits
+    document = json.loads((HOST_FIXTURES / "kvm-sapphirerapids-masked.snapshot.json").read_text())
+    document["evidence"]["extension"]["build_info"]["backends"] = [{"name": "reference", "required_cpu_features": []}]
+    report = assess(Evidence.from_snapshot(document))
+    best = report["backend"]["recommended"]
+    assert best in ("avx512", "amx")
+    [finding] = run_checks(report, ["extension.installed"])
+    assert finding.status == "warn"
+    assert f"built without {best}" in finding.finding and "./install.sh build" in finding.commands
+    document["evidence"]["extension"]["build_info"]["backends"].append({"name": best, "required_cpu_features": []})
+    [finding] = run_checks(assess(Evidence.from_snapshot(document)), ["extension.installed"])
+    assert finding.status == "ok"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, TypedDict, get_args
 
+from ktforge.build import backends as backends_table
 from ktforge.build.assessment import Assessment
 from ktforge.detect.blis import AOCL_INT8_NEEDS
 from ktforge.detect.report_types import BlisSection, Compiler, ProbeSummary, Schema
@@ -627,6 +628,16 @@ def _extension(r: Assessment) -> Finding:
             "warn",
             f"{where}: backends {', '.join(runnable)} run here, but {detail}: built for another CPU",
             "rebuild on this machine to use all of it",
+            "./install.sh build",
+        )
+    best = r["backend"]["recommended"]
+    if runnable and best in backends_table.names() and best not in per_backend:
+        # e.g. the bootstrap install (`pip install .`, reference kernels only) is all there is
+        return _f(
+            "extension.installed",
+            "warn",
+            f"{where}: backends {', '.join(runnable)} only; built without {best}, the best this machine allows",
+            "build the kernels for this machine",
             "./install.sh build",
         )
     backends = f"; backends {', '.join(runnable)}" if runnable else ""
