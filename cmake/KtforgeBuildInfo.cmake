@@ -30,10 +30,12 @@ function(ktforge_add_backend name)
                           "(now '${KTFORGE_BACKENDS}').")
     endif()
   endforeach()
-  if(KTFORGE_PORTABLE)  # exactly its level, tuned for no machine in particular
+  # A backend at exactly its level (every backend of a portable build; in a host build those
+  # the host's -march must not lift, e.g. avx2 on an AVX-512 host) gets its level's flags and
+  # nothing else, so a host build and the portable wheel run the same code for it. No
+  # -mtune=native either: on Zen 3 it made the int8/int4 inner loops 3-9% slower, bf16 even.
+  if(KTFORGE_PORTABLE OR NOT KTFORGE_HOST_MARCH_${name})
     set(_flags ${KTFORGE_FLAGS_${name}})
-  elseif(NOT KTFORGE_HOST_MARCH_${name})  # exactly its level: the host's -march must not add AVX-512
-    set(_flags ${KTFORGE_FLAGS_${name}} -mtune=native)
   else()
     set(_flags ${_arch} ${KTFORGE_FLAGS_${name}})
   endif()
