@@ -29,7 +29,10 @@ DOT_PEAK = {"bf16": "bf16_dot", "int8": "int8_dot", "int4": "int4_dot"}
 DEFAULT_TOKENS = (1, 4, 16, 64, 128, 512, 2048)
 DECODE_MAX_TOKENS = 64  # below: a fresh routing every call (weights stream from memory), 4x the runs
 PEAK_RUNS = 7
-GAP_S = 0.002  # idle cores between timed calls: a pool (or OpenMP) still spinning must not slow the next
+# Idle cores before each timed call: a pool still spinning must not slow the next contender.
+# torch's OpenMP (libgomp) spins about 300,000 rounds after each parallel region (milliseconds):
+# with 2 ms, the torch peer's workers made ktforge's int4 decode calls 30% slower and 4x noisier.
+GAP_S = 0.010
 
 
 @dataclass(frozen=True)
