@@ -498,7 +498,7 @@ def run(
                         runs = repeats * (4 if decode else 1)
                         read_pass = functools.partial(sample_read, peaks, simds, threads)
                         times, touched = time_interleaved(contenders, x, make_route, runs, decode, read_pass)
-                        for simd in {backends_table.simd_of(b) for b in backends}:
+                        for simd in simds:
                             # the machine drifts: its peaks again, right after the case (kept: the best)
                             again = measure_peaks(simd, threads, runs=2, read_bytes=read_buffer_bytes(quick=True))
                             peaks[simd, threads] = peaks[simd, threads].best(again)
