@@ -256,15 +256,16 @@ def peak_method(threads: int) -> str:
     )
 
 
-def measure_peaks(backend: str, threads: int, runs: int = PEAK_RUNS, read_bytes: int | None = None) -> Peaks:
-    """The peaks of ``backend``'s instructions on ``threads`` threads, best of ``runs``."""
+def measure_peaks(backend: str, threads: int, runs: int = PEAK_RUNS, with_read: bool = True) -> Peaks:
+    """The peaks of ``backend``'s instructions on ``threads`` threads, best of ``runs``; the read
+    bandwidth too unless ``with_read`` is false (then 0: no claim)."""
     import ktforge._native as native
 
     def best(kind: str) -> float:
         # ~20 ms each: on a shared machine the best run is the machine's, the others are noise
         return max(native.measure_peak(backend, kind, threads, 8_000_000) for _ in range(runs)) / 1e9
 
-    read = measure_read(backend, threads, read_bytes or read_buffer_bytes(), runs)
+    read = measure_read(backend, threads, read_buffer_bytes(), runs) if with_read else 0.0
     return Peaks(best("fp32_fma"), best("bf16_dot"), best("int8_dot"), best("int4_dot"), read)
 
 
@@ -499,8 +500,9 @@ def run(
                         read_pass = functools.partial(sample_read, peaks, simds, threads)
                         times, touched = time_interleaved(contenders, x, make_route, runs, decode, read_pass)
                         for simd in simds:
-                            # the machine drifts: its peaks again, right after the case (kept: the best)
-                            again = measure_peaks(simd, threads, runs=2, read_bytes=read_buffer_bytes(quick=True))
+                            # the machine drifts: its compute peaks again, right after the case (kept:
+                            # the best); the read bandwidth was sampled after every round of it
+                            again = measure_peaks(simd, threads, runs=2, with_read=False)
                             peaks[simd, threads] = peaks[simd, threads].best(again)
                         torch_s = statistics.median(times["torch"]) if "torch" in times else None
                         for c in contenders:
