@@ -174,18 +174,22 @@ def test_from_pretrained_with_experts_implementation(tmp_path: Path) -> None:
     assert float((ours.float() - eager.float()).abs().max() / eager.float().abs().max()) < TOLERANCE["bf16"]
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
-def test_experts_load_from_a_kt_convert_output(tmp_path: Path, method: str) -> None:
+def _kt_convert(model_dir: Path, output: Path, *args: str) -> Path:
+    """``kt convert`` of a saved model, as a user runs it."""
     from typer.testing import CliRunner
 
     from ktforge.cli.commands import app
 
+    result = CliRunner().invoke(app, ["convert", "--input", str(model_dir), "--output", str(output), *args])
+    assert result.exit_code == 0, result.output
+    return output
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_experts_load_from_a_kt_convert_output(tmp_path: Path, method: str) -> None:
     model = tiny_model("qwen3_moe")
     model.save_pretrained(tmp_path / "model")
-    converted = tmp_path / "converted"
-    args = ["--input", str(tmp_path / "model"), "--output", str(converted), "--quant", method, "--group-size", "32"]
-    result = CliRunner().invoke(app, ["convert", *args])
-    assert result.exit_code == 0, result.output
+    converted = _kt_convert(tmp_path / "model", tmp_path / "converted", "--quant", method, "--group-size", "32")
     prompt = _prompt()
 
     # packed on first use from transformers' weights, for the same method
@@ -209,14 +213,9 @@ def test_experts_load_from_a_kt_convert_output(tmp_path: Path, method: str) -> N
 
 
 def test_load_converted_takes_the_layers_converted_and_refuses_another_model(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from ktforge.cli.commands import app
-
     model = tiny_model("qwen3_moe")
     model.save_pretrained(tmp_path / "model")
-    args = ["--input", str(tmp_path / "model"), "--output", str(tmp_path / "layer1"), "--layers", "1"]
-    assert CliRunner().invoke(app, ["convert", *args]).exit_code == 0
+    _kt_convert(tmp_path / "model", tmp_path / "layer1", "--layers", "1")
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.bfloat16)
     assert kt_hf.load_converted(loaded, tmp_path / "layer1") == [1]
     first, second = _experts_modules(loaded)
