@@ -56,11 +56,11 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::divide(int64_t n) {
-  const int threads = size();
-  for (int i = 0; i < threads; ++i) {
-    shares_[i].next.store(n * i / threads, std::memory_order_relaxed);
-    shares_[i].end = n * (i + 1) / threads;
+void ThreadPool::divide(int64_t n, int parts) {
+  for (int i = 0; i < size(); ++i) {  // threads from `parts` on get empty shares
+    const int64_t start = i < parts ? n * i / parts : n, end = i < parts ? n * (i + 1) / parts : n;
+    shares_[i].next.store(start, std::memory_order_relaxed);
+    shares_[i].end = end;
   }
 }
 
@@ -116,16 +116,13 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>
   error_ = nullptr;
   if (workers_.empty() || n == 1) {
     job_ = &fn;
-    for (int i = 0; i < size(); ++i) {
-      shares_[i].next.store(0, std::memory_order_relaxed);
-      shares_[i].end = i == 0 ? n : 0;
-    }
+    divide(n, 1);  // all of it for the calling thread
     run_tasks(0);
   } else {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = &fn;
-      divide(n);
+      divide(n, size());
       pending_atomic_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
       ++generation_;
       published_.store(generation_, std::memory_order_release);

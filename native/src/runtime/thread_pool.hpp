@@ -49,7 +49,8 @@ class ThreadPool {
     int64_t end = 0;
   };
   std::unique_ptr<Share[]> shares_;
-  void divide(int64_t n);
+  // Tasks [0, n) in `parts` contiguous shares, one per thread from the first.
+  void divide(int64_t n, int parts);
   std::atomic<int> pending_atomic_{0};
   std::atomic<uint64_t> published_{0};
   uint64_t generation_ = 0;
