@@ -74,6 +74,23 @@ def test_backends_agree_with_the_reference_backend(method: str) -> None:
         assert rel_err(outs[backend], outs["reference"].astype(np.float64)) < bound
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_at_the_largest_products_sums_exactly(sign: float, group: int) -> None:
+    # Every weight at its group's maximum (nibble 15) and every activation at +-127: the
+    # largest partial sums the SIMD kernels keep (the AVX2 path sums pmaddubsw pairs in 16
+    # bits for a few steps). A wrapped or saturated sum would be far off the definition.
+    E, k, H, I, T = 2, 1, 256, 128, 6
+    gate = np.full((E, I, H), 0.01, np.float32)
+    up, down = gate.copy(), np.full((E, H, I), 0.01, np.float32)
+    x = np.full((T, H), sign, np.float32)
+    ids, w = np.arange(T).reshape(T, 1) % E, np.ones((T, 1), np.float32)
+    for backend in ALL_BACKENDS:
+        moe = ktforge.MoE(E, k, H, I, method="int4", backend=backend, group_size=group)
+        moe.load_weights(gate, up, down)
+        assert rel_err(moe.forward(x, ids, w), expected(x, ids, w, gate, up, down, "int4", group)) < 1e-4, backend
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_int4_group_sizes(group: int) -> None:
     E, k, H, I, T = 3, 2, 200, 136, 9

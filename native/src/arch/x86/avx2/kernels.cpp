@@ -129,6 +129,12 @@ struct Int8Tile {
   }
 };
 
+// int4: a step's two pmaddubsw products (nibble x activation pairs, |sum| <= 2 * 15 * 127 each)
+// add up in 16 bits for kInt4Steps16 steps (4 * 7620 = 30480 < 32767: exact, never wraps)
+// before one pmaddwd widens them: 2.25 multiplies per 16 x 8 products instead of 3. Every
+// int4 group size (32, 64, 128: 4, 8, 16 steps) is a multiple of it.
+constexpr int kInt4Steps16 = 4;
+
 template <int M, int NB>
 struct Int4Tile {
   static void run(const int8_t* const* x, const int32_t* const* gsum, const float* xs, const uint8_t* panel,
@@ -140,23 +146,27 @@ struct Int4Tile {
     for (int g = 0; g < groups; ++g) {
       __m256i acc[M][2];
       for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-      for (int s = 0; s < steps; ++s) {
-        const int p = g * steps + s;
-        prefetch_panel(panel + p * 64);
-        __m256i lo[2], hi[2];
-        for (int h = 0; h < 2; ++h) {
-          __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
-          lo[h] = _mm256_and_si256(v, low);
-          hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        }
-        for (int i = 0; i < M; ++i) {
-          __m256i a_lo = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
-          __m256i a_hi = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
+      for (int s0 = g * steps; s0 < (g + 1) * steps; s0 += kInt4Steps16) {
+        __m256i acc16[M][2];
+        for (int i = 0; i < M; ++i) acc16[i][0] = acc16[i][1] = _mm256_setzero_si256();
+        for (int p = s0; p < s0 + kInt4Steps16; ++p) {
+          prefetch_panel(panel + p * 64);
+          __m256i lo[2], hi[2];
           for (int h = 0; h < 2; ++h) {
-            __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], a_lo), _mm256_maddubs_epi16(hi[h], a_hi));
-            acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(t, ones));
+            __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
+            lo[h] = _mm256_and_si256(v, low);
+            hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          }
+          for (int i = 0; i < M; ++i) {
+            __m256i a_lo = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
+            __m256i a_hi = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
+            for (int h = 0; h < 2; ++h)
+              acc16[i][h] = _mm256_add_epi16(
+                  acc16[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], a_lo), _mm256_maddubs_epi16(hi[h], a_hi)));
           }
         }
+        for (int i = 0; i < M; ++i)
+          for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(acc16[i][h], ones));
       }
       for (int i = 0; i < M; ++i) {
         __m256i offset = _mm256_set1_epi32(8 * gsum[i][g]);
@@ -243,13 +253,21 @@ double peak_ops(int kind, int64_t iterations) {
         q[c] = _mm256_add_epi32(q[c], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(wb, q[c])), ones));
     ops = 64;
   } else if (kind == 3) {
-    // int4: nibbles are unsigned already; two pmaddubsw products share one 16-bit add and pmaddwd
-    for (int64_t it = 0; it < iterations; ++it)
-      for (int c = 0; c < kChains; ++c)
-        q[c] = _mm256_add_epi32(
-            q[c], _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wa, q[c]), _mm256_maddubs_epi16(wb, q[c])),
-                                    ones));
-    ops = 128;
+    // int4, as the kernel runs it: nibbles are unsigned already; a step's two pmaddubsw products
+    // add up in 16 bits for kInt4Steps16 steps, then one pmaddwd widens them. Each 16-bit sum
+    // feeds its own next products (the compiler cannot compute them once for all the steps); 8
+    // chains, so sums, 2 wide accumulators and the constants fit the 16 registers.
+    constexpr int kInt4Chains = 8;
+    __m256i sum16[kInt4Chains];
+    for (int c = 0; c < kInt4Chains; ++c) sum16[c] = _mm256_set1_epi16(static_cast<int16_t>(c));
+    for (int64_t it = 0; it < iterations; ++it) {
+      for (int s = 0; s < kInt4Steps16; ++s)
+        for (int c = 0; c < kInt4Chains; ++c)
+          sum16[c] = _mm256_add_epi16(
+              sum16[c], _mm256_add_epi16(_mm256_maddubs_epi16(wa, sum16[c]), _mm256_maddubs_epi16(wb, sum16[c])));
+      for (int c = 0; c < kInt4Chains; ++c) q[c & 1] = _mm256_add_epi32(q[c & 1], _mm256_madd_epi16(sum16[c], ones));
+    }
+    ops = 128.0 * kInt4Steps16 * kInt4Chains / kChains;  // per chain of the common count below
   } else {
     return 0;
   }
