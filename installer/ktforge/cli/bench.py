@@ -247,8 +247,9 @@ def read_buffer_bytes(quick: bool = False) -> int:
 def peak_method(threads: int) -> str:
     size = read_buffer_bytes()
     return (
-        f"compute: best of {PEAK_RUNS} runs of the backend's dot-product sequence (12 independent chains) on each "
-        f"of {threads} threads; read: best of {PEAK_RUNS} passes over {size / (1 << 20):.0f} MiB (>= 8x the "
+        f"compute: best of {PEAK_RUNS} runs of the backend's dot-product sequence (enough independent "
+        f"accumulator chains to cover its latency) on each of {threads} threads; read: best of {PEAK_RUNS} "
+        f"passes over {size / (1 << 20):.0f} MiB (>= 8x the "
         "last-level cache; transparent huge pages, as the packed weights), each thread streaming its own "
         f"contiguous share, and one pass over {read_buffer_bytes(quick=True) / (1 << 20):.0f} MiB after every "
         "timed round of every case (interleaved with the kernels); compute re-measured after each case; the "
