@@ -78,6 +78,26 @@ def expected(
     return out.astype(F32)
 
 
+def expected_int8(x: Array, ids: Array, weights: Array, layer: dict[str, tuple[Array, Array]]) -> Array:
+    """``expected`` for int8 weights given already quantized: ``layer[p] = (q [E, N, K], scale [E, N])``
+    for p in gate, up, down (any int8 values, -128 included, as third-party quantizers write)."""
+
+    def matmul(a: Array, q: Array, scale: Array) -> Array:
+        aq, sa = quantize_rows(a, 127)
+        acc = (aq @ q.astype(np.int64).T).astype(F32)
+        return (acc * (scale[None, :] * sa[:, None])).astype(F32)
+
+    x = np.asarray(x, dtype=F32)
+    out = np.zeros((x.shape[0], layer["down"][0].shape[1]), dtype=np.float64)
+    for e in np.unique(ids):
+        tokens, slots = np.nonzero(ids == e)
+        xe = x[tokens]
+        g, u, d = ((layer[p][0][e], layer[p][1][e]) for p in ("gate", "up", "down"))
+        a = (silu(matmul(xe, *g)) * matmul(xe, *u)).astype(F32)
+        out[tokens] += weights[tokens, slots][:, None].astype(np.float64) * matmul(a, *d)
+    return out.astype(F32)
+
+
 def float_reference(x: Array, ids: Array, weights: Array, gate: Array, up: Array, down: Array) -> Array:
     x64 = np.asarray(x, dtype=np.float64)
     out = np.zeros((x.shape[0], down.shape[1]))

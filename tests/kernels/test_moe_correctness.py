@@ -14,7 +14,9 @@ import pytest
 import ktforge
 
 from .. import host
-from ..moe_reference import SHAPES, expected, float_reference, make_layer, rel_err, routing
+from ktforge.kernels.quantize import Quantized
+
+from ..moe_reference import SHAPES, expected, expected_int8, float_reference, make_layer, rel_err, routing
 
 METHODS = ("bf16", "int8", "int4")
 runnable_backends = host.runnable_backends
@@ -140,3 +142,26 @@ def test_a_backend_this_cpu_cannot_run_is_refused_with_the_reason() -> None:
         with pytest.raises(ValueError, match="not compiled into this build"):
             ktforge.MoE(2, 1, 32, 32, method="int8", backend=name)
     assert missing or absent or compiled >= {"amx", "avx512", "avx2"}
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("extreme", [False, True], ids=["random", "largest-products"])
+@pytest.mark.parametrize("T", [1, 40])  # decode rows, and enough per expert for the tile kernels
+def test_int8_weights_of_minus_128_are_exact(backend: str, extreme: bool, T: int) -> None:
+    # Third-party symmetric quantizers write -128; the kernels take the whole int8 range. The
+    # extreme case: every weight -128 and every activation +-127, the largest pair sums.
+    E, k, H, I = 3, 2, 136, 72
+    rng = np.random.default_rng(11)
+    layer = {}
+    for name, (N, K) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+        if extreme:
+            q = np.full((E, N, K), -128, np.int8)
+        else:
+            q = rng.integers(-128, 128, (E, N, K), dtype=np.int8)
+            q[rng.random((E, N, K)) < 0.25] = -128
+        layer[name] = (q, (rng.random((E, N)) * 1e-3 + 1e-4).astype(np.float32))
+    ids, w = routing(T, E, k)
+    x = (np.sign(rng.standard_normal((T, H))) if extreme else rng.standard_normal((T, H))).astype(np.float32)
+    moe = ktforge.MoE(E, k, H, I, method="int8", backend=backend, threads=2)
+    moe.load_quantized(*(Quantized(*layer[p]) for p in ("gate", "up", "down")))
+    assert rel_err(moe.forward(x, ids, w), expected_int8(x, ids, w, layer)) < 2e-3

@@ -1,8 +1,9 @@
 // AVX2/FMA kernels: the portable path for any x86-64 CPU from Haswell / Zen 1 on.
 //
-// bf16 is widened to fp32 (exact, in vdpbf16ps order); int8 uses vpmaddubsw with the
-// sign moved onto the weights (|x| * sign(w, x)), so with |x|, |w| <= 127 a pair sum
-// stays below 32767 and never saturates; int4 nibbles (0..15) are the unsigned operand,
+// bf16 is widened to fp32 (exact, in vdpbf16ps order); int8 uses vpmaddubsw on |w| and
+// the weight's sign moved onto the activation (|w| * sign(x, w)): |w| <= 128 fits a u8 (the
+// full int8 range, -128 included), |x| <= 127, so a pair sum (<= 32512) never saturates;
+// int4 nibbles (0..15) are the unsigned operand,
 // whose pair sums (<= 2 * 15 * 127) cannot saturate either.
 #include <immintrin.h>
 
@@ -110,13 +111,19 @@ struct Int8Tile {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int p = 0; p < kp4; ++p) {
       prefetch_panel(panel + p * 64);
-      __m256i b[2];
-      for (int h = 0; h < 2; ++h) b[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
+      // pmaddubsw multiplies unsigned by signed bytes: |weight| is the unsigned operand (128
+      // fits a u8: a weight of -128 is exact) and the weight's sign moves onto the activation
+      // (|activation| <= 127, so negating it cannot overflow); a pair sums to at most
+      // 2 * 128 * 127 = 32512, which never saturates.
+      __m256i b_abs[2], b[2];
+      for (int h = 0; h < 2; ++h) {
+        b[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
+        b_abs[h] = _mm256_abs_epi8(b[h]);
+      }
       for (int i = 0; i < M; ++i) {
         __m256i a = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
-        __m256i a_abs = _mm256_abs_epi8(a);
         for (int h = 0; h < 2; ++h) {
-          __m256i pairs = _mm256_maddubs_epi16(a_abs, _mm256_sign_epi8(b[h], a));
+          __m256i pairs = _mm256_maddubs_epi16(b_abs[h], _mm256_sign_epi8(a, b[h]));
           acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(pairs, ones));
         }
       }
@@ -246,8 +253,9 @@ double peak_ops(int kind, int64_t iterations) {
       for (int c = 0; c < kChains; ++c) f[c] = _mm256_fmadd_ps(f[c], fa, fb);
     ops = 16;
   } else if (kind == 2) {
-    // signed x signed bytes: pmaddubsw multiplies unsigned by signed bytes, so the sign moves
-    // onto the weights first (vpsignb); |activation| is taken once per broadcast, not here
+    // signed x signed bytes: pmaddubsw multiplies unsigned by signed bytes, so the weight's
+    // sign moves onto the activation first (vpsignb); |weight| is taken once per panel load
+    // and shared by every row, not here
     for (int64_t it = 0; it < iterations; ++it)
       for (int c = 0; c < kChains; ++c)
         q[c] = _mm256_add_epi32(q[c], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(wb, q[c])), ones));
