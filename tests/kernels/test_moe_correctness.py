@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 import ktforge
-
-from .. import host
 from ktforge.kernels.quantize import Quantized
 
+from .. import host
 from ..moe_reference import SHAPES, expected, expected_int8, float_reference, make_layer, rel_err, routing
 
 METHODS = ("bf16", "int8", "int4")
