@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,61 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ktforge"
+
+
+def private_cache_dir(*parts: str) -> Path | None:
+    """``cache_dir()/parts``, created private (0700), or None when it cannot be: unwritable (a
+    read-only HOME), or another user can write it or a parent of it. What is read from a
+    cache (compiled probes above all, which are executed) is trusted only there."""
+    path = cache_dir().joinpath(*parts)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path if owned_private_dir(path) else None
+
+
+def owned_private_dir(path: Path) -> bool:
+    """``path`` is a real directory of this user that no other user can write, nor replace
+    through a parent (one writable by others without the sticky bit, as /tmp has)."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        return False
+    for parent in path.resolve().parents:
+        try:
+            mode = parent.stat().st_mode
+        except OSError:
+            return False
+        if mode & 0o002 and not mode & stat.S_ISVTX:
+            return False
+    return True
+
+
+def file_is_ours(path: Path) -> bool:
+    """A cached file that may be used (run, for a binary): a regular file of this user,
+    writable by no other."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replaces ``path`` atomically through a new file of unique name (``mkstemp``: created
+    with O_EXCL, so a planted file or symlink is never followed)."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_toml(path: Path) -> dict[str, Any]:

@@ -98,6 +98,6 @@ def test_probe_with_garbage_output(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_no_compiler_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(probe_runner.shutil, "which", lambda name: None)
+    monkeypatch.setattr(probe_runner, "which", lambda name: None)
     outcome = probe_runner.run_probe("cpu")
     assert outcome.status == "no-compiler" and "install.sh deps" in outcome.detail

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,8 +21,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
+from ktforge import process
 from ktforge.build.planner import Plan, PlanError
 from ktforge.build.verify import Verified
+
+VERIFY_TIMEOUT_S = 600.0
 
 # --- building ------------------------------------------------------------------------------
 
@@ -40,11 +42,16 @@ def build_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _run_logged(command: list[str], log: Path, cwd: Path, env: dict[str, str] | None = None) -> bool:
+def _run_python_module(module: str, args: list[str], log: Path, cwd: Path, timeout: float | None = None) -> bool:
+    """``python -m module args`` (isolated: see ktforge.process), its output appended to ``log``."""
+    command = process.python_module_command(module, args)
     with log.open("a") as out:
-        out.write(f"\n$ {' '.join(command)}\n")
-        out.flush()
-        done = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        out.write(f"\n$ {sys.executable} -I -m {module} {' '.join(args)}\n")
+        try:
+            done = process.run(command, cwd=cwd, log=out, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out.write(f"\n(no result within {timeout:.0f} s: stopped)\n")
+            return False
     return done.returncode == 0
 
 
@@ -61,23 +68,14 @@ def build_wheel(plan: Plan, source: Path, step: Callable[[str], None]) -> tuple[
     # reuse this environment's build tools when it has them (fast, offline); else pip isolates
     local_tools = all(importlib.util.find_spec(m) for m in ("scikit_build_core", "pybind11"))
     # --config-settings, not -C: the pip of Debian 12's venvs (23.0) lacks the short form
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-deps",
-        "-w",
-        str(dist),
-        f"--config-settings=build-dir={work / 'cmake'}",
-    ]
+    pip_args = ["wheel", "--no-deps", "-w", str(dist), f"--config-settings=build-dir={work / 'cmake'}"]
     if local_tools:
-        command.insert(5, "--no-build-isolation")
+        pip_args.insert(2, "--no-build-isolation")
     for key, value in plan.cmake_defines.items():
-        command.append(f"--config-settings=cmake.define.{key}={value}")
-    command.append(str(source))
+        pip_args.append(f"--config-settings=cmake.define.{key}={value}")
+    pip_args.append(str(source))
     step(f"compiling {plan.backend} ({' '.join(plan.flags)})")
-    if not _run_logged(command, log, source):
+    if not _run_python_module("pip", pip_args, log, source):
         raise PlanError(f"the build failed; the full log is {log}")
     wheels = sorted(dist.glob("ktforge-*.whl"))
     if not wheels:
@@ -98,11 +96,14 @@ def verify_wheel(wheel: Path, log: Path) -> list[Verified]:
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(tmp)
         site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([tmp, *site]))
-        # -S: the unpacked wheel, not an installed (or editable) ktforge, is what gets imported
-        done = subprocess.run(
-            [sys.executable, "-S", "-m", "ktforge.build.verify"], capture_output=True, text=True, env=env, timeout=600
-        )
+        # site=False: the unpacked wheel, not an installed (or editable) ktforge, is what gets imported
+        command = process.python_module_command("ktforge.build.verify", paths=[tmp, *site], site=False)
+        try:
+            done = process.run(command, timeout=VERIFY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise PlanError(
+                f"verification did not finish within {VERIFY_TIMEOUT_S:.0f} s; nothing was installed"
+            ) from None
     with log.open("a") as out:
         out.write("\n$ verify\n" + done.stdout + done.stderr)
     if done.returncode != 0:
@@ -120,8 +121,7 @@ def verify_wheel(wheel: Path, log: Path) -> list[Verified]:
 
 
 def install_wheel(wheel: Path, log: Path) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)]
-    if not _run_logged(command, log, wheel.parent):
+    if not _run_python_module("pip", ["install", "--no-deps", "--force-reinstall", str(wheel)], log, wheel.parent):
         raise PlanError(f"installing {wheel.name} failed; the full log is {log}")
 
 
@@ -130,8 +130,7 @@ def repair_wheel(wheel: Path, dist: Path, log: Path) -> Path:
     links beside it); the repaired wheel goes to ``dist``."""
     out = Path(tempfile.mkdtemp(prefix="kt-repair-"))
     try:
-        command = [sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", str(out), str(wheel)]
-        if not _run_logged(command, log, wheel.parent):
+        if not _run_python_module("auditwheel", ["repair", "--wheel-dir", str(out), str(wheel)], log, wheel.parent):
             raise PlanError(f"auditwheel could not tag {wheel.name}; the full log is {log}")
         [repaired] = out.glob("*.whl")
         dist.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ktforge import process
 from ktforge.detect import dumps
 from ktforge.detect.report_types import (
     BlisDiscovery,
@@ -120,14 +121,24 @@ def from_file(path: str | Path) -> Evidence:
 
 def _command_output(command: list[str]) -> str | None:
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+        done = process.run(command, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
 
 
+# The most that live collection waits on external commands, in total (a hung compiler or
+# library costs one timeout each, then the rest is reported as not answered).
+LIVE_BUDGET_S = 90.0
+
+
 def collect_live(with_blis: bool = True) -> Evidence:
-    """Run every probe and read every source on this machine."""
+    """Run every probe and read every source on this machine, within LIVE_BUDGET_S."""
+    with process.time_budget(LIVE_BUDGET_S):
+        return _collect_live(with_blis)
+
+
+def _collect_live(with_blis: bool) -> Evidence:
     from ktforge.detect import blis, extension, pycpuinfo, system, toolchain
     from ktforge.detect.cpuid import decode, leaves_from_rows
     from ktforge.detect.probe_runner import run_probe

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from typing import Any, cast
 
+from ktforge import process
 from ktforge.detect.report_types import ExtensionStatus
 
 MODULE = "ktforge._native"
@@ -53,16 +54,27 @@ def _status(child: dict[str, Any], **changes: str) -> ExtensionStatus:
     return cast(ExtensionStatus, {k: v for k, v in {**child, **changes}.items() if k in known})
 
 
+def _json_object(line: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float = 30.0) -> ExtensionStatus:
     """Status of the extension: missing, broken, stale or ok, with what was learnt."""
     try:
-        # The child imports the way this process does (same interpreter, same site setting).
-        flags = ["-S"] if sys.flags.no_site else []
-        done = subprocess.run([python, *flags, "-c", _CHILD, module], capture_output=True, text=True, timeout=timeout_s)
+        # The child imports the way this process does (same interpreter, import path and site
+        # setting), isolated: nothing from the working directory.
+        command = process.python_command(_CHILD, [module], python=python, site=not sys.flags.no_site)
+        done = process.run(command, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"status": "broken", "error": f"importing {module} hung for {timeout_s:.0f} s"}
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    last: dict[str, Any] = lines[-1] if lines else {}
+        return {"status": "broken", "error": f"importing {module} did not finish in time"}
+    except OSError as exc:
+        return {"status": "broken", "error": f"could not start {python}: {exc.strerror or exc}"}
+    lines = [_json_object(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    last: dict[str, Any] = next((line for line in reversed(lines) if line is not None), {})
     if done.returncode < 0:
         try:
             sig = signal.Signals(-done.returncode).name

@@ -9,6 +9,7 @@ comes back as a :class:`ProbeOutcome` with a status; never as an exception.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -21,12 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ktforge import process
 from ktforge.detect.report_types import ProbeOutcomeJson
-from ktforge.resources import cache_dir, data_path
+from ktforge.process import which
+from ktforge.resources import data_path, file_is_ours, private_cache_dir
 
 PROBE_FLAGS = ("-O1", "-std=gnu11")
 PROBE_LIBS = {"blis": ("-ldl",)}
-COMPILE_TIMEOUT_S = 60.0
+COMPILE_TIMEOUT_S = 30.0
 RUN_TIMEOUT_S = 20.0
 
 
@@ -57,10 +60,10 @@ class ProbeOutcome:
 
 
 def find_c_compiler() -> str | None:
-    """$CC if set, else the first of cc, gcc, clang on PATH."""
+    """$CC if set, else the first of cc, gcc, clang on PATH (its absolute entries)."""
     candidates = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
     for name in candidates:
-        path = shutil.which(name.split()[0])
+        path = which(name.split()[0])
         if path:
             return path
     return None
@@ -78,34 +81,53 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
+_scratch: list[Path] = []
+
+
+def _scratch_dir() -> Path:
+    """A private temporary directory of this process (removed at exit): where probes are
+    compiled and run when the cache cannot be trusted or written."""
+    if not _scratch:
+        _scratch.append(Path(tempfile.mkdtemp(prefix="ktforge-probes-")))
+        atexit.register(shutil.rmtree, _scratch[0], True)
+    return _scratch[0]
+
+
 def compile_probe(name: str, compiler: str | None = None) -> tuple[Path | None, ProbeOutcome | None]:
-    """Return the cached binary of probe ``name``, compiling it if needed."""
+    """Return the binary of probe ``name``, compiling it if needed.
+
+    Binaries are executed, so one is taken from the cache only when the cache directory is
+    this user's and private, and the binary a regular file of this user that no other can
+    write; otherwise it is compiled into a private temporary directory for this run."""
     compiler = compiler or find_c_compiler()
     if compiler is None:
         return None, ProbeOutcome("no-compiler", "no C compiler found (set CC, or install gcc: ./install.sh deps)")
     source = data_path("probes", f"{name}.c")
     flags = (*PROBE_FLAGS, *PROBE_LIBS.get(name, ()))
-    key = hashlib.sha256(
-        source.read_bytes() + _compiler_identity(compiler).encode() + " ".join(flags).encode()
-    ).hexdigest()[:16]
-    binary = cache_dir() / "probes" / f"{name}-{key}"
-    if binary.exists():
+    try:
+        identity = _compiler_identity(compiler)
+    except OSError as exc:
+        return None, ProbeOutcome("compile-failed", f"cannot read {compiler}: {exc.strerror or exc}")
+    key = hashlib.sha256(source.read_bytes() + identity.encode() + " ".join(flags).encode()).hexdigest()[:16]
+    directory = private_cache_dir("probes") or _scratch_dir()
+    binary = directory / f"{name}-{key}"
+    if file_is_ours(binary):
         return binary, None
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=binary.parent) as tmp:
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:  # mkdtemp: private, a name of its own
         out = Path(tmp) / name
         # Libraries go after the source: the linker resolves left to right.
         command = [compiler, *PROBE_FLAGS, "-o", str(out), str(source), *PROBE_LIBS.get(name, ())]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return None, ProbeOutcome("compile-failed", f"{compiler} took over {COMPILE_TIMEOUT_S:.0f} s")
+            done = process.run(command, timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            return None, ProbeOutcome("compile-failed", f"{compiler} did not finish: {exc.output or ''}".strip())
         except OSError as exc:
             return None, ProbeOutcome("compile-failed", f"could not run {compiler}: {exc}")
         if done.returncode != 0:
             return None, ProbeOutcome(
                 "compile-failed", f"{' '.join(command)}\n{(done.stderr or done.stdout).strip()[-2000:]}"
             )
+        out.chmod(0o700)
         out.replace(binary)  # atomic: concurrent runs never see half a binary
     return binary, None
 
@@ -122,10 +144,12 @@ def run_probe(
     run_env = dict(os.environ)
     run_env.update(env or {})
     try:
-        done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=timeout_s, env=run_env)
+        done = process.run([str(binary), *args], timeout=timeout_s, env=run_env)
     except subprocess.TimeoutExpired as exc:
-        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        partial = exc.output if isinstance(exc.output, str) else ""
         return ProbeOutcome("timeout", f"no answer within {timeout_s:.0f} s; printed: {partial[-500:]!r}")
+    except OSError as exc:
+        return ProbeOutcome("crashed", f"could not run {binary}: {exc.strerror or exc}")
     if done.returncode < 0:
         return ProbeOutcome(
             "crashed",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 
+from ktforge import process
 from ktforge.detect.features import PYCPUINFO_NAMES
 from ktforge.detect.report_types import PycpuinfoResult
 
@@ -44,7 +44,7 @@ def collect(timeout_s: float = 20.0) -> PycpuinfoResult:
     if importlib.util.find_spec("cpuinfo") is None:
         return {"status": "unavailable", "detail": "py-cpuinfo is not installed (pip install py-cpuinfo)"}
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=timeout_s)
+        done = process.run(process.python_command(_CHILD), timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"status": "failed", "detail": f"py-cpuinfo's CPUID child did not finish: {exc}"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

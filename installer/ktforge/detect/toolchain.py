@@ -6,18 +6,20 @@ Flag support is established by compiling an empty translation unit with the flag
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from ktforge import process
 from ktforge.detect.report_types import Compiler, Tool, Toolchain
-from ktforge.resources import cache_dir
+from ktforge.process import which
+from ktforge.resources import file_is_ours, private_cache_dir, write_private
 
 # Flags the recipes rely on; doctor reports each compiler's answer for all of them.
 PROBED_FLAGS = (
@@ -32,11 +34,12 @@ PROBED_FLAGS = (
     "-march=znver4",
 )
 COMPILER_NAMES = ("g++", "clang++", "gcc", "clang")
+CACHE_NAME = "toolchain.json"
 
 
-def _run(command: list[str], timeout: float = 30.0, stdin: str | None = None) -> tuple[int, str]:
+def _run(command: list[str], timeout: float = 15.0, stdin: str | None = None) -> tuple[int, str]:
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, input=stdin)
+        done = process.run(command, timeout=timeout, input=stdin)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 127, str(exc)
     return done.returncode, (done.stdout + done.stderr).strip()
@@ -72,23 +75,24 @@ def accepts(path: str, flags: Sequence[str]) -> bool:
 
 
 def _load_cache() -> dict[str, Any]:
-    path = cache_dir() / "toolchain.json"
+    """The cached answers, from a private cache only (a planted file could claim flags work)."""
+    directory = private_cache_dir()
+    path = directory / CACHE_NAME if directory else None
+    if path is None or not file_is_ours(path):
+        return {}
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(path.read_bytes().decode("utf-8", errors="replace"))
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def _save_cache(data: dict[str, Any]) -> None:
-    path = cache_dir() / "toolchain.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs time
+    directory = private_cache_dir()
+    if directory is None:
+        return  # no private cache (read-only HOME, shared directory): answers are found again next time
+    with contextlib.suppress(OSError):  # a full disk only costs time
+        write_private(directory / CACHE_NAME, json.dumps(data, indent=1, sort_keys=True).encode())
 
 
 def describe_compiler(path: str, cache: dict[str, Any]) -> Compiler:
@@ -110,7 +114,7 @@ def describe_compiler(path: str, cache: dict[str, Any]) -> Compiler:
 
 
 def _tool_version(name: str, cache: dict[str, Any]) -> Tool:
-    path = shutil.which(name)
+    path = which(name)
     if path is None:
         return {"name": name, "path": None, "version": None}
     key = f"tool:{_identity(path)}"
@@ -130,10 +134,10 @@ def collect() -> Toolchain:
     paths: list[str] = []
     for var in ("CXX", "CC"):
         if os.environ.get(var):
-            found = shutil.which(os.environ[var].split()[0])
+            found = which(os.environ[var].split()[0])
             if found:
                 paths.append(found)
-    paths += [p for p in (shutil.which(n) for n in COMPILER_NAMES) if p]
+    paths += [p for p in (which(n) for n in COMPILER_NAMES) if p]
     compilers = [describe_compiler(p, cache) for p in dict.fromkeys(paths)]
     include = sysconfig.get_paths().get("include", "")
     result: Toolchain = {

@@ -1,0 +1,155 @@
+"""Starting other programs: no code from the working directory, a time limit that ends the
+whole process group, output decoded whatever its bytes, a total time budget.
+
+Every external command ktforge runs (compilers, probes, ``lscpu``, child Pythons, pip) goes
+through :func:`run`:
+
+- the command runs in a session of its own, so a timeout kills it *and* whatever it started
+  (a ``cc`` wrapper script's compiler, a shell's grandchild holding the pipes);
+- a program that did not answer in time once is not waited for again in this process: a hung
+  ``cc`` costs one timeout, not one per probe and flag;
+- :func:`time_budget` caps the sum of all waits (``kt doctor`` gives up on what is left, it
+  does not hang);
+- output is text with undecodable bytes replaced (a tool printing Latin-1 is not an error);
+- standard input is empty unless given (nothing waits for a terminal).
+
+Child Pythons are started by :func:`python_command`: isolated (``-I``: no working directory
+or script directory on ``sys.path``, no ``PYTHON*`` variables, no user site), with this
+process's import path handed over explicitly, minus the working directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+# Executables (real paths) that ran past their time limit in this process.
+_hung: set[str] = set()
+_deadline: float | None = None
+
+
+@contextlib.contextmanager
+def time_budget(seconds: float) -> Iterator[None]:
+    """Every :func:`run` inside waits at most until ``seconds`` from now, in total."""
+    global _deadline
+    previous = _deadline
+    _deadline = time.monotonic() + seconds if previous is None else min(previous, time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _deadline = previous
+
+
+def which(name: str) -> str | None:
+    """``shutil.which`` over the absolute entries of ``PATH`` only: an empty or relative entry
+    (``PATH=.:$PATH``, a trailing colon) would run a program from the working directory."""
+    entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    path = os.pathsep.join(p for p in entries if Path(p).is_absolute())
+    return shutil.which(name, path=path)
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float | None,
+    input: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    log: IO[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``argv``; output captured as text (or appended to ``log``, stderr included).
+
+    Raises ``subprocess.TimeoutExpired`` (with what it printed) when the command ran past
+    ``timeout`` or the budget, after killing its process group, and at once for a program
+    that hung before. ``OSError`` when it cannot be started."""
+    program = argv[0] if os.sep in argv[0] else which(argv[0])
+    if program is None:  # never Popen's own search, which takes relative PATH entries
+        raise FileNotFoundError(errno.ENOENT, f"{argv[0]}: not found on PATH", argv[0])
+    executable = os.path.realpath(program)
+    limit = timeout
+    if _deadline is not None:
+        left = max(0.0, _deadline - time.monotonic())
+        limit = left if limit is None else min(limit, left)
+    if executable in _hung:
+        raise subprocess.TimeoutExpired(list(argv), 0, output=f"{argv[0]} did not answer earlier in this run")
+    if limit is not None and limit <= 0:
+        raise subprocess.TimeoutExpired(list(argv), 0, output="the time budget for external commands is spent")
+    if log is not None:
+        log.flush()
+    with subprocess.Popen(
+        [program, *argv[1:]],
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=log if log is not None else subprocess.PIPE,
+        stderr=subprocess.STDOUT if log is not None else subprocess.PIPE,
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        start_new_session=True,  # its own process group: a timeout ends everything it started
+    ) as process:
+        try:
+            out, err = process.communicate(None if input is None else input.encode(), timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            _hung.add(executable)
+            try:  # what it printed so far; a descendant that left the group may hold the pipes
+                out, err = process.communicate(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                out, err = b"", b""
+            raise subprocess.TimeoutExpired(list(argv), limit or 0, output=_text(out), stderr=_text(err)) from None
+        except BaseException:
+            _kill_group(process)
+            raise
+    return subprocess.CompletedProcess(list(argv), process.returncode, _text(out), _text(err))
+
+
+def _text(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", errors="replace")
+
+
+def import_path() -> list[str]:
+    """This process's import path for a child Python: ``PYTHONPATH`` and ``sys.path``, absolute
+    entries only, without the working directory."""
+    cwd = Path.cwd().resolve()
+    entries = [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path]
+    kept = [p for p in entries if p and Path(p).is_absolute() and Path(p).resolve() != cwd]
+    return list(dict.fromkeys(kept))
+
+
+def python_command(
+    code: str,
+    args: Sequence[str] = (),
+    *,
+    python: str = sys.executable,
+    paths: Sequence[str] | None = None,
+    site: bool = True,
+) -> list[str]:
+    """argv running ``code`` in an isolated child Python whose ``sys.path`` starts with
+    ``paths`` (default: :func:`import_path` when ``python`` is this interpreter, else none);
+    ``site=False`` adds ``-S`` (no site-packages but ``paths``)."""
+    if paths is None:
+        paths = import_path() if os.path.realpath(python) == os.path.realpath(sys.executable) else []
+    prelude = f"import sys\nsys.path[:0] = {list(paths)!r}\n"
+    return [python, "-I", *([] if site else ["-S"]), "-c", prelude + code, *args]
+
+
+def python_module_command(
+    module: str, args: Sequence[str] = (), *, paths: Sequence[str] | None = None, site: bool = True
+) -> list[str]:
+    """argv running ``python -m module args`` the way :func:`python_command` runs code."""
+    code = f"import runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+    return python_command(code, args, paths=paths, site=site)

@@ -1,0 +1,225 @@
+"""What ktforge starts: nothing from the working directory or from a cache another user can
+write; every command's time limit ends its whole process group; a total time budget; tool
+output of any bytes. (ktforge.process, ktforge.resources, the probe runner and toolchain cache.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ktforge import process, resources
+from ktforge.detect import probe_runner, toolchain
+
+KT = str(Path(sys.executable).parent / "kt")  # the console script, as users run it
+
+# Modules the doctor's children import (json, the CPUID decoder, numpy, ktforge itself): each
+# planted in the working directory creates PWNED when imported.
+PLANTED = ("json.py", "numpy.py", "cpuinfo.py", "ml_dtypes.py", "typer.py", "ktforge/__init__.py", "sitecustomize.py")
+
+
+def _plant(directory: Path) -> Path:
+    marker = directory / "PWNED"
+    for name in PLANTED:
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    return marker
+
+
+@pytest.mark.parametrize("args", [["doctor", "--json"], ["build", "--plan", "--json"]], ids=["doctor", "build-plan"])
+def test_no_code_from_the_working_directory_runs(args: list[str], tmp_path: Path) -> None:
+    # A freshly cloned model repository with Python files at its top, and a PATH with "." in it.
+    marker = _plant(tmp_path)
+    env = dict(os.environ, PATH=f".:{os.environ['PATH']}:")
+    (tmp_path / "lscpu").write_text(f"#!/bin/sh\necho lscpu >> {marker}\n")
+    (tmp_path / "lscpu").chmod(0o755)
+    if args[0] == "build":
+        args = [*args, "--source", str(Path(__file__).parents[1])]
+    done = subprocess.run([KT, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), f"ran from the working directory: {marker.read_text()}"
+    assert done.returncode in (0, 1), done.stderr
+    json.loads(done.stdout)  # the whole report, not a give-up
+
+
+def test_a_child_python_sees_this_process_path_but_not_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = _plant(tmp_path)
+    elsewhere = tmp_path / "lib"
+    elsewhere.mkdir()
+    (elsewhere / "kt_probe_module.py").write_text("VALUE = 42\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", f"{elsewhere}:.:")
+    code = "import json, kt_probe_module, ktforge; print(json.dumps([kt_probe_module.VALUE, ktforge.__file__]))"
+    done = process.run(process.python_command(code), timeout=60)
+    assert done.returncode == 0, done.stderr
+    value, where = json.loads(done.stdout)
+    assert value == 42 and not where.startswith(str(tmp_path))
+    assert not marker.exists()
+
+
+def test_a_timeout_ends_the_whole_process_group(tmp_path: Path) -> None:
+    # A shell whose grandchild holds the pipes: killing only the shell would leave the read
+    # waiting for the grandchild (the doctor behind a `cc` wrapper script).
+    pid_file = tmp_path / "grandchild"
+    script = tmp_path / "slow-tool"
+    script.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pid_file}\necho started\nwait\n")
+    script.chmod(0o755)
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        process.run([str(script)], timeout=1.0)
+    assert time.monotonic() - start < 10
+    assert "started" in str(caught.value.output)
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{grandchild}").exists() or "Z" in _state(grandchild):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the grandchild outlived the timeout")
+    # the same program is not waited for again in this process
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as again:
+        process.run([str(script)], timeout=60)
+    assert time.monotonic() - start < 1 and "did not answer earlier" in str(again.value.output)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_the_time_budget_caps_all_waits_together(tmp_path: Path) -> None:
+    tools = []
+    for name in ("a", "b", "c"):
+        tool = tmp_path / name
+        tool.write_text("#!/bin/sh\nexec sleep 600\n")
+        tool.chmod(0o755)
+        tools.append(tool)
+    start = time.monotonic()
+    with process.time_budget(2.0):
+        for tool in tools:
+            with pytest.raises(subprocess.TimeoutExpired):
+                process.run([str(tool)], timeout=30)
+    assert time.monotonic() - start < 8
+
+
+def test_output_of_any_bytes_is_text(tmp_path: Path) -> None:
+    tool = tmp_path / "latin1"
+    tool.write_bytes(b"#!/bin/sh\nprintf 'Mod\\350le: \\377\\n'\n")
+    tool.chmod(0o755)
+    assert process.run([str(tool)], timeout=10).stdout == "Mod\ufffdle: \ufffd\n"
+
+
+def test_which_ignores_relative_path_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cc").write_text("#!/bin/sh\n")
+    (tmp_path / "cc").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", ".::bin")
+    assert process.which("cc") is None
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert process.which("cc") == str(tmp_path / "cc")
+
+
+# ---- caches ---------------------------------------------------------------------------------
+
+
+def _shared_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """KTFORGE_CACHE_DIR on a directory every user can write (a shared scratch space)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(shared / "ktforge"))
+    return shared / "ktforge"
+
+
+def test_a_probe_cached_where_others_can_write_is_never_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = _shared_cache(tmp_path, monkeypatch)
+    assert resources.private_cache_dir("probes") is None  # /shared is 0777 without the sticky bit
+    marker = tmp_path / "PWNED"
+    # what an attacker leaves where the probe binary would be cached
+    binary, _ = probe_runner.compile_probe("cpu")
+    assert binary is not None and not binary.is_relative_to(cache)
+    planted = cache / "probes" / binary.name
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text(f"#!/bin/sh\ntouch {marker}\necho '{{}}'\n")
+    planted.chmod(0o777)
+    outcome = probe_runner.run_probe("cpu")
+    assert outcome.ok and outcome.data and outcome.data.get("leaves")
+    assert not marker.exists()
+
+
+def test_a_replaced_binary_in_the_private_cache_is_not_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    binary, _ = probe_runner.compile_probe("cpu")
+    assert binary is not None and binary.parent == tmp_path / "cache" / "probes"
+    assert stat.S_IMODE((tmp_path / "cache" / "probes").stat().st_mode) == 0o700
+    marker = tmp_path / "PWNED"
+    binary.unlink()
+    binary.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    binary.chmod(0o777)  # writable by others: not trusted, compiled again
+    assert probe_runner.run_probe("cpu").ok
+    assert not marker.exists()
+    assert stat.S_IMODE(binary.stat().st_mode) == 0o700
+
+
+def test_an_unwritable_cache_costs_time_not_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    read_only = tmp_path / "home"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(read_only / "ktforge"))
+    if os.geteuid() == 0:  # root writes anywhere: a path under a regular file cannot be created by anyone
+        (tmp_path / "file").write_text("")
+        monkeypatch.setenv("KTFORGE_CACHE_DIR", str(tmp_path / "file" / "ktforge"))
+    assert resources.private_cache_dir("probes") is None
+    assert probe_runner.run_probe("cpu").ok
+    assert toolchain.collect()["compilers"]
+
+
+def test_the_toolchain_cache_never_follows_a_planted_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    cache = resources.private_cache_dir()
+    assert cache is not None
+    for pid in range(os.getpid() - 5, os.getpid() + 50):  # every name the old code could have used
+        (cache / f"toolchain.{pid}.tmp").symlink_to(victim)
+    (cache / toolchain.CACHE_NAME).symlink_to(victim)
+    toolchain.collect()
+    assert victim.read_text() == "keep me"
+    assert not (cache / toolchain.CACHE_NAME).is_symlink()  # replaced by a file of its own
+    json.loads((cache / toolchain.CACHE_NAME).read_text())
+
+
+def test_a_hung_compiler_costs_one_timeout_not_one_per_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `cc` first on PATH never answers, through a shell whose child holds the pipes.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("cc", "gcc", "g++", "clang", "clang++"):
+        (bin_dir / name).write_text("#!/bin/sh\nsleep 600\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(probe_runner, "COMPILE_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(process, "_hung", set())
+    from ktforge.detect import evidence
+
+    monkeypatch.setattr(evidence, "LIVE_BUDGET_S", 6.0)
+    start = time.monotonic()
+    seen = evidence.collect_live()
+    assert time.monotonic() - start < 30
+    assert seen.cpu_probe is not None and seen.cpu_probe["status"] == "compile-failed"
+    assert seen.amx_probe is not None and seen.amx_probe["status"] == "compile-failed"
+    assert shutil.which("cc") == str(bin_dir / "cc")
