@@ -6,6 +6,7 @@ AOCL's integer GEMM needs AVX-512 VNNI (Zen 4+, Ice Lake+); its bf16 GEMM also r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -104,3 +105,20 @@ def test_without_a_named_library_only_an_amd_blis_build_has_one(monkeypatch: pyt
     else:
         with pytest.raises(ValueError, match="kt build --backend amd-blis"):
             ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "relative"])
+def test_a_library_that_is_no_regular_file_is_refused_without_reading_it(
+    kind: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # a FIFO would block the loader forever; a relative path would be the working directory's
+    target = tmp_path / "libblis-mt.so"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "directory":
+        target.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KTFORGE_BLIS_LIBRARY", "./libblis-mt.so" if kind == "relative" else str(target))
+    reason = {"fifo": "not a regular file", "directory": "not a regular file", "relative": "not an absolute path"}
+    with pytest.raises(ValueError, match=rf"cannot load BLIS library .*: {reason[kind]}"):
+        ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis")

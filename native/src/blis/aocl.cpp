@@ -1,7 +1,9 @@
 #include "blis/aocl.hpp"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include <map>
@@ -82,8 +84,21 @@ const Aocl& Aocl::load(const std::string& path) {
   static std::mutex mutex;
   static std::map<std::string, std::unique_ptr<Aocl>> loaded;
   std::lock_guard<std::mutex> lock(mutex);
-  auto& slot = loaded[path];
-  if (slot) return *slot;
+  if (auto found = loaded.find(path); found != loaded.end()) return *found->second;
+  // dlopen reads whatever it is given: a FIFO would block forever, a device read without end.
+  // A path is absolute and a regular file; a bare name is the loader's to find (never the
+  // working directory); a relative path would be the working directory's.
+  if (path.empty() || path.find('/') != std::string::npos) {
+    struct stat info {};
+    const char* why = path.empty() || path[0] != '/' ? "not an absolute path"
+                      : stat(path.c_str(), &info) != 0 ? std::strerror(errno)
+                      : !S_ISREG(info.st_mode)         ? "not a regular file"
+                                                       : nullptr;
+    if (why)
+      throw std::invalid_argument("cannot load BLIS library '" + path + "': " + why +
+                                  " (check KTFORGE_BLIS_LIBRARY; `kt doctor --check blis.found` lists the libraries "
+                                  "found)");
+  }
   // RTLD_NOW: a library missing symbols fails here, with the loader's message, not later.
   // Wheels bundle a library's dependencies beside it (libomp for aoclda) without an rpath:
   // load such a sibling by absolute path first, so no LD_LIBRARY_PATH is needed.
@@ -104,6 +119,7 @@ const Aocl& Aocl::load(const std::string& path) {
   if (!handle)
     throw std::invalid_argument("cannot load BLIS library " + path + ": " + error +
                                 " (check it with `kt doctor --check blis.found`)");
+  auto& slot = loaded[path];
   auto lib = std::make_unique<Aocl>();
   lib->path_ = path;
   auto sym = [&](const char* name) { return dlsym(handle, name); };
