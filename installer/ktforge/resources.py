@@ -86,14 +86,17 @@ def file_is_ours(path: Path) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Replaces ``path`` atomically through a new file of unique name (``mkstemp``: created
-    with O_EXCL, so a planted file or symlink is never followed)."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Replaces ``path`` atomically (fsynced) through a new file of unique name (``mkstemp``:
+    created with O_EXCL and mode 0600, so a planted file or symlink is never followed)."""
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)
             handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)

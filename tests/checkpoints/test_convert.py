@@ -220,11 +220,15 @@ def test_interrupted_conversion_resumes_without_redoing_finished_layers(tmp_path
         if label == "layer 1" and done > plan.source_bytes(0):
             raise KeyboardInterrupt
 
-    with plan.checkpoint, pytest.raises(KeyboardInterrupt):
+    with plan, pytest.raises(KeyboardInterrupt):
         convert.run(plan, 2, stop_in_second_layer)
     # never looks complete: no manifest, no half-written layer, the finished one recorded
     assert not (out / "manifest.json").exists()
-    assert sorted(p.name for p in out.iterdir()) == [".ktforge-convert.json", "layer-000.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".ktforge-convert.json",
+        ".ktforge-convert.lock",  # kept: removing a lock file would let two writers in
+        "layer-000.safetensors",
+    ]
     with pytest.raises(ValueError, match=r"unfinished.*run the same `kt convert` command again"):
         ktforge.MoE.from_pretrained(out, layer=0)
     # a crash mid-write also leaves a .partial file behind; it is discarded
@@ -235,6 +239,7 @@ def test_interrupted_conversion_resumes_without_redoing_finished_layers(tmp_path
     assert "1 already done, resuming" in result.output
     assert (out / "layer-000.safetensors").stat().st_mtime_ns == first.st_mtime_ns
     assert sorted(p.name for p in out.iterdir()) == [
+        ".ktforge-convert.lock",
         "layer-000.safetensors",
         "layer-001.safetensors",
         "layer-002.safetensors",
@@ -406,7 +411,7 @@ def test_conversion_memory_is_bounded_by_a_few_experts(tmp_path: Path) -> None:
 
     plan.checkpoint.expert = tracking  # type: ignore[method-assign]
     consumed: list[int] = []
-    with plan.checkpoint:
+    with plan:
         for expert, _, _ in convert.quantized_experts(plan.checkpoint, 1, plan.options, 2, lambda *_: None):
             consumed.append(expert)
             assert max(seen) - expert <= 4  # at most 2 x threads experts in flight

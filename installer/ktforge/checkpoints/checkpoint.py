@@ -11,15 +11,15 @@ their ``weight_scale_inv`` block scales (DeepSeek-V3: 128 x 128 blocks, from
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import threading
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
+from ktforge.checkpoints.files import UnsafePath, member, open_regular, read_json
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
 from ktforge.kernels.quantize import Fp8Blocks
 from ktforge.resources import data_path, load_toml
@@ -57,7 +57,7 @@ def architectures() -> dict[str, Architecture]:
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -70,14 +70,14 @@ class Checkpoint:
             raise CheckpointError(f"input type must be auto or one of {', '.join(INPUT_TYPES)}, got {input_type!r}")
         self.input_type = input_type
         config_path = self.path / "config.json"
-        if not config_path.is_file():
+        if not config_path.exists():
             raise CheckpointError(f"{config_path}: not found (expected a Hugging Face checkpoint directory)")
         try:
-            config = json.loads(config_path.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError as error:
-            raise CheckpointError(f"{config_path}: not UTF-8 text (byte {error.start}); not a config.json") from error
-        except (OSError, json.JSONDecodeError) as error:
-            raise CheckpointError(f"{config_path}: cannot be read as JSON ({error})") from error
+            config = read_json(member(self.path, "config.json", str(self.path)), "a config.json")
+        except OSError as error:
+            raise CheckpointError(f"{config_path}: cannot be read ({error.strerror})") from error
+        except ValueError as error:
+            raise CheckpointError(str(error)) from None
         if not isinstance(config, dict):
             raise CheckpointError(f"{config_path}: a JSON {type(config).__name__}, not an object of settings")
         self.config: dict[str, Any] = config
@@ -128,10 +128,11 @@ class Checkpoint:
         if (
             not isinstance(block, list)
             or len(block) != 2
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+            or not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < 2**31 for b in block)
         ):
             raise CheckpointError(
-                f"{config_path}: quantization_config.weight_block_size must be two positive integers, got {block!r}"
+                f"{config_path}: quantization_config.weight_block_size must be two positive integers below 2^31, "
+                f"got {str(block)[:80]}"
             )
         return (block[0], block[1])
 
@@ -139,16 +140,19 @@ class Checkpoint:
 
     def _weight_map(self) -> dict[str, str]:
         index = self.path / INDEX_NAME
-        if index.is_file():
+        if index.exists() or index.is_symlink():
             try:
-                document = json.loads(index.read_bytes().decode("utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise CheckpointError(f"{index}: not a valid shard index ({error})") from error
+                document = read_json(member(self.path, INDEX_NAME, str(self.path)), "a shard index")
+            except OSError as error:
+                raise CheckpointError(f"{index}: cannot be read ({error.strerror})") from error
+            except ValueError as error:
+                raise CheckpointError(f"{error} (not a valid shard index)") from None
             weight_map = document.get("weight_map") if isinstance(document, dict) else None
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise CheckpointError(f"{index}: weight_map must map tensor names to shard file names")
-            if any("/" in v or v.startswith(".") for v in weight_map.values()):
-                raise CheckpointError(f"{index}: weight_map names a shard outside the checkpoint directory")
+            for shard in set(weight_map.values()):
+                if PurePosixPath(shard).is_absolute() or ".." in PurePosixPath(shard).parts:
+                    raise CheckpointError(f"{index}: weight_map names a shard outside the checkpoint directory")
             return {str(k): v for k, v in weight_map.items()}
         shards = sorted(p.name for p in self.path.glob("*.safetensors"))
         if not shards:
@@ -158,9 +162,12 @@ class Checkpoint:
     def _open(self, shard: str) -> SafetensorsFile:
         with self._lock:
             if shard not in self._files:
-                path = self.path / shard
-                if not path.is_file():
-                    raise CheckpointError(f"{path}: listed in {INDEX_NAME} but missing")
+                if not (self.path / shard).exists():
+                    raise CheckpointError(f"{self.path / shard}: listed in {INDEX_NAME} but missing")
+                try:
+                    path = member(self.path, shard, f"{self.path}: shard")
+                except UnsafePath as error:
+                    raise CheckpointError(str(error)) from None
                 self._files[shard] = SafetensorsFile(path)
             return self._files[shard]
 
@@ -174,11 +181,16 @@ class Checkpoint:
         template = self.arch.tensor.format(layer=layers[0], expert="EXPERT", projection=self.arch.projections["gate"])
         expert_pattern = re.escape(template).replace("EXPERT", r"(\d+)", 1)
         stored = {int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(expert_pattern, name))}
+        field = self._fields["experts"]
         if stored and max(stored) >= self.experts:
-            field = self._fields["experts"]
             raise CheckpointError(
                 f"{self.path}: layer {layers[0]} holds expert {max(stored)}, but config.json says {field} = "
                 f"{self.experts}; the config does not describe these files"
+            )
+        if len(stored) != self.experts:  # a config claiming more experts than the files hold
+            raise CheckpointError(
+                f"{self.path}: config.json says {field} = {self.experts}, but layer {layers[0]} holds {len(stored)} "
+                "experts; the config does not describe these files"
             )
         return layers
 

@@ -18,6 +18,7 @@ into its place in the layer file before the next.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -31,13 +32,16 @@ from typing import Any
 
 from ktforge import __version__
 from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
+from ktforge.checkpoints.files import UnsafePath, member, read_json
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
 from ktforge.kernels.quantize import GROUP_SIZES, METHODS, Quantized, quantize, shapes
+from ktforge.resources import write_atomic
 
 FORMAT = "ktforge-moe-experts"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STATE = ".ktforge-convert.json"
+LOCK = ".ktforge-convert.lock"
 
 
 class ConversionError(ValueError):
@@ -74,15 +78,24 @@ def parse_layers(spec: str | None, available: list[int]) -> list[int]:
         except ValueError:
             low, high = 0, -1
         if high < low:
-            raise ConversionError(f"--layers: cannot read {part.strip()!r} (use forms like 3, 0-5 or 1,4,7-9)")
+            raise ConversionError(f"--layers: cannot read {_clip(part.strip())!r} (use forms like 3, 0-5 or 1,4,7-9)")
+        if low < 0 or high > max(available):  # before expanding it: 0-100000000000 is a typo, not a plan
+            raise ConversionError(
+                f"--layers: {_clip(part.strip())} goes beyond the model's layers; MoE layers are "
+                f"{format_layers(available)}"
+            )
         chosen.update(range(low, high + 1))
     missing = sorted(chosen - set(available))
     if missing:
         raise ConversionError(
-            f"--layers: layer(s) {', '.join(map(str, missing))} hold no routed experts; "
+            f"--layers: layer(s) {_clip(format_layers(missing))} hold no routed experts; "
             f"MoE layers are {format_layers(available)}"
         )
     return sorted(chosen)
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def format_layers(values: list[int]) -> str:
@@ -191,13 +204,32 @@ def convert_layer(
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("w") as f:
-        json.dump(document, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    partial.replace(path)
+    write_atomic(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), mode=0o644)
+
+
+class OutputBusy(ConversionError):
+    """Another conversion holds the output directory's lock."""
+
+
+def _lock_output(output: Path) -> int:
+    """The output directory's lock (one writer per directory), held until the fd is closed."""
+    output.mkdir(parents=True, exist_ok=True)
+    fd = os.open(output / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", errors="replace").strip()
+        os.close(fd)
+        raise OutputBusy(
+            f"another kt convert{f' (process {holder})' if holder.isdigit() else ''} is writing into {output}; "
+            "wait for it to finish and run this command again, or choose another --output"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 @dataclass
@@ -208,6 +240,19 @@ class Plan:
     layers: list[int]
     done: dict[str, Any]  # layer (as a string) -> manifest entry, finished earlier
     header: dict[str, Any]  # what the manifest says besides the layers
+    lock: int = -1  # the output directory's lock (a file descriptor), held while the plan lives
+
+    def close(self) -> None:
+        self.checkpoint.close()
+        if self.lock >= 0:
+            os.close(self.lock)
+            self.lock = -1
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     @property
     def todo(self) -> list[int]:
@@ -253,34 +298,47 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
             "top_k": checkpoint.top_k,
             "source": {"path": str(input_dir.resolve()), **checkpoint.source_identity()},
         }
-        done: dict[str, Any] = {}
-        for existing in (MANIFEST, STATE):
-            path = output / existing
-            if not path.is_file():
-                continue
-            try:
-                previous = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as error:
-                raise ConversionError(f"{path}: unreadable ({error}); remove it or choose another --output") from error
-            differences = [
-                f"{key}: {previous.get(key)!r} there, {value!r} now"
-                for key, value in header.items()
-                if key != "source" and previous.get(key) != value
-            ]
-            if _identity(previous.get("source", {})) != _identity(header["source"]):
-                differences.append("source checkpoint: different files (hashes differ)")
-            if differences:
-                raise ConversionError(
-                    f"{output} holds {'a conversion' if existing == MANIFEST else 'an unfinished conversion'} made "
-                    f"differently ({'; '.join(differences)}); choose another --output or remove it"
-                )
-            for key, entry in previous.get("layers", {}).items():
-                if (output / entry["file"]).is_file() and (output / entry["file"]).stat().st_size == entry["bytes"]:
-                    done[key] = entry
-        return Plan(checkpoint, options, output, chosen, done, header)
+        lock = _lock_output(output)  # from here to the end of the run: what is read stays true
+        result = Plan(checkpoint, options, output, chosen, {}, header, lock)
     except BaseException:
         checkpoint.close()
         raise
+    try:
+        result.done = _finished_layers(output, header)
+    except BaseException:
+        result.close()
+        raise
+    return result
+
+
+def _finished_layers(output: Path, header: dict[str, Any]) -> dict[str, Any]:
+    """Layers an earlier run of the same conversion finished (in its manifest or state file)."""
+    done: dict[str, Any] = {}
+    for existing in (MANIFEST, STATE):
+        path = output / existing
+        if not (path.exists() or path.is_symlink()):
+            continue
+        previous = _read_conversion_json(path, "remove it or choose another --output")
+        differences = [
+            f"{key}: {_clip(repr(previous.get(key)))} there, {value!r} now"
+            for key, value in header.items()
+            if key != "source" and previous.get(key) != value
+        ]
+        if _identity(previous.get("source", {})) != _identity(header["source"]):
+            differences.append("source checkpoint: different files (hashes differ)")
+        if differences:
+            raise ConversionError(
+                f"{output} holds {'a conversion' if existing == MANIFEST else 'an unfinished conversion'} made "
+                f"differently ({'; '.join(differences)}); choose another --output or remove it"
+            )
+        for key, entry in previous["layers"].items():
+            try:
+                file = member(output, entry["file"], str(path))
+            except UnsafePath:
+                continue  # converted again
+            if file.stat().st_size == entry["bytes"]:
+                done[key] = entry
+    return done
 
 
 def run(plan: Plan, threads: int, on_progress: Callable[[int, int, str], None]) -> dict[str, Any]:
@@ -288,14 +346,15 @@ def run(plan: Plan, threads: int, on_progress: Callable[[int, int, str], None]) 
 
     ``on_progress(bytes_done, layers_done, label)`` is called as source bytes are consumed.
     """
-    plan.output.mkdir(parents=True, exist_ok=True)
+    if plan.lock < 0:
+        raise ConversionError(f"{plan.output}: this plan was closed; plan the conversion again")
     if not plan.todo and (plan.output / MANIFEST).is_file():
         return read_manifest(plan.output)  # nothing to add to a finished conversion
-    # An interrupted run's temporary files: only the names this conversion writes (never a
-    # *.partial it did not create).
-    ours = [layer_file(layer) for layer in plan.layers] + [MANIFEST, STATE]
-    for name in ours:
-        (plan.output / (name + ".partial")).unlink(missing_ok=True)
+    # An interrupted run's temporary files (the lock says no other run is writing): only the
+    # names this conversion writes, never a file it did not create.
+    for name in [layer_file(layer) for layer in plan.layers] + [MANIFEST, STATE]:
+        for stale in [plan.output / (name + ".partial"), *plan.output.glob(f".{name}.*.partial")]:
+            stale.unlink(missing_ok=True)
     layers = {key: plan.done[key] for key in sorted(plan.done, key=int)}
     state = {**plan.header, "layers": layers}
     _write_json(plan.output / STATE, state)
@@ -326,26 +385,72 @@ def run(plan: Plan, threads: int, on_progress: Callable[[int, int, str], None]) 
 # ---- reading a conversion back -------------------------------------------------------------
 
 
+def _read_conversion_json(path: Path, remedy: str) -> dict[str, Any]:
+    """A manifest or state file, its structure checked: what later code indexes is there."""
+    try:
+        document = read_json(member(path.parent, path.name, str(path.parent)), "a ktforge manifest")
+    except OSError as error:
+        raise ConversionError(f"{path}: unreadable ({error.strerror}); {remedy}") from error
+    except ValueError as error:
+        raise ConversionError(f"{error}; {remedy}") from None
+    problem = _manifest_problem(document)
+    if problem:
+        raise ConversionError(f"{path}: damaged ({problem}); {remedy}")
+    result: dict[str, Any] = document
+    return result
+
+
+def _is_size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _manifest_problem(document: object) -> str | None:
+    if not isinstance(document, dict):
+        return "not a JSON object"
+    layers = document.get("layers")
+    if not isinstance(layers, dict):
+        return '"layers" is not an object'
+    for key, entry in layers.items():
+        if not key.isdigit() or len(key) > 9:
+            return f"layer key {_clip(key)!r} is not a layer number"
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not _is_size(entry.get("bytes")):
+            return f"layer {key} has no file name and size"
+        tensors = entry.get("tensors")
+        if not isinstance(tensors, dict) or not all(
+            isinstance(t, dict)
+            and isinstance(t.get("dtype"), str)
+            and isinstance(t.get("sha256"), str)
+            and isinstance(t.get("shape"), list)
+            and all(_is_size(n) for n in t["shape"])
+            for t in tensors.values()
+        ):
+            return f"layer {key}'s tensors are not described by dtype, shape and sha256"
+    for size in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
+        if size in document and not (_is_size(document[size]) and 0 < document[size] < 2**31):
+            return f"{size} is not a positive size below 2^31"
+    return None
+
+
 def read_manifest(directory: Path) -> dict[str, Any]:
     path = directory / MANIFEST
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         if (directory / STATE).is_file():
             raise ConversionError(
                 f"{directory}: the conversion is unfinished (no {MANIFEST}); run the same `kt convert` command "
                 "again to finish it"
             )
         raise ConversionError(f"{directory}: no {MANIFEST} (not a ktforge conversion)")
-    try:
-        manifest: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ConversionError(f"{path}: unreadable ({error})") from error
+    manifest = _read_conversion_json(path, "convert again")
     if manifest.get("format") != FORMAT:
-        raise ConversionError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}")
+        raise ConversionError(f"{path}: format {_clip(repr(manifest.get('format')))} is not {FORMAT!r}")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ConversionError(
-            f"{path}: format version {manifest.get('format_version')!r}; this ktforge reads version {FORMAT_VERSION} "
-            "(convert again with this version)"
+            f"{path}: format version {_clip(repr(manifest.get('format_version')))}; this ktforge reads version "
+            f"{FORMAT_VERSION} (convert again with this version)"
         )
+    for size in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
+        if size not in manifest:
+            raise ConversionError(f"{path}: damaged ({size} is missing); convert again")
     return manifest
 
 
@@ -358,10 +463,10 @@ def load_layer(directory: Path, layer: int, verify: bool = True) -> tuple[dict[s
             f"{directory}: layer {layer} was not converted; converted layers: "
             f"{format_layers(sorted(map(int, manifest['layers'])))}"
         )
-    path = directory / entry["file"]
     try:
+        path = member(directory, entry["file"], str(directory / MANIFEST))
         f = SafetensorsFile(path)
-    except SafetensorsError as error:
+    except (UnsafePath, SafetensorsError) as error:
         raise ConversionError(str(error)) from error
     with f:
         arrays = {}

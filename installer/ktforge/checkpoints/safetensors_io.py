@@ -16,14 +16,18 @@ package reads (tested).
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import ml_dtypes
 import numpy as np
+
+from ktforge.checkpoints.files import UnsafePath, open_regular, parse_json
 
 Array = np.ndarray[Any, Any]
 
@@ -44,8 +48,9 @@ MAX_HEADER_BYTES = 100 << 20  # the format's own limit
 
 
 def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    """Bytes of a tensor of this safetensors dtype and shape."""
-    return int(np.prod(shape, dtype=np.int64)) * int(np.dtype(DTYPES[dtype]).itemsize)
+    """Bytes of a tensor of this safetensors dtype and shape (Python integers: a header's
+    shape beyond int64 must not wrap around to a size that passes the checks)."""
+    return math.prod(shape) * int(np.dtype(DTYPES[dtype]).itemsize)
 
 
 def as_bytes(array: Array) -> memoryview:
@@ -76,7 +81,9 @@ class SafetensorsFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
-            self._file: BinaryIO = self.path.open("rb")
+            self._file: BinaryIO = open_regular(self.path)
+        except UnsafePath as error:
+            raise SafetensorsError(str(error)) from error
         except OSError as error:
             raise SafetensorsError(f"{self.path}: cannot open ({error.strerror})") from error
         try:
@@ -94,14 +101,15 @@ class SafetensorsFile:
             raise SafetensorsError(f"{self.path}: truncated ({self.size} bytes; not a safetensors file)")
         (length,) = struct.unpack("<Q", prefix)
         if length > MAX_HEADER_BYTES or 8 + length > self.size:
+            # not the length's value: these 8 bytes may be the start of any file (/etc/passwd)
             raise SafetensorsError(
-                f"{self.path}: header length {length} does not fit a {self.size}-byte file (truncated or corrupt)"
+                f"{self.path}: not a safetensors file (its header length does not fit the file: truncated or corrupt)"
             )
         raw = self._file.read(length)
         try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise SafetensorsError(f"{self.path}: header is not valid JSON ({error})") from error
+            header = parse_json(raw, f"{self.path}: header")
+        except ValueError as error:
+            raise SafetensorsError(f"{error} (not a safetensors file, or a corrupt one)") from None
         if not isinstance(header, dict):
             raise SafetensorsError(f"{self.path}: header is not a JSON object")
         metadata = header.pop("__metadata__", None) or {}
@@ -117,7 +125,7 @@ class SafetensorsFile:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has a malformed header entry") from error
             if dtype not in DTYPES:
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has dtype {dtype}, which ktforge does not read")
-            if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+            if not isinstance(shape, list) or not all(_is_count(n) and n < 2**63 for n in shape):
                 raise SafetensorsError(f"{self.path}: tensor {name!r} has shape {shape!r}, not a list of sizes")
             if not (_is_count(begin) and _is_count(end)):
                 raise SafetensorsError(f"{self.path}: tensor {name!r}: data_offsets {offsets!r} are not byte offsets")
@@ -210,17 +218,21 @@ class StreamingWriter:
 
     The header is written first; ``write(name, index, array)`` puts ``array`` at row ``index``
     of the tensor's first axis, so a layer can be written one expert at a time. Writes go to
-    ``path + ".partial"``; ``commit()`` flushes, fsyncs and renames it into place.
+    a new file of unique name beside it (``.NAME.XXXXXXXX.partial``, created with O_EXCL: never
+    another writer's file, never a planted link); ``commit()`` flushes, fsyncs and renames it into
+    place.
     """
 
     def __init__(self, path: Path, tensors: dict[str, tuple[str, tuple[int, ...]]], metadata: dict[str, str]) -> None:
         self.path = path
-        self.partial = path.with_name(path.name + ".partial")
         self.tensors = tensors
         header, self._offsets, data_size = _header(tensors, metadata)
         self._data_start = 8 + len(header)
         self.size = self._data_start + data_size
-        self._file = self.partial.open("wb")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        self.partial = Path(name)
+        os.fchmod(fd, 0o644)
+        self._file = os.fdopen(fd, "wb")
         self._file.write(struct.pack("<Q", len(header)) + header)
         self._file.flush()
         # sized up front: positional writes past the end of file are ~10x slower (measured)

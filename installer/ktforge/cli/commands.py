@@ -289,13 +289,16 @@ def convert(
 
     try:
         plan = convert_mod.plan(input_dir, output, quant, group_size, input_type, layers)
+    except convert_mod.OutputBusy as error:
+        typer.echo(f"kt convert: {error}", err=True)
+        raise typer.Exit(1) from None
     except ValueError as error:  # CheckpointError, ConversionError, SafetensorsError
         typer.echo(f"kt convert: {error}", err=True)
         raise typer.Exit(2) from None
     except OSError as error:
         typer.echo(f"kt convert: cannot read {error.filename or input_dir}: {error.strerror or error}", err=True)
         raise typer.Exit(2) from None
-    with plan.checkpoint:
+    with plan:  # the checkpoint's files and the output directory's lock
         _run_conversion(plan, output, quant, group_size, threads)
 
 

@@ -19,7 +19,7 @@ from typing import Any, cast
 from ktforge import process
 from ktforge.detect.report_types import Compiler, Tool, Toolchain
 from ktforge.process import which
-from ktforge.resources import file_is_ours, private_cache_dir, write_private
+from ktforge.resources import file_is_ours, private_cache_dir, write_atomic
 
 # Flags the recipes rely on; doctor reports each compiler's answer for all of them.
 PROBED_FLAGS = (
@@ -92,7 +92,7 @@ def _save_cache(data: dict[str, Any]) -> None:
     if directory is None:
         return  # no private cache (read-only HOME, shared directory): answers are found again next time
     with contextlib.suppress(OSError):  # a full disk only costs time
-        write_private(directory / CACHE_NAME, json.dumps(data, indent=1, sort_keys=True).encode())
+        write_atomic(directory / CACHE_NAME, json.dumps(data, indent=1, sort_keys=True).encode())
 
 
 def describe_compiler(path: str, cache: dict[str, Any]) -> Compiler:
