@@ -172,6 +172,14 @@ def test_unreadable_input_exits_2(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
+def test_a_deeply_nested_snapshot_is_one_line(tmp_path: Path) -> None:
+    deep = tmp_path / "snapshot.json"
+    deep.write_text('{"ktforge_snapshot": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    result = runner.invoke(cli.app, ["doctor", "--from", str(deep)])
+    assert result.exit_code == 2 and "nested too deeply" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_doctor_that_breaks_exits_2_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
     import ktforge.build.assessment
 

@@ -120,7 +120,7 @@ def checked_record(build_info: dict[str, Any] | None = None) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
         record = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         why = "empty" if not path.stat().st_size else f"unreadable ({exc})"
         raise RecordError(f"the build record {path} is {why}; {REBUILD}") from exc
     if not isinstance(record, dict):

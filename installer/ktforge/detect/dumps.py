@@ -386,6 +386,8 @@ def json_document(text: str) -> Any:
         return json.loads(stripped)
     except json.JSONDecodeError as exc:
         raise DumpFormatError(f"looks like JSON but does not parse: {exc}") from exc
+    except RecursionError:
+        raise DumpFormatError("looks like JSON but is nested too deeply to be a dump or snapshot") from None
 
 
 def sniff(text: str) -> Literal["snapshot", "lscpu-json", "cpuid-dump", "sysctl", "cpuinfo", "lscpu"]:
