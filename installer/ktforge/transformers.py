@@ -49,9 +49,26 @@ class Settings:
     release_torch_weights: bool = False  # drop transformers' copy once packed: one copy in memory
 
 
+MAX_THREADS = 4096  # a pool beyond this is a typo (10**6 threads would exhaust the process)
+
 _settings = Settings()
 _lock = threading.Lock()
 _ids = itertools.count(1)
+
+
+@dataclasses.dataclass
+class _Packed:
+    """An experts module's packed layer, tied to the exact parameters it was packed from."""
+
+    handle: int  # ktforge::moe's handle: this process's, never stored on the module (never pickled or copied)
+    source: _Source  # the parameters it was packed from, as they were
+    released: bool  # transformers' copy was freed (release_torch_weights)
+
+
+# Per module, not in the module's __dict__: copy.deepcopy, pickling and torch.save never carry a
+# handle to another module, process or model, which then packs its own on first use.
+_packed: weakref.WeakKeyDictionary[Any, _Packed] = weakref.WeakKeyDictionary()
+_fallbacks: weakref.WeakKeyDictionary[Any, tuple[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def configure(**changes: Any) -> Settings:
@@ -61,6 +78,19 @@ def configure(**changes: Any) -> Settings:
     unknown = set(changes) - {f.name for f in dataclasses.fields(Settings)}
     if unknown:
         raise TypeError(f"unknown setting(s) {', '.join(sorted(unknown))}; known: {_known()}")
+    threads = changes.get("threads")
+    if threads is not None and (
+        not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS
+    ):
+        raise ValueError(f"threads must be None (torch's) or a whole number from 1 to {MAX_THREADS}, got {threads!r}")
+    if not isinstance(changes.get("release_torch_weights", False), bool):
+        raise ValueError(f"release_torch_weights must be True or False, got {changes['release_torch_weights']!r}")
+    for name in ("method", "backend"):
+        if name in changes and not isinstance(changes[name], str):
+            raise ValueError(f"{name} must be a string, got {changes[name]!r}")
+    group = changes.get("group_size", 128)
+    if not isinstance(group, int) or isinstance(group, bool):
+        raise ValueError(f"group_size must be a whole number, got {group!r}")
     candidate = dataclasses.replace(_settings, **changes)
     ktforge.MoE(2, 1, 16, 16, method=candidate.method, group_size=candidate.group_size, backend=candidate.backend)
     _settings = candidate
@@ -73,6 +103,9 @@ def settings() -> Settings:
 
 def _known() -> str:
     return ", ".join(f.name for f in dataclasses.fields(Settings))
+
+
+KERNEL_DTYPES = ("float32", "bfloat16", "float16")  # float16 is widened to float32
 
 
 def why_unsupported(module: Any, *, layout_only: bool = False) -> str | None:
@@ -100,31 +133,64 @@ def why_unsupported(module: Any, *, layout_only: bool = False) -> str | None:
             return f"it has no 3-D {name}"
         if weight.device.type != "cpu" and not layout_only:
             return f"its {name} is on {weight.device}"
-        if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16) and not layout_only:
+        if str(weight.dtype).removeprefix("torch.") not in KERNEL_DTYPES and not layout_only:
             return f"its {name} is {weight.dtype}"
     return None
 
 
-def _pack(module: Any, top_k: int) -> int:
-    """The module's weights packed into a ktforge layer; returns its operator handle."""
+def _projections(module: Any) -> tuple[Any, Any, Any]:
+    """The module's gate, up [E, I, H] and down [E, H, I] (views of its parameters)."""
     gate_up, down = module.gate_up_proj.detach(), module.down_proj.detach()
     if getattr(module, "is_transposed", False):  # [E, H, 2I] and [E, I, H]
         gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
-    experts, two_i, hidden = gate_up.shape
-    inter = two_i // 2
+    inter = gate_up.shape[1] // 2
     if getattr(module, "is_concatenated", True):
-        gate, up = gate_up[:, :inter], gate_up[:, inter:]
-    else:  # interleaved: gate0, up0, gate1, up1, ...
-        gate, up = gate_up[:, 0::2], gate_up[:, 1::2]
+        return gate_up[:, :inter], gate_up[:, inter:], down
+    return gate_up[:, 0::2], gate_up[:, 1::2], down  # interleaved: gate0, up0, gate1, up1, ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """What identifies a module's parameters' current values: a replaced parameter (or
+    ``.data``), an in-place update or ``load_state_dict`` (a version bump), a new dtype or shape
+    each change it. The parameters are held weakly and compared by identity (an id alone could
+    be reused by a new parameter at the old one's address)."""
+
+    params: tuple[Any, ...]  # weak references
+    state: tuple[Any, ...]
+
+    def matches(self, other: _Source) -> bool:
+        return self.state == other.state and all(
+            a() is not None and a() is b() for a, b in zip(self.params, other.params, strict=True)
+        )
+
+
+def _source(module: Any) -> _Source:
+    params, state = [], []
+    for name in ("gate_up_proj", "down_proj"):
+        p = getattr(module, name, None)
+        try:
+            version = p._version  # type: ignore[union-attr]
+        except (AttributeError, RuntimeError):  # an inference tensor has no version counter
+            version = None
+        params.append(weakref.ref(p) if p is not None else (lambda: None))
+        shape = tuple(getattr(p, "shape", ()))
+        state += [getattr(p, "data_ptr", lambda: 0)(), version, shape, getattr(p, "dtype", None)]
+    return _Source(tuple(params), tuple(state))
+
+
+def _pack(module: Any, top_k: int) -> ktforge.MoE:
+    """The module's weights packed into a ktforge layer."""
     import torch
 
+    gate, up, down = _projections(module)
+    experts, inter, hidden = gate.shape
     dtype = torch.float32 if gate.dtype == torch.float16 else gate.dtype  # the kernels take fp32 or bf16
 
     def ready(t: Any) -> Any:
         return t.to(dtype).contiguous()
 
     s = _settings
-
     layer = ktforge.MoE(
         experts,
         top_k,
@@ -136,19 +202,65 @@ def _pack(module: Any, top_k: int) -> int:
         threads=s.threads or torch.get_num_threads(),
     )
     layer.load_weights(ready(gate), ready(up), ready(down))
-    return _register_handle(module, layer)
+    return layer
 
 
-def _register_handle(module: Any, layer: ktforge.MoE) -> int:
+def _install(module: Any, layer: ktforge.MoE) -> _Packed:
+    """Registers ``layer`` as ``module``'s experts (replacing what it had); call under _lock."""
     handle = next(_ids)
     torch_op.register_layer(handle, layer)
     # the layer (packed weights, threads) lives as long as the module: a model deleted frees it
     weakref.finalize(module, torch_op.unregister_layer, handle)
-    if _settings.release_torch_weights:
+    old = _packed.get(module)
+    if old is not None:
+        torch_op.unregister_layer(old.handle)
+    _fallbacks.pop(module, None)
+    released = _settings.release_torch_weights
+    if released:
         # transformers' copy is no longer read: keep the parameters' identity, free their storage
         module.gate_up_proj.data = module.gate_up_proj.data.new_empty(0)
         module.down_proj.data = module.down_proj.data.new_empty(0)
-    return handle
+        _guard_released(module)
+    packed = _packed[module] = _Packed(handle, _source(module), released)
+    return packed
+
+
+def _guard_released(module: Any) -> None:
+    """Once transformers' copy is freed, what would read it refuses, naming the setting: the
+    eager experts and ``state_dict`` (``save_pretrained``)."""
+    if getattr(module, "_ktforge_guarded", False):
+        return
+    module._ktforge_guarded = True
+
+    def message(what: str) -> str:
+        return (
+            f"ktforge: {type(module).__name__}'s weights were released when ktforge packed them "
+            f"(configure(release_torch_weights=True)), so {what} cannot read them; load the model again "
+            "without that setting to use them"
+        )
+
+    def before_forward(mod: Any, _args: Any) -> None:
+        if mod in _packed and _packed[mod].released and mod.config._experts_implementation != NAME:
+            raise RuntimeError(message(f"the {mod.config._experts_implementation!r} experts"))
+
+    def before_state_dict(mod: Any, *_: Any) -> None:
+        if mod in _packed and _packed[mod].released:
+            raise RuntimeError(message("state_dict() and save_pretrained()"))
+
+    module.register_forward_pre_hook(before_forward)
+    module.register_state_dict_pre_hook(before_state_dict)
+
+
+def handle_of(module: Any) -> int | None:
+    """``module``'s handle of the ``ktforge::moe`` operator (None: not packed, or it falls back)."""
+    packed = _packed.get(module)
+    return None if packed is None else packed.handle
+
+
+def packed_layer(module: Any) -> ktforge.MoE | None:
+    """The ktforge layer ``module``'s experts run on (None: not packed, or it falls back)."""
+    handle = handle_of(module)
+    return None if handle is None else torch_op.layer(handle)
 
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -160,10 +272,14 @@ def load_converted(model: Any, path: str | Path, *, verify: bool = True) -> list
     loads layer N of the conversion (its method and group size; checksums verified unless
     ``verify=False``), with the threads and backend of :func:`configure`. Layers the
     conversion lacks are packed from transformers' weights on first use, as usual. Switches
-    the model to ``experts_implementation="ktforge"``. Returns the layers loaded.
+    the model to ``experts_implementation="ktforge"``.
 
-    Raises ValueError when the conversion is not of this model (its sizes differ) or a
-    converted layer's module is one the kernels cannot compute."""
+    The conversion must be of this model's weights: its fingerprint of the source (sketches of
+    sampled rows, recorded by ``kt convert``) is compared with the module's own weights
+    (``verify=False`` skips this too). Returns the layers loaded.
+
+    Raises ValueError when the conversion is not of this model (its sizes or weights differ)
+    or a converted layer's module is one the kernels cannot compute."""
     import torch
 
     from ktforge.checkpoints import convert
@@ -197,6 +313,8 @@ def load_converted(model: Any, path: str | Path, *, verify: bool = True) -> list
                 f"{directory} is not a conversion of this model: {name} has experts x 2*intermediate x hidden "
                 f"{shape}, the conversion {expected}"
             )
+        if verify:
+            _check_fingerprint(directory, manifest["layers"][str(index)], name, module)
         layer = ktforge.MoE.from_pretrained(
             directory,
             index,
@@ -207,27 +325,86 @@ def load_converted(model: Any, path: str | Path, *, verify: bool = True) -> list
         layers.append((module, layer))
     with _lock:  # every layer read and checked before any module changes
         for module, layer in layers:
-            module._ktforge_handle = _register_handle(module, layer)
-            module._ktforge_fallback = None
+            _install(module, layer)
     model.set_experts_implementation(NAME)
     return sorted({index for _, _, index in modules})
 
 
+def _check_fingerprint(directory: Path, entry: dict[str, Any], name: str, module: Any) -> None:
+    from ktforge.checkpoints import fingerprint
+
+    recorded = entry.get("fingerprint")
+    if recorded is None:
+        raise ValueError(
+            f"{directory}: layer {entry['file']} records no fingerprint of its source weights (converted by an "
+            "older ktforge), so it cannot be checked against this model; convert again, or pass verify=False"
+        )
+    if not fingerprint.valid(recorded):
+        raise ValueError(f"{directory}/manifest.json: damaged (the fingerprint of {entry['file']}); convert again")
+    projections = dict(zip(fingerprint.PROJECTIONS, _projections(module), strict=True))
+
+    def rows_of(expert: int, projection: str) -> Any:
+        weights = projections[projection][expert]
+        return weights[fingerprint.sampled(weights.shape[0])].float().numpy()
+
+    why = fingerprint.mismatch(recorded, projections["gate"].shape[0], rows_of)
+    if why is not None:
+        raise ValueError(
+            f"{directory} is not a conversion of this model's weights: {name}: {why} (another model of the "
+            "same sizes, or weights changed since; convert this model)"
+        )
+
+
+def _layer_for(module: Any, hidden_states: Any, top_k: int) -> int | None:
+    """The handle of the layer that computes ``module`` now, packing (again) when its
+    parameters changed since; None: transformers' eager experts compute this call."""
+    import torch
+
+    source = _source(module)
+    packed, fallback = _packed.get(module), _fallbacks.get(module)
+    if fallback is not None and fallback[1].matches(source):
+        return None
+    if packed is None or not packed.source.matches(source):
+        with _lock:  # pack once, even when two threads call first
+            packed = _repack(module, source, top_k)
+        if packed is None:
+            return None
+    if hidden_states.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if packed.released:
+            raise RuntimeError(_released(module, f"{hidden_states.dtype} hidden states cannot run on the kernels"))
+        return None  # transformers' experts take what the kernels do not
+    return packed.handle
+
+
+def _released(module: Any, why: str) -> str:
+    return (
+        f"ktforge: {why}, and {type(module).__name__}'s weights were released when ktforge packed them "
+        "(configure(release_torch_weights=True)): load the model again without that setting"
+    )
+
+
+def _repack(module: Any, source: _Source, top_k: int) -> _Packed | None:
+    """Packs ``module`` for its current parameters, or records why it falls back (None)."""
+    packed = _packed.get(module)
+    if packed is not None and packed.source.matches(source):
+        return packed  # another thread packed it meanwhile
+    reason = why_unsupported(module)
+    if packed is not None and packed.released:
+        raise RuntimeError(_released(module, "its weights changed after packing" + (f" ({reason})" if reason else "")))
+    if reason is None:
+        return _install(module, _pack(module, top_k))
+    if _fallbacks.get(module, ("",))[0] != reason:
+        warnings.warn(f"ktforge: {type(module).__name__} runs transformers' eager experts: {reason}", stacklevel=4)
+    _fallbacks[module] = (reason, source)
+    if packed is not None:
+        torch_op.unregister_layer(packed.handle)
+        del _packed[module]
+    return None
+
+
 def experts_forward(module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
     """transformers' experts interface: the routed experts of ``module`` on ktforge's kernels."""
-    handle = getattr(module, "_ktforge_handle", None)
-    if handle is None and not getattr(module, "_ktforge_fallback", None):
-        with _lock:  # pack once, even when two threads call first
-            handle = getattr(module, "_ktforge_handle", None)
-            if handle is None and not getattr(module, "_ktforge_fallback", None):
-                reason = why_unsupported(module)
-                if reason is None:
-                    handle = module._ktforge_handle = _pack(module, int(top_k_index.shape[-1]))
-                else:
-                    module._ktforge_fallback = reason
-                    warnings.warn(
-                        f"ktforge: {type(module).__name__} runs transformers' eager experts: {reason}", stacklevel=2
-                    )
+    handle = _layer_for(module, hidden_states, int(top_k_index.shape[-1]))
     if handle is None:
         return type(module).forward.__wrapped__(module, hidden_states, top_k_index, top_k_weights)
     return torch_op.moe(hidden_states, top_k_index, top_k_weights, handle)

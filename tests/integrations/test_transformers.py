@@ -138,7 +138,7 @@ def test_greedy_generation_is_identical_in_bf16(model_type: str) -> None:
     assert torch.equal(ours, eager)
     # and the experts really ran on ktforge's kernels, every module of them
     modules = _experts_modules(model)
-    assert modules and all(getattr(m, "_ktforge_handle", None) for m in modules)
+    assert modules and all(kt_hf.handle_of(m) for m in modules)
 
 
 @pytest.mark.parametrize("method", ["bf16", "int8", "int4"])
@@ -156,7 +156,7 @@ def test_logits_match_eager_within_the_method_s_tolerance(model_type: str, metho
     assert ours.dtype == eager.dtype and ours.shape == eager.shape
     err = float((ours - eager).abs().max() / eager.abs().max())
     assert err < TOLERANCE[method], err
-    layer = torch_op.layer(_experts_modules(model)[0]._ktforge_handle)
+    layer = kt_hf.packed_layer(_experts_modules(model)[0])
     assert layer.method == method
 
 
@@ -168,7 +168,7 @@ def test_from_pretrained_with_experts_implementation(tmp_path: Path) -> None:
     with torch.inference_mode():
         ours = loaded(prompt).logits
     assert loaded.config._experts_implementation == "ktforge"
-    assert all(getattr(m, "_ktforge_handle", None) for m in _experts_modules(loaded))
+    assert all(kt_hf.handle_of(m) for m in _experts_modules(loaded))
     with torch.inference_mode():
         eager = model(prompt).logits  # the default implementation, same weights
     assert float((ours.float() - eager.float()).abs().max() / eager.float().abs().max()) < TOLERANCE["bf16"]
@@ -206,7 +206,7 @@ def test_experts_load_from_a_kt_convert_output(tmp_path: Path, method: str) -> N
     assert kt_hf.load_converted(loaded, converted) == [0, 1]
     assert loaded.config._experts_implementation == "ktforge"
     for module in _experts_modules(loaded):
-        assert torch_op.layer(module._ktforge_handle).method == method
+        assert kt_hf.packed_layer(module).method == method
     with torch.inference_mode():
         got = loaded(prompt).logits
     assert torch.equal(got, want)
@@ -219,11 +219,11 @@ def test_load_converted_takes_the_layers_converted_and_refuses_another_model(tmp
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.bfloat16)
     assert kt_hf.load_converted(loaded, tmp_path / "layer1") == [1]
     first, second = _experts_modules(loaded)
-    assert getattr(first, "_ktforge_handle", None) is None  # packed on first use, as usual
-    assert torch_op.layer(second._ktforge_handle).method == "int8"
+    assert kt_hf.handle_of(first) is None  # packed on first use, as usual
+    assert kt_hf.packed_layer(second).method == "int8"
     with torch.inference_mode():
         loaded(_prompt())
-    assert torch_op.layer(first._ktforge_handle).method == "bf16"
+    assert kt_hf.packed_layer(first).method == "bf16"
 
     other = AutoModelForCausalLM.from_config(
         AutoConfig.for_model("qwen3_moe", **{**SMALL, **TINY["qwen3_moe"], "moe_intermediate_size": 48})
@@ -253,7 +253,7 @@ def test_an_unsupported_layout_falls_back_with_one_warning_and_the_same_answer()
             model(prompt)  # the second call: no second warning
     messages = [str(w.message) for w in caught if "ktforge" in str(w.message)]
     assert messages == ["ktforge: GptOssExperts runs transformers' eager experts: its experts have biases"] * 2
-    assert not any(getattr(m, "_ktforge_handle", None) for m in _experts_modules(model))
+    assert not any(kt_hf.handle_of(m) for m in _experts_modules(model))
     assert torch.equal(ours, eager)  # transformers' own code, so exactly its answer
 
 
@@ -300,14 +300,14 @@ def test_threads_follow_torch_unless_configured() -> None:
     with torch.inference_mode():
         model.set_experts_implementation("ktforge")
         model(_prompt())
-    layer = torch_op.layer(_experts_modules(model)[0]._ktforge_handle)
+    layer = kt_hf.packed_layer(_experts_modules(model)[0])
     assert layer.info["threads"] == torch.get_num_threads()
     kt_hf.configure(threads=1)
     other = tiny_model("olmoe", seed=1)
     with torch.inference_mode():
         other.set_experts_implementation("ktforge")
         other(_prompt())
-    assert torch_op.layer(_experts_modules(other)[0]._ktforge_handle).info["threads"] == 1
+    assert kt_hf.packed_layer(_experts_modules(other)[0]).info["threads"] == 1
     # no oversubscription: each layer's pool has `threads` workers in all, the caller included
     tasks = len(list(Path("/proc/self/task").iterdir()))
     assert tasks < 64, f"{tasks} threads in this process"
@@ -327,7 +327,7 @@ def test_a_deleted_model_frees_its_layers() -> None:
         with torch.inference_mode():
             model.set_experts_implementation("ktforge")
             model(_prompt())
-        handles = [m._ktforge_handle for m in _experts_modules(model)]
+        handles = [kt_hf.handle_of(m) for m in _experts_modules(model)]
         assert live_threads() == before + 2 * len(handles)  # each pool: 2 workers beside the caller
     finally:
         kt_hf.configure(threads=None)
@@ -376,3 +376,131 @@ def test_registered_in_transformers_interface() -> None:
 
     assert ALL_EXPERTS_FUNCTIONS["ktforge"] is kt_hf.experts_forward
     assert transformers.__version__.startswith("5.")
+
+
+# ---- packed experts stay tied to the tensors they came from ------------------------------------
+
+
+def _logits(model: Any, implementation: str, prompt: torch.Tensor | None = None) -> torch.Tensor:
+    with torch.inference_mode():
+        model.set_experts_implementation(implementation)
+        return model(_prompt() if prompt is None else prompt).logits.float()
+
+
+def _close_to_eager(model: Any) -> float:
+    eager = _logits(model, "eager")
+    ours = _logits(model, "ktforge")
+    return float((ours - eager).abs().max() / eager.abs().max())
+
+
+def test_an_in_place_update_is_packed_again() -> None:
+    model = tiny_model("qwen3_moe")
+    first = _logits(model, "ktforge")
+    with torch.no_grad():
+        for module in _experts_modules(model):
+            module.down_proj.mul_(-1.0)  # a fine-tuning step, in place
+    assert _close_to_eager(model) < TOLERANCE["bf16"]
+    assert not torch.equal(_logits(model, "ktforge"), first)
+
+
+def test_load_state_dict_and_replaced_parameters_are_packed_again() -> None:
+    model, other = tiny_model("qwen3_moe"), tiny_model("qwen3_moe", seed=7)
+    _logits(model, "ktforge")  # packed
+    model.load_state_dict(other.state_dict())
+    assert _close_to_eager(model) < TOLERANCE["bf16"]
+    assert torch.allclose(_logits(model, "eager"), _logits(other, "eager"))
+    module = _experts_modules(model)[0]
+    module.gate_up_proj = torch.nn.Parameter(module.gate_up_proj.detach() * 0.5)
+    assert _close_to_eager(model) < TOLERANCE["bf16"]
+
+
+def test_a_deep_copy_packs_its_own_experts() -> None:
+    import copy
+    import gc
+
+    original = tiny_model("qwen3_moe")
+    before = _logits(original, "ktforge")
+    clone = copy.deepcopy(original)
+    assert all(kt_hf.handle_of(m) is None for m in _experts_modules(clone))  # nothing shared
+    with torch.no_grad():
+        for module in _experts_modules(clone):
+            module.gate_up_proj.mul_(2.0)
+    assert _close_to_eager(clone) < TOLERANCE["bf16"]
+    assert torch.equal(_logits(original, "ktforge"), before)
+    del original
+    gc.collect()
+    assert _close_to_eager(clone) < TOLERANCE["bf16"]
+
+
+def test_a_pickled_model_never_runs_another_model_s_experts() -> None:
+    import io
+
+    first, second = tiny_model("qwen3_moe"), tiny_model("qwen3_moe", seed=3)
+    _logits(second, "ktforge")
+    buffer = io.BytesIO()
+    torch.save(second, buffer)  # packed: what it carries must not name a layer of this process
+    del second
+    _logits(first, "ktforge")  # another model packed in this process meanwhile
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert all(kt_hf.handle_of(m) is None for m in _experts_modules(loaded))
+    assert _close_to_eager(loaded) < TOLERANCE["bf16"]
+
+
+def test_load_converted_refuses_another_model_of_the_same_sizes(tmp_path: Path) -> None:
+    base, instruct = tiny_model("qwen3_moe"), tiny_model("qwen3_moe", seed=5)
+    base.save_pretrained(tmp_path / "base")
+    _kt_convert(tmp_path / "base", tmp_path / "converted", "--quant", "int8")
+    with pytest.raises(ValueError, match=r"not a conversion of this model.s weights.*weights differ"):
+        kt_hf.load_converted(instruct, tmp_path / "converted")
+    assert all(kt_hf.handle_of(m) is None for m in _experts_modules(instruct))  # nothing changed
+    # the same model, loaded in another dtype, is accepted (its values round to the same)
+    same = AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
+    assert kt_hf.load_converted(same, tmp_path / "converted") == [0, 1]
+
+
+def test_a_dtype_the_kernels_do_not_take_falls_back_after_packing() -> None:
+    model = tiny_model("mixtral", dtype=torch.float32)
+    _logits(model, "ktforge")
+    model.double()
+    with pytest.warns(UserWarning, match="runs transformers' eager experts: its gate_up_proj is torch.float64"):
+        ours = _logits(model, "ktforge")
+    assert torch.equal(ours, _logits(model, "eager"))
+    assert all(kt_hf.handle_of(m) is None for m in _experts_modules(model))
+    model.float()  # back on the kernels
+    assert _close_to_eager(model) < TOLERANCE["bf16"]
+    assert all(kt_hf.handle_of(m) for m in _experts_modules(model))
+
+
+def test_released_weights_refuse_what_would_read_them(tmp_path: Path) -> None:
+    kt_hf.configure(release_torch_weights=True)
+    model = tiny_model("qwen3_moe")
+    _logits(model, "ktforge")
+    with pytest.raises(RuntimeError, match=r"release_torch_weights=True"):
+        model.save_pretrained(tmp_path / "saved")
+    with pytest.raises(RuntimeError, match=r"release_torch_weights=True.*'eager' experts"):
+        _logits(model, "eager")
+    with pytest.raises(RuntimeError, match=r"release_torch_weights=True"):
+        model.double()
+        _logits(model, "ktforge")
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"threads": 0},
+        {"threads": -3},
+        {"threads": "2"},
+        {"threads": 10**6},
+        {"threads": True},
+        {"release_torch_weights": "no"},
+        {"group_size": "32"},
+        {"backend": 3},
+    ],
+    ids=str,
+)
+def test_configure_refuses_values_it_cannot_use(setting: dict[str, Any]) -> None:
+    before = kt_hf.settings()
+    with pytest.raises(ValueError, match=next(iter(setting))):
+        kt_hf.configure(**setting)
+    assert kt_hf.settings() == before

@@ -30,13 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ktforge import __version__
+from ktforge.checkpoints import fingerprint
 from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
 from ktforge.checkpoints.files import UnsafePath, member, read_json
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
-from ktforge.kernels.quantize import GROUP_SIZES, METHODS, Quantized, quantize, shapes
+from ktforge.kernels.quantize import GROUP_SIZES, METHODS, Fp8Blocks, Quantized, quantize, shapes
 from ktforge.resources import write_atomic
 
+Array = np.ndarray[Any, Any]
 FORMAT = "ktforge-moe-experts"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -124,7 +128,12 @@ Sink = Callable[[int, str, Quantized], None]
 
 
 def quantized_experts(
-    checkpoint: Checkpoint, layer: int, options: Options, threads: int, sink: Sink
+    checkpoint: Checkpoint,
+    layer: int,
+    options: Options,
+    threads: int,
+    sink: Sink,
+    source: Callable[[int, str, Array | Fp8Blocks], None] | None = None,
 ) -> Generator[tuple[int, dict[str, Quantized], int], None, None]:
     """Quantizes a layer's experts on ``threads`` threads, a few experts in flight (the
     extension and NumPy release the GIL); ``sink(expert, projection, q)`` runs on the worker
@@ -135,6 +144,8 @@ def quantized_experts(
         out, read = {}, 0
         for projection in PROJECTIONS:
             w = checkpoint.expert(layer, expert, projection)
+            if source is not None:
+                source(expert, projection, w)
             read += checkpoint.source_bytes(layer, expert, projection)
             try:
                 q = quantize(w, options.method, options.group_size)
@@ -181,9 +192,18 @@ def convert_layer(
         for part, array in q.parts().items():
             writer.write(f"{projection}.{part}", expert, array)
 
+    # the fingerprint's rows of the source weights, taken as the experts stream past
+    sample_experts, samples = set(fingerprint.sampled(checkpoint.experts)), {}
+
+    def keep_sample(expert: int, projection: str, w: Array | Fp8Blocks) -> None:
+        if expert in sample_experts:
+            rows = fingerprint.sampled(w.codes.shape[0] if isinstance(w, Fp8Blocks) else w.shape[0])
+            full = w.to_float32() if isinstance(w, Fp8Blocks) else w
+            samples[expert, projection] = np.asarray(full[rows], dtype=np.float32)
+
     try:
         # slices are written by the workers; the checksums need them in order, here
-        with closing(quantized_experts(checkpoint, layer, options, threads, write)) as experts:
+        with closing(quantized_experts(checkpoint, layer, options, threads, write, keep_sample)) as experts:
             for _, projections, read in experts:
                 for projection, q in projections.items():
                     for part, array in q.parts().items():
@@ -196,6 +216,7 @@ def convert_layer(
     return {
         "file": path.name,
         "bytes": path.stat().st_size,
+        "fingerprint": fingerprint.record(checkpoint.experts, lambda e, p: samples[e, p]),
         "tensors": {
             name: {"dtype": dtype, "shape": list(shape), "sha256": digests[name].hexdigest()}
             for name, (dtype, shape) in tensors.items()
