@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import ktforge
-from ktforge.kernels import torch_op
+from ktforge.kernels import MAX_THREADS, torch_op
 
 NAME = "ktforge"
 
@@ -48,8 +48,6 @@ class Settings:
     backend: str = "auto"
     release_torch_weights: bool = False  # drop transformers' copy once packed: one copy in memory
 
-
-MAX_THREADS = 4096  # a pool beyond this is a typo (10**6 threads would exhaust the process)
 
 _settings = Settings()
 _lock = threading.Lock()

@@ -202,6 +202,12 @@ BENCH_OPTIONS = {
     "threads": (["--threads", "-1"], "--threads: at least 1"),
     "tiny budget": (["--max-weight-gib", "0.001"], "--max-weight-gib 0.001 holds fewer"),
     "zero budget": (["--max-weight-gib", "0"], "--max-weight-gib: a positive size"),
+    "infinite budget": (["--max-weight-gib", "inf"], "--max-weight-gib: a positive size"),
+    "nan budget": (["--max-weight-gib", "nan"], "--max-weight-gib: a positive size"),
+    "budget beyond the memory": (["--max-weight-gib", "1e9"], "GiB available; give less"),
+    "threads beyond the kernels' limit": (["--threads", "5000"], "at most 4096"),
+    "tokens beyond the memory": (["--model", "all", "--tokens", "1048576"], "give fewer tokens"),
+    "empty backend": (["--backend", ""], "--backend: none given"),
 }
 
 

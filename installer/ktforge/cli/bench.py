@@ -12,6 +12,7 @@ not bare times, are what carry over between runs.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import statistics
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ktforge.build import backends as backends_table
+from ktforge.kernels import MAX_THREADS
 from ktforge.resources import data_path, load_toml
 
 # the instruction (sequence) each method's multiply-adds run on, per backend (see its peak_ops)
@@ -171,11 +173,23 @@ def check_options(
         threads = [int(t) for t in thread_text]
     except ValueError:
         raise ValueError(f"--threads: {','.join(thread_text)!r} is not a list of thread counts (e.g. 1,2)") from None
-    if any(t < 1 for t in threads):
-        raise ValueError(f"--threads: at least 1, got {','.join(thread_text)}")
+    if any(t < 1 or t > MAX_THREADS for t in threads):
+        raise ValueError(f"--threads: at least 1 and at most {MAX_THREADS}, got {','.join(thread_text)}")
+    available = available_memory()
+    for name in model_names:  # the largest case's activations (inputs, gate/up results, outputs)
+        activations = max(tokens) * activation_bytes_per_token(models()[name])
+        if activations > available // 2:
+            raise ValueError(
+                f"--tokens {max(tokens)}: {name}'s activations take about {activations / (1 << 30):.1f} GiB, "
+                f"over half of the {available / (1 << 30):.1f} GiB available; give fewer tokens"
+            )
     if budget_gib is not None:
-        if not budget_gib > 0:
+        if not (math.isfinite(budget_gib) and budget_gib > 0):
             raise ValueError(f"--max-weight-gib: a positive size, got {budget_gib}")
+        if budget_gib * (1 << 30) > available:
+            raise ValueError(
+                f"--max-weight-gib {budget_gib}: more than the {available / (1 << 30):.1f} GiB available; give less"
+            )
         for name in model_names:
             model = models()[name]
             if experts_that_fit(model, int(budget_gib * (1 << 30))) < model.top_k:
@@ -185,6 +199,12 @@ def check_options(
                     f"routes to; give at least {need:.2f}"
                 )
     return tokens, threads or [len(os.sched_getaffinity(0))]
+
+
+def activation_bytes_per_token(model: Model) -> int:
+    """Memory a token takes in a case: its input (fp32 and the peer's bf16 copy), its k experts'
+    gate and up results (fp32), its output (kernels' and peer's)."""
+    return 4 * model.hidden * 4 + 2 * model.top_k * model.intermediate * 4
 
 
 def experts_that_fit(model: Model, budget_bytes: int, copies: int = 1) -> int:

@@ -223,6 +223,9 @@ def bench(
         raise typer.Exit(2) from None
     runnable = [b["name"] for b in info["backends"] if b["runs_here"] and b["name"] != "reference"]
     backends = runnable if backend == "all" else runnable[:1] if backend == "auto" else _csv(backend)
+    if not backends:
+        typer.echo(f"kt bench: --backend: none given; choose auto, all or from {', '.join(runnable)}", err=True)
+        raise typer.Exit(2)
     if peer:
         import importlib.util
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from ktforge.build import backends as backends_table
 from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
+from ktforge.kernels import MAX_THREADS
 from ktforge.kernels.quantize import METHODS, Quantized
 
 # the kernel backends, then those that hand some methods to a library (amd-blis: AOCL)
@@ -195,8 +196,8 @@ class MoE:
             raise ValueError(f"group_size must be 32, 64 or 128, got {group_size!r}")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
-        if threads is not None and threads > 4096:
-            raise ValueError(f"threads must be at most 4096, got {threads}")
+        if threads is not None and threads > MAX_THREADS:
+            raise ValueError(f"threads must be at most {MAX_THREADS}, got {threads}")
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.method = method
