@@ -29,7 +29,8 @@ def quantize_rows(a: Array, qmax: int) -> tuple[Array, Array]:
     """Symmetric per-row quantization as the kernels do it (float32 arithmetic)."""
     a = np.asarray(a, dtype=F32)
     max_abs = np.abs(a).max(axis=-1)
-    scale = np.where(max_abs > 0, max_abs / F32(qmax), F32(1)).astype(F32)
+    scale = (max_abs / F32(qmax)).astype(F32)
+    scale = np.where(scale >= np.finfo(F32).tiny, scale, F32(1)).astype(F32)  # zero or subnormal rows
     inv = (F32(1) / scale).astype(F32)
     q = np.clip(np.rint(a * inv[..., None]), -qmax, qmax).astype(np.int64)
     return q, scale

@@ -289,3 +289,18 @@ def test_bench_with_a_corrupt_build_record_is_one_line(tmp_path: Path) -> None:
     done = _kt(env, tmp_path, "bench", "--no-peer", "--tokens", "1")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("kt bench: the build record") and "is empty" in done.stderr
+
+
+@pytest.mark.parametrize("stderr", ["closed", "full"])
+def test_convert_finishes_with_an_unwritable_stderr(tmp_path: Path, stderr: str) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_checkpoint(src)
+    kt = str(Path(sys.executable).parent / "kt")
+    command = [kt, "convert", "--input", str(src), "--output", str(out), "--quant", "int8"]
+    if stderr == "closed":  # `kt convert ... 2>&-`
+        done = subprocess.run(command, preexec_fn=lambda: os.close(2), timeout=300)
+    else:
+        with Path("/dev/full").open("w") as full:
+            done = subprocess.run(command, stderr=full, timeout=300)
+    assert done.returncode == 0
+    ktforge.MoE.from_pretrained(out, layer=2)

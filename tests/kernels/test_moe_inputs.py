@@ -94,6 +94,31 @@ def test_bad_forward_inputs(moe: ktforge.MoE) -> None:
         moe.forward(np.asfortranarray(x), ids, w)
     with pytest.raises(TypeError, match="numpy array or a torch tensor"):
         moe.forward(x.tolist(), ids, w)
+    for dtype in (np.complex64, np.complex128, np.bool_, np.object_):
+        with pytest.raises(ValueError, match="weights must be real numbers"):
+            moe.forward(x, ids, w.astype(dtype))
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("tiny", [1e-40, 1e-44, 1.4e-45])  # subnormal: max|w| / 127 underflows or its inverse overflows
+def test_rows_of_subnormal_weights_quantize_to_zero_and_load(method: str, tiny: float) -> None:
+    from ktforge.kernels.quantize import quantize
+
+    gate = np.full((E, I, H), tiny, np.float32)
+    gate[:, ::2, ::3] = 0.0  # zeros beside them: 0 * inf would be NaN
+    up, down = gate.copy(), np.full((E, H, I), tiny, np.float32)
+    group = 32 if method == "int4" else 128
+    q = quantize(gate, method, group)
+    assert q.scale is not None and (q.scale == 1).all()
+    assert (q.weight == (0 if method == "int8" else 0x88)).all()
+    for load in ("float", "quantized"):
+        layer = ktforge.MoE(E, K, H, I, method=method, group_size=group)
+        if load == "float":
+            layer.load_weights(gate, up, down)
+        else:
+            layer.load_quantized(*(quantize(w, method, group) for w in (gate, up, down)))
+        x, ids, w = inputs()
+        assert not layer.forward(x, ids, w).any()
 
 
 @pytest.mark.parametrize(

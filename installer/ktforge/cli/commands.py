@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -375,5 +376,51 @@ def _run_conversion(plan: Plan, output: Path, quant: str, group_size: int, threa
     )
 
 
+class _BestEffortStream:
+    """stderr for messages and progress: a closed or full stderr (``2>&-``, ``2>/dev/full``, a
+    vanished terminal) must not stop a conversion; what cannot be written is dropped."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+    def isatty(self) -> bool:
+        try:
+            return bool(self._stream.isatty())
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _standard_fds_open() -> None:
+    """A closed fd 0, 1 or 2 (``2>&-``) is opened on /dev/null: else the next file opened (a
+    layer being written) would take its number and receive whatever is printed to it."""
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the process's own stderr, never closed
+
+
 def main() -> None:
+    _standard_fds_open()
+    sys.stderr = _BestEffortStream(sys.stderr)
     app()

@@ -375,6 +375,9 @@ class MoE:
                 raise ValueError(f"{name} has shape {tuple(array.shape)}; expected ({T}, {self.top_k})")
         if ids_np.dtype.kind not in "iu":
             raise ValueError(f"ids must be integers, got {ids_np.dtype}")
+        # real numbers only: a complex weight would lose its imaginary part in the cast below
+        if weights_np.dtype.kind not in "fiu" and weights_np.dtype != _bf16_dtype():
+            raise ValueError(f"weights must be real numbers (float32 or bfloat16), got {weights_np.dtype}")
         x_kernel = _kernel_view(x_np, "x", copy)
         bf16 = x_np.dtype == _bf16_dtype()
         out = np.empty((T, self.hidden_size), dtype=x_np.dtype if bf16 else np.float32)

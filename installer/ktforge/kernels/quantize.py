@@ -9,7 +9,8 @@ Layout, for a projection of ``N`` output rows and ``K`` inputs (``[..., N, K]`` 
 Hugging Face checkpoints):
 - bf16: ``weight`` bfloat16 ``[..., N, K]`` (round to nearest even), no scale.
 - int8: ``weight`` int8 ``[..., N, K]``, symmetric per output row: ``scale`` float32
-  ``[..., N]`` = max|w| / 127 (1 for an all-zero row), ``q = clip(rint(w * (1 / scale)), ±127)``.
+  ``[..., N]`` = max|w| / 127 (1 where that is below the smallest normal float: an all-zero or
+  subnormal row, zero to float32 accuracy), ``q = clip(rint(w * (1 / scale)), ±127)``.
 - int4: K zero-padded to ``Kg``, a multiple of ``group``; symmetric per (row, group):
   ``scale`` float32 ``[..., N, Kg / group]`` = max|w| / 7; ``q`` in [-7, 7] stored as
   ``q + 8``, two per byte, even k in the low nibble: ``weight`` uint8 ``[..., N, Kg / 2]``.

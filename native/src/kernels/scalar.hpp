@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace kt {
 
@@ -24,8 +25,13 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// Symmetric quantization: q = round(x / scale) with scale = max|x| / qmax.
-inline float symmetric_scale(float max_abs, int qmax) { return max_abs > 0.f ? max_abs / qmax : 1.f; }
+// Symmetric quantization: q = round(x / scale) with scale = max|x| / qmax; 1 (so every q is 0)
+// when that is below the smallest normal float (all zero, or subnormal: zero to float32
+// accuracy), whose inverse would overflow to infinity and whose scale could underflow to 0.
+inline float symmetric_scale(float max_abs, int qmax) {
+  const float scale = max_abs / static_cast<float>(qmax);
+  return scale >= std::numeric_limits<float>::min() ? scale : 1.f;
+}
 // Clamps, then rounds half to even by adding and subtracting 1.5 * 2^23: exact for the
 // clamped range and equal to nearbyint in the default rounding mode, but without a libm
 // call where the compiler has no SSE4.1 rounding instruction, so it vectorizes.
