@@ -223,3 +223,45 @@ def test_a_hung_compiler_costs_one_timeout_not_one_per_probe(tmp_path: Path, mon
     assert seen.cpu_probe is not None and seen.cpu_probe["status"] == "compile-failed"
     assert seen.amx_probe is not None and seen.amx_probe["status"] == "compile-failed"
     assert shutil.which("cc") == str(bin_dir / "cc")
+
+
+def _kt_json(args: list[str], env: dict[str, str], cwd: Path) -> dict[str, object]:
+    done = subprocess.run([KT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 1), done.stderr
+    assert "Traceback" not in done.stderr
+    document = json.loads(done.stdout)
+    assert isinstance(document, dict)
+    return document
+
+
+def test_a_read_only_home_costs_the_doctor_nothing(tmp_path: Path) -> None:
+    # a container's read-only HOME: no cache can be written (for root too: HOME is a file here)
+    home = tmp_path / "home"
+    home.write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("KTFORGE_CACHE_DIR", "XDG_CACHE_HOME")}
+    env["HOME"] = str(home)
+    report = _kt_json(["doctor", "--json"], env, tmp_path)["report"]
+    assert isinstance(report, dict) and report["probes"]["cpu"]["status"] == "ok"  # compiled in a private temp dir
+    plan = _kt_json(["build", "--plan", "--json", "--source", str(Path(__file__).parents[1])], env, tmp_path)
+    assert plan
+
+
+def test_tools_printing_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    real_gcc, real_lscpu = shutil.which("gcc"), shutil.which("lscpu")
+    assert real_gcc and real_lscpu
+    # a localized lscpu (Latin-1 "Modèle") and a gcc whose banner has a stray byte
+    (bin_dir / "lscpu").write_bytes(
+        b'#!/bin/sh\n"' + real_lscpu.encode() + b'" "$@" | sed "s/Model name/Mod\\xe8le name/"\nprintf "\\377\\n"\n'
+    )
+    (bin_dir / "gcc").write_bytes(
+        b'#!/bin/sh\nif [ "$1" = --version ]; then printf "gcc (Debian \\377) 12.2.0\\n"; exit 0; fi\nexec "'
+        + real_gcc.encode()
+        + b'" "$@"\n'
+    )
+    for tool in ("lscpu", "gcc"):
+        (bin_dir / tool).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", KTFORGE_CACHE_DIR=str(tmp_path / "cache"))
+    document = _kt_json(["doctor", "--json"], env, tmp_path)
+    assert document["checks"]

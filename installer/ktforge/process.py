@@ -124,7 +124,10 @@ def _text(data: bytes | None) -> str:
 def import_path() -> list[str]:
     """This process's import path for a child Python: ``PYTHONPATH`` and ``sys.path``, absolute
     entries only, without the working directory."""
-    cwd = Path.cwd().resolve()
+    try:
+        cwd: Path | None = Path.cwd().resolve()
+    except OSError:  # a working directory deleted meanwhile
+        cwd = None
     entries = [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path]
     kept = [p for p in entries if p and Path(p).is_absolute() and Path(p).resolve() != cwd]
     return list(dict.fromkeys(kept))
