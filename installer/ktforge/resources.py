@@ -49,10 +49,10 @@ def private_cache_dir(*parts: str) -> Path | None:
     """``cache_dir()/parts``, created private (0700), or None when it cannot be: unwritable (a
     read-only HOME), or another user can write it or a parent of it. What is read from a
     cache (compiled probes above all, which are executed) is trusted only there."""
-    path = cache_dir().joinpath(*parts)
     try:
+        path = cache_dir().joinpath(*parts)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError:
+    except (OSError, RuntimeError, KeyError):  # RuntimeError, KeyError: no HOME and no passwd entry
         return None
     return path if owned_private_dir(path) else None
 

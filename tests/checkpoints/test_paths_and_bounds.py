@@ -231,8 +231,10 @@ def test_deeply_nested_json_is_one_line(tmp_path: Path, where: str) -> None:
         {"layers": {"1": {"file": 3, "bytes": 1}}},
         {"layers": {"x": {}}},
         {"layers": {"1": {"file": "layer-001.safetensors", "bytes": 10, "tensors": {"gate.weight": {}}}}},
+        {"num_experts": 2**40},
+        {"method": ["int8"]},
     ],
-    ids=["list", "string-entry", "number-file", "bad-key", "tensor-without-facts"],
+    ids=["list", "string-entry", "number-file", "bad-key", "tensor-without-facts", "huge-size", "bad-method"],
 )
 @pytest.mark.parametrize("which", ["manifest.json", ".ktforge-convert.json"])
 def test_a_damaged_manifest_or_state_is_one_line(
@@ -241,9 +243,9 @@ def test_a_damaged_manifest_or_state_is_one_line(
     manifest = json.loads((converted / "manifest.json").read_text())
     (converted / which).write_text(json.dumps({**manifest, **damage}))
     result = kt_convert(tmp_path / "hf", converted, "--quant", "int8")
-    assert result.exit_code == 2 and "damaged" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and ": damaged (" in result.output and "Traceback" not in result.output
     if which == "manifest.json":
-        with pytest.raises(ValueError, match="damaged"):
+        with pytest.raises(ValueError, match=": damaged \\("):
             ktforge.MoE.from_pretrained(converted, layer=1)
 
 

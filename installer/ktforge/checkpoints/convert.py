@@ -449,6 +449,8 @@ def _manifest_problem(document: object) -> str | None:
     for size in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
         if size in document and not (_is_size(document[size]) and 0 < document[size] < 2**31):
             return f"{size} is not a positive size below 2^31"
+    if document.get("method", "bf16") not in METHODS or document.get("group_size") not in (None, 0, *GROUP_SIZES):
+        return "its method or group size is not one ktforge computes"
     return None
 
 
@@ -472,6 +474,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     for size in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
         if size not in manifest:
             raise ConversionError(f"{path}: damaged ({size} is missing); convert again")
+    if "method" not in manifest:
+        raise ConversionError(f"{path}: damaged (method is missing); convert again")
     return manifest
 
 
