@@ -122,15 +122,16 @@ def _text(data: bytes | None) -> str:
 
 
 def import_path() -> list[str]:
-    """This process's import path for a child Python: ``PYTHONPATH`` and ``sys.path``, absolute
-    entries only, without the working directory."""
+    """This process's import path for a child Python: the absolute entries of ``PYTHONPATH``
+    (the user's own setting, kept as given), then those of ``sys.path`` but the working
+    directory (which ``python -m`` or ``-c`` put there, not the user)."""
     try:
         cwd: Path | None = Path.cwd().resolve()
     except OSError:  # a working directory deleted meanwhile
         cwd = None
-    entries = [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path]
-    kept = [p for p in entries if p and Path(p).is_absolute() and Path(p).resolve() != cwd]
-    return list(dict.fromkeys(kept))
+    explicit = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_absolute()]
+    inherited = [p for p in sys.path if p and Path(p).is_absolute() and Path(p).resolve() != cwd]
+    return list(dict.fromkeys([*explicit, *inherited]))
 
 
 def python_command(

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ktforge import process
 from ktforge.build import backends as backends_table
 from ktforge.detect.features import COMPILER_MACROS
 
@@ -26,23 +27,22 @@ RECORD_VERSION = 1
 
 
 def compiled_features(compiler: str, flags: list[str]) -> list[str]:
-    done = subprocess.run(
-        [compiler, *flags, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True, check=True
-    )
+    done = process.run([compiler, *flags, "-dM", "-E", "-x", "c++", os.devnull], timeout=120)
+    if done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
     defined = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define ")}
     return [name for macro, name in COMPILER_MACROS.items() if macro in defined]
 
 
 def _git_revision(source_dir: str) -> str:
     try:
-        done = subprocess.run(["git", "-C", source_dir, "rev-parse", "HEAD"], capture_output=True, text=True)
-    except OSError:
+        done = process.run(["git", "-C", source_dir, "rev-parse", "HEAD"], timeout=60)
+        if done.returncode != 0:
+            return "unknown"
+        status = ["git", "-C", source_dir, "status", "--porcelain", "--untracked-files=no"]
+        dirty = process.run(status, timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    if done.returncode != 0:
-        return "unknown"
-    dirty = subprocess.run(
-        ["git", "-C", source_dir, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-    ).stdout.strip()
     return done.stdout.strip() + ("+dirty" if dirty else "")
 
 

@@ -25,7 +25,11 @@ from ktforge import process
 from ktforge.build.planner import Plan, PlanError
 from ktforge.build.verify import Verified
 
+# Every command has a time limit (a hung compiler or index is stopped, with its process group):
+# generous for compiling, which takes minutes on 2 cores.
+BUILD_TIMEOUT_S = 3 * 3600.0
 VERIFY_TIMEOUT_S = 600.0
+INSTALL_TIMEOUT_S = 600.0
 
 # --- building ------------------------------------------------------------------------------
 
@@ -42,7 +46,7 @@ def build_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _run_python_module(module: str, args: list[str], log: Path, cwd: Path, timeout: float | None = None) -> bool:
+def _run_python_module(module: str, args: list[str], log: Path, cwd: Path, timeout: float) -> bool:
     """``python -m module args`` (isolated: see ktforge.process), its output appended to ``log``."""
     command = process.python_module_command(module, args)
     with log.open("a") as out:
@@ -75,7 +79,7 @@ def build_wheel(plan: Plan, source: Path, step: Callable[[str], None]) -> tuple[
         pip_args.append(f"--config-settings=cmake.define.{key}={value}")
     pip_args.append(str(source))
     step(f"compiling {plan.backend} ({' '.join(plan.flags)})")
-    if not _run_python_module("pip", pip_args, log, source):
+    if not _run_python_module("pip", pip_args, log, source, BUILD_TIMEOUT_S):
         raise PlanError(f"the build failed; the full log is {log}")
     wheels = sorted(dist.glob("ktforge-*.whl"))
     if not wheels:
@@ -121,7 +125,8 @@ def verify_wheel(wheel: Path, log: Path) -> list[Verified]:
 
 
 def install_wheel(wheel: Path, log: Path) -> None:
-    if not _run_python_module("pip", ["install", "--no-deps", "--force-reinstall", str(wheel)], log, wheel.parent):
+    args = ["install", "--no-deps", "--force-reinstall", str(wheel)]
+    if not _run_python_module("pip", args, log, wheel.parent, INSTALL_TIMEOUT_S):
         raise PlanError(f"installing {wheel.name} failed; the full log is {log}")
 
 
@@ -130,7 +135,8 @@ def repair_wheel(wheel: Path, dist: Path, log: Path) -> Path:
     links beside it); the repaired wheel goes to ``dist``."""
     out = Path(tempfile.mkdtemp(prefix="kt-repair-"))
     try:
-        if not _run_python_module("auditwheel", ["repair", "--wheel-dir", str(out), str(wheel)], log, wheel.parent):
+        args = ["repair", "--wheel-dir", str(out), str(wheel)]
+        if not _run_python_module("auditwheel", args, log, wheel.parent, INSTALL_TIMEOUT_S):
             raise PlanError(f"auditwheel could not tag {wheel.name}; the full log is {log}")
         [repaired] = out.glob("*.whl")
         dist.mkdir(parents=True, exist_ok=True)
