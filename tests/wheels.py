@@ -14,8 +14,19 @@ from typing import Any
 def run_in_new_venv(wheel: Path, script: str, where: Path) -> tuple[Path, dict[str, Any]]:
     """(the venv, the JSON the script printed on its last line)."""
     venv = where / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    # Not --system-site-packages: inside a virtualenv (./install.sh's .venv on Debian's Python)
+    # that would see the base interpreter's packages, not this environment's. This
+    # environment's site directories are appended instead, after the new venv's own.
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
+    own = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
+    Path(own, "_test_dependencies.pth").write_text("\n".join(ours) + "\n")
     pip = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed"]
     subprocess.run([*pip, str(wheel)], check=True)
     done = subprocess.run(

