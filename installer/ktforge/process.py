@@ -79,12 +79,15 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     log: IO[str] | None = None,
+    remember_hang: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``argv``; output captured as text (or appended to ``log``, stderr included).
 
     Raises ``subprocess.TimeoutExpired`` (with what it printed) when the command ran past
     ``timeout`` or the budget, after killing its process group, and at once for a program
-    that hung before. ``OSError`` when it cannot be started."""
+    that hung before (``remember_hang=False``: a hang that depends on the arguments, a probe
+    loading one library, is not held against the program). ``OSError`` when it cannot be
+    started."""
     program = argv[0] if os.sep in argv[0] else which(argv[0])
     if program is None:  # never Popen's own search, which takes relative PATH entries
         raise FileNotFoundError(errno.ENOENT, f"{argv[0]}: not found on PATH", argv[0])
@@ -112,7 +115,8 @@ def run(
             out, err = process.communicate(None if input is None else input.encode(), timeout=limit)
         except subprocess.TimeoutExpired:
             _kill_group(process)
-            _hung.add(executable)
+            if remember_hang:
+                _hung.add(executable)
             try:  # what it printed so far; a descendant that left the group may hold the pipes
                 out, err = process.communicate(timeout=1.0)
             except subprocess.TimeoutExpired:

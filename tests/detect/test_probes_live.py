@@ -101,3 +101,18 @@ def test_no_compiler_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(probe_runner, "which", lambda name: None)
     outcome = probe_runner.run_probe("cpu")
     assert outcome.status == "no-compiler" and "install.sh deps" in outcome.detail
+
+
+def test_a_probe_that_hangs_on_one_library_still_answers_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the BLIS probe runs once per library: a library that hangs it must not silence the others
+    _fake_probe(
+        tmp_path,
+        monkeypatch,
+        "#include <stdio.h>\n#include <string.h>\n#include <unistd.h>\n"
+        'int main(int argc, char** argv) { if (argc > 1 && !strcmp(argv[1], "hang")) for (;;) pause();'
+        ' puts("{}"); return 0; }\n',
+    )
+    assert probe_runner.run_probe("fake", ["hang"], timeout_s=0.5).status == "timeout"
+    assert probe_runner.run_probe("fake", ["fine"], timeout_s=5).status == "ok"

@@ -144,7 +144,8 @@ def run_probe(
     run_env = dict(os.environ)
     run_env.update(env or {})
     try:
-        done = process.run([str(binary), *args], timeout=timeout_s, env=run_env)
+        # a hang is the arguments' (the BLIS library probed), not the probe's: the next may answer
+        done = process.run([str(binary), *args], timeout=timeout_s, env=run_env, remember_hang=False)
     except subprocess.TimeoutExpired as exc:
         partial = exc.output if isinstance(exc.output, str) else ""
         return ProbeOutcome("timeout", f"no answer within {timeout_s:.0f} s; printed: {partial[-500:]!r}")
