@@ -121,7 +121,9 @@ def test_output_of_any_bytes_is_text(tmp_path: Path) -> None:
     assert process.run([str(tool)], timeout=10).stdout == "Mod\ufffdle: \ufffd\n"
 
 
-def test_which_ignores_relative_path_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_which_ignores_relative_and_world_writable_path_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "cc").write_text("#!/bin/sh\n")
     (tmp_path / "cc").chmod(0o755)
     monkeypatch.chdir(tmp_path)
@@ -129,6 +131,8 @@ def test_which_ignores_relative_path_entries(tmp_path: Path, monkeypatch: pytest
     assert process.which("cc") is None
     monkeypatch.setenv("PATH", str(tmp_path))
     assert process.which("cc") == str(tmp_path / "cc")
+    tmp_path.chmod(0o1777)  # anyone may plant a cc here (the sticky bit only guards deletion)
+    assert process.which("cc") is None
 
 
 # ---- caches ---------------------------------------------------------------------------------

