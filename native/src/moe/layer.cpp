@@ -15,12 +15,16 @@
 namespace kt {
 namespace {
 
-// Task shapes. A gate/up task covers 64 intermediate columns (4 gate + 4 up blocks of
-// 16) for up to kRowChunk tokens; a down task 64 hidden columns. Small enough to
-// balance a few hot experts across threads, large enough to amortise the dispatch.
+// Task shapes. A gate/up task covers kGateUpCols packed columns: 6 pairs of a 16-column gate
+// block and its 16-column up block (96 intermediate columns), for up to kRowChunk tokens; a
+// down task kDownCols hidden columns (6 blocks of 16). Small enough to balance a few hot
+// experts across threads, large enough to amortise the dispatch. Rows need no multiple: every
+// kernel spreads a task's rows over its row groups, ragged ends included.
 constexpr int kGateUpCols = 192;
 constexpr int kDownCols = 96;
-constexpr int kRowChunk = 192;  // a multiple of every kernel's row blocking (4, 6)
+constexpr int kRowChunk = 192;
+static_assert(kGateUpCols % 32 == 0, "a gate/up task holds whole gate+up block pairs: silu(gate) * up pairs them");
+static_assert(kDownCols % 16 == 0, "a down task holds whole 16-column panel blocks");
 
 // One unit of a parallel phase: rows [r0, r1) of an expert's sorted positions and output
 // columns [n0, n1); n0 < 0 means every column at once, through AOCL.
