@@ -98,7 +98,7 @@ system_deps() {
 install_packages() {
   local py=$1; shift
   local plan
-  plan=$(PYTHONPATH="$ROOT/installer" "$py" -m ktforge.build.sysdeps "$@") \
+  plan=$(PYTHONPATH="$ROOT/installer" "$py" -m ktforge.builder.sysdeps "$@") \
     || die "missing $*; install them with your package manager"
   say "installing system packages for: $*"
   while IFS= read -r line; do

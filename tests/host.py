@@ -12,8 +12,8 @@ import functools
 from typing import Any
 
 import ktforge
-from ktforge.build import recipes
-from ktforge.build.assessment import assess
+from ktforge.builder import recipes
+from ktforge.builder.assessment import assess
 from ktforge.detect import evidence
 
 

@@ -181,12 +181,12 @@ def test_a_deeply_nested_snapshot_is_one_line(tmp_path: Path) -> None:
 
 
 def test_doctor_that_breaks_exits_2_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ktforge.build.assessment
+    import ktforge.builder.assessment
 
     def explode(_: object) -> None:
         raise RuntimeError("simulated internal failure")
 
-    monkeypatch.setattr(ktforge.build.assessment, "assess", explode)
+    monkeypatch.setattr(ktforge.builder.assessment, "assess", explode)
     result = runner.invoke(cli.app, ["doctor"])
     assert result.exit_code == 2
     assert "kt doctor failed: RuntimeError: simulated internal failure" in result.stderr

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from ktforge.build.assessment import assess
+from ktforge.builder.assessment import assess
 from ktforge.cli.doctor import run_checks
 from ktforge.cli.doctor_schema import doctor_document, generate, to_text
 from ktforge.detect import evidence

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from ktforge.build.assessment import assess
+from ktforge.builder.assessment import assess
 from ktforge.detect.amx import interpret
 from ktforge.detect.evidence import Evidence
 

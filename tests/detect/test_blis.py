@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ktforge.build.assessment import assess
+from ktforge.builder.assessment import assess
 from ktforge.cli.doctor import run_checks
 from ktforge.detect import blis
 from ktforge.detect.evidence import Evidence

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from ktforge.build.assessment import assess
+from ktforge.builder.assessment import assess
 from ktforge.cli.doctor import exit_code, run_checks
 from ktforge.detect import evidence
 

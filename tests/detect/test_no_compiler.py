@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ktforge.build.assessment import assess
+from ktforge.builder.assessment import assess
 from ktforge.detect import dumps, pycpuinfo
 from ktforge.detect.evidence import Evidence
 

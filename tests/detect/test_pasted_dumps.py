@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ktforge.build.assessment import assess
+from ktforge.builder.assessment import assess
 from ktforge.cli import commands as cli
 from ktforge.detect import dumps, evidence
 

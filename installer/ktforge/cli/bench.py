@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ktforge.build import backends as backends_table
+from ktforge.builder import backends as backends_table
 from ktforge.kernels import MAX_THREADS
 from ktforge.resources import data_path, load_toml
 

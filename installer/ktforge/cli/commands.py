@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ktforge import __version__
-from ktforge.build.recipes import load_recipes
+from ktforge.builder.recipes import load_recipes
 
 RECIPE_NAMES = tuple(r.name for r in load_recipes())  # best first
 
@@ -67,7 +67,7 @@ def doctor(
             typer.echo(f"{cid:28} {category:10} {title}")
         raise typer.Exit(0)
     try:
-        from ktforge.build.assessment import assess
+        from ktforge.builder.assessment import assess
         from ktforge.cli.doctor_schema import doctor_document, to_text
         from ktforge.cli.render import render, use_color
         from ktforge.detect import evidence as evidence_mod
@@ -128,8 +128,8 @@ def build(
     """
     from rich.console import Console
 
-    from ktforge.build import executor, planner
-    from ktforge.build.assessment import assess
+    from ktforge.builder import executor, planner
+    from ktforge.builder.assessment import assess
     from ktforge.detect import evidence as evidence_mod
 
     source = source.resolve()

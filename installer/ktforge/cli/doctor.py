@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, TypedDict, get_args
 
-from ktforge.build import backends as backends_table
-from ktforge.build.assessment import Assessment
+from ktforge.builder import backends as backends_table
+from ktforge.builder.assessment import Assessment
 from ktforge.detect.blis import AOCL_INT8_NEEDS
 from ktforge.detect.report_types import BlisSection, Compiler, ProbeSummary, Schema
 
@@ -115,7 +115,7 @@ def _no_compiler(r: Assessment) -> bool:
 
 def _compiler_commands() -> tuple[str, ...]:
     """./install.sh deps, and the package manager's own command from the same table."""
-    from ktforge.build import sysdeps
+    from ktforge.builder import sysdeps
 
     try:
         direct = [shlex.join(c) for c in sysdeps.commands(["cc", "cxx"], sysdeps.distribution_ids())]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict, get_args, get_origin, get_type_hints, is_typeddict
 
 from ktforge import __version__
-from ktforge.build.assessment import Assessment
+from ktforge.builder.assessment import Assessment
 from ktforge.cli.doctor import Finding, FindingJson, Summary, summarize
 from ktforge.detect.report_types import RecommendedBackend, Schema
 
@@ -57,7 +57,7 @@ def to_text(document: object) -> str:
 
 def recommended_backends() -> list[str]:
     """Every value ``backend.recommended`` can take: the recipes, best first, then none/unknown."""
-    from ktforge.build.recipes import load_recipes
+    from ktforge.builder.recipes import load_recipes
 
     return [r.name for r in load_recipes()] + ["none", "unknown"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import TextIO
 
-from ktforge.build.assessment import Assessment
+from ktforge.builder.assessment import Assessment
 from ktforge.cli.doctor import Finding, summarize
 from ktforge.detect.report_types import MachineReport
 

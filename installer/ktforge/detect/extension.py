@@ -36,7 +36,7 @@ except Exception as exc:
     print(json.dumps({"status": "broken", "path": origin, "error": f"{type(exc).__name__}: {exc}"}))
     sys.exit(0)
 import ktforge
-from ktforge.build.build_record import installed_record
+from ktforge.builder.build_record import installed_record
 try:
     import ktforge.kernels.moe  # runs the import guard, exactly as using the kernels does
 except Exception as exc:

@@ -308,7 +308,7 @@ def _probe_summary(outcome: ProbeOutcomeJson | None) -> ProbeSummary | None:
 
 def build_report(ev: Evidence) -> MachineReport:
     """The facts of the machine that ``ev`` saw; the choice of backend is not made here (see
-    :func:`ktforge.build.assessment.assess`)."""
+    :func:`ktforge.builder.assessment.assess`)."""
     cpu, disagreements = _cpu_section(ev)
     usable = set(cpu["usable_features"] or ())
     cpu_has_amx = None if cpu["features"] is None else "amx_tile" in cpu["features"]

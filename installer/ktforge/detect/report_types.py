@@ -289,7 +289,7 @@ class Probes(TypedDict):
 
 class MachineReport(TypedDict):
     """What the machine is and allows: facts only (the choice of backend is the build stage's,
-    :class:`ktforge.build.assessment.Assessment`)."""
+    :class:`ktforge.builder.assessment.Assessment`)."""
 
     schema_version: Literal[1]
     source: Source

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ktforge.build import backends as backends_table
+from ktforge.builder import backends as backends_table
 from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
 from ktforge.kernels import MAX_THREADS
 from ktforge.kernels.quantize import METHODS, Quantized
@@ -42,7 +42,7 @@ def import_guard() -> str | None:
     import os
 
     import ktforge._native as native
-    from ktforge.build.build_record import checked_record
+    from ktforge.builder.build_record import checked_record
 
     # a missing, empty, invalid or mismatched record refuses the import: never a skipped guard
     record = checked_record(dict(native.build_info()))
@@ -406,7 +406,7 @@ def build_info() -> dict[str, Any]:
     "selection" the level backend='auto' runs here and why each better compiled one does not
     (KTFORGE_BACKEND, when set, overrides it)."""
     import ktforge._native as _native
-    from ktforge.build.build_record import installed_record
+    from ktforge.builder.build_record import installed_record
 
     info = dict(_native.build_info())
     choice = backends_table.select(

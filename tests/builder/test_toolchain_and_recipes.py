@@ -6,8 +6,8 @@ import json
 import shutil
 from typing import Any
 
-from ktforge.build import recipes
-from ktforge.build.assessment import assess
+from ktforge.builder import recipes
+from ktforge.builder.assessment import assess
 from ktforge.cli.doctor import run_checks
 from ktforge.detect import toolchain
 from ktforge.detect.evidence import Evidence

@@ -1,5 +1,5 @@
-"""Verification of a freshly built wheel: run as ``python -S -m ktforge.build.verify`` from the
-unpacked wheel (ktforge.build.executor does), it checks every compiled backend that runs here, for
+"""Verification of a freshly built wheel: run as ``python -S -m ktforge.builder.verify`` from the
+unpacked wheel (ktforge.builder.executor does), it checks every compiled backend that runs here, for
 every method, against the reference backend on random data, and a GEMM through the linked
 AOCL-BLAS where the build has one. Prints one JSON list of results on its last line.
 """

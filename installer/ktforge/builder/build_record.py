@@ -1,6 +1,6 @@
 """The build record: what the installed extension was built with and what it needs.
 
-Written at configure time by CMake (``python -m ktforge.build.build_record ...``) into
+Written at configure time by CMake (``python -m ktforge.builder.build_record ...``) into
 ``build_record.json`` beside the extension, so it can be read without importing the
 extension. The CPU features each backend needs come from the compiler's predefined macros
 for that backend's exact flags, not from the build host.
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ktforge import process
-from ktforge.build import backends as backends_table
+from ktforge.builder import backends as backends_table
 from ktforge.detect.features import COMPILER_MACROS
 
 RECORD_NAME = "build_record.json"

@@ -4,7 +4,7 @@ Run by ``./install.sh deps`` before ktforge itself is installed, so it needs onl
 standard library; the distribution is read with the ``distro`` package when it is
 importable and from /etc/os-release otherwise (what ``distro`` reads on Linux too).
 
-    python -m ktforge.build.sysdeps cxx cmake ...   prints one shell command per line (or exit 3:
+    python -m ktforge.builder.sysdeps cxx cmake ...   prints one shell command per line (or exit 3:
                                               unknown distribution, with the list on stderr)
 """
 

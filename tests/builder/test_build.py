@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 import ktforge
-from ktforge.build import executor, planner
-from ktforge.build.assessment import assess
-from ktforge.build.build_record import installed_record
+from ktforge.builder import executor, planner
+from ktforge.builder.assessment import assess
+from ktforge.builder.build_record import installed_record
 from ktforge.cli import commands as cli
 from ktforge.detect import blis, evidence, toolchain
 from ktforge.detect.features import COMPILER_MACROS
@@ -70,7 +70,7 @@ def test_forcing_amx_on_zen4_names_every_missing_gate(live_toolchain: dict[str, 
 def test_amd_blis_without_a_working_addon_is_refused_before_compiling(live_toolchain: dict[str, Any]) -> None:
     report = fixture_report("linux-rocky8.5-zen4", live_toolchain)
     report["blis"] = {"selected": None, "libraries": [], "searched": [], "selected_library_dir": None}
-    from ktforge.build.assessment import recommend
+    from ktforge.builder.assessment import recommend
 
     report["backend"] = recommend(report)
     plan = planner.make_plan(report, backend="amd-blis")

@@ -6,7 +6,7 @@ This is the document ``kt doctor`` prints and ``kt build`` plans from.
 
 from __future__ import annotations
 
-from ktforge.build.recipes import BackendChoice, RecipeFacts, choose
+from ktforge.builder.recipes import BackendChoice, RecipeFacts, choose
 from ktforge.detect.evidence import Evidence
 from ktforge.detect.report import build_report
 from ktforge.detect.report_types import MachineReport

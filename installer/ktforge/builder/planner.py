@@ -4,7 +4,7 @@ The plan names the recipe (auto: the report's recommendation), its flags, the re
 every rejected recipe why not. A forced recipe whose gates fail is refused before compiling,
 each gate with its remedy (recipes.GATE_REMEDIES). Host builds use -march=native plus the
 recipe's flags; target builds use the target's own -march from archspec, checked by the
-compile probe: never a silent fallback. ktforge.build.executor carries a plan out.
+compile probe: never a silent fallback. ktforge.builder.executor carries a plan out.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
-from ktforge.build import backends as backends_table
-from ktforge.build import recipes
-from ktforge.build.assessment import Assessment
+from ktforge.builder import backends as backends_table
+from ktforge.builder import recipes
+from ktforge.builder.assessment import Assessment
 from ktforge.detect import toolchain
 from ktforge.detect.report_types import Compiler, MachineReport
 from ktforge.process import which

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ktforge.build import sysdeps
+from ktforge.builder import sysdeps
 
 
 @pytest.mark.parametrize(

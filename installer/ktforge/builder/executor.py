@@ -1,8 +1,8 @@
-"""Carrying out a Plan (ktforge.build.planner): build, verify, install.
+"""Carrying out a Plan (ktforge.builder.planner): build, verify, install.
 
 Build: scikit-build-core (CMake + Ninja) into a wheel, in a build directory per plan hash
 (rebuilds take seconds), under a lock, with the full log kept. Verify: the wheel is unpacked
-aside and ``python -m ktforge.build.verify`` checks every compiled kernel that runs here against the
+aside and ``python -m ktforge.builder.verify`` checks every compiled kernel that runs here against the
 reference on random data before anything is installed, so a failed build or verification
 leaves the previous install as it was.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import NotRequired, TypedDict
 
 from ktforge import process
-from ktforge.build.planner import Plan, PlanError
-from ktforge.build.verify import Verified
+from ktforge.builder.planner import Plan, PlanError
+from ktforge.builder.verify import Verified
 
 # Every command has a time limit (a hung compiler or index is stopped, with its process group):
 # generous for compiling, which takes minutes on 2 cores.
@@ -101,7 +101,7 @@ def verify_wheel(wheel: Path, log: Path) -> list[Verified]:
             archive.extractall(tmp)
         site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
         # site=False: the unpacked wheel, not an installed (or editable) ktforge, is what gets imported
-        command = process.python_module_command("ktforge.build.verify", paths=[tmp, *site], site=False)
+        command = process.python_module_command("ktforge.builder.verify", paths=[tmp, *site], site=False)
         try:
             done = process.run(command, timeout=VERIFY_TIMEOUT_S)
         except subprocess.TimeoutExpired:

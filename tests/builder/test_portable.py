@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import ktforge
-from ktforge.build import backends, executor, planner
-from ktforge.build.assessment import assess
-from ktforge.build.build_record import compiled_features
+from ktforge.builder import backends, executor, planner
+from ktforge.builder.assessment import assess
+from ktforge.builder.build_record import compiled_features
 from ktforge.detect import blis, evidence
 
 from .. import host
@@ -168,7 +168,7 @@ def test_the_wheel_is_tagged_and_holds_every_level(portable: tuple[Path, Path]) 
 PORTABLE_IN_A_VENV = """
 import json, os, numpy as np, ktforge
 assert not any(k.startswith("KTFORGE_") for k in os.environ), "the test must run without overrides"
-from ktforge.build import verify
+from ktforge.builder import verify
 info = ktforge.build_info()
 moe = ktforge.MoE(4, 2, 64, 64)
 moe.load_weights(*(np.ones(s, np.float32) for s in ((4, 64, 64),) * 3))

@@ -13,8 +13,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 import ktforge
-from ktforge.build import backends, recipes
-from ktforge.build.planner import BACKEND_CHOICES
+from ktforge.builder import backends, recipes
+from ktforge.builder.planner import BACKEND_CHOICES
 from ktforge.cli import commands as cli
 from ktforge.detect import features
 from ktforge.detect.report_types import BlisSection
@@ -75,7 +75,7 @@ def test_the_extension_reads_cpuid_as_the_probes_decode_it() -> None:
 
 def test_generated_code_is_refused_for_an_unknown_backend(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "ktforge.build.backends", "registry", str(tmp_path / "r.hpp"), "avx2;avx1024"],
+        [sys.executable, "-m", "ktforge.builder.backends", "registry", str(tmp_path / "r.hpp"), "avx2;avx1024"],
         capture_output=True,
         text=True,
     )
