@@ -176,8 +176,13 @@ def python_command(
 
 
 def python_module_command(
-    module: str, args: Sequence[str] = (), *, paths: Sequence[str] | None = None, site: bool = True
+    module: str,
+    args: Sequence[str] = (),
+    *,
+    python: str = sys.executable,
+    paths: Sequence[str] | None = None,
+    site: bool = True,
 ) -> list[str]:
     """argv running ``python -m module args`` the way :func:`python_command` runs code."""
     code = f"import runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
-    return python_command(code, args, paths=paths, site=site)
+    return python_command(code, args, python=python, paths=paths, site=site)

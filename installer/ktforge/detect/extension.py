@@ -17,35 +17,7 @@ from ktforge import process
 from ktforge.detect.report_types import ExtensionStatus
 
 MODULE = "ktforge._native"
-
-_CHILD = r"""
-import importlib, importlib.util, json, sys
-name = sys.argv[1]
-try:
-    spec = importlib.util.find_spec(name)
-except Exception as exc:
-    print(json.dumps({"status": "broken", "error": f"{type(exc).__name__}: {exc}"})); sys.exit(0)
-if spec is None:
-    print(json.dumps({"status": "missing"})); sys.exit(0)
-origin = spec.origin
-print(json.dumps({"status": "located", "path": origin}), flush=True)
-try:
-    module = importlib.import_module(name)
-    info = module.build_info()
-except Exception as exc:
-    print(json.dumps({"status": "broken", "path": origin, "error": f"{type(exc).__name__}: {exc}"}))
-    sys.exit(0)
-import ktforge
-from ktforge.builder.build_record import installed_record
-try:
-    import ktforge.kernels.moe  # runs the import guard, exactly as using the kernels does
-except Exception as exc:
-    print(json.dumps({"status": "refused", "path": origin, "error": str(exc), "build_info": dict(info)}))
-    sys.exit(0)
-print(json.dumps({"status": "importable", "path": origin, "build_info": dict(info),
-                  "package_version": ktforge.__version__, "record": installed_record(),
-                  "selection": ktforge.kernels.moe.build_info()["selection"]}))
-"""
+CHILD = "ktforge.detect.extension_child"  # what the child runs
 
 
 def _status(child: dict[str, Any], **changes: str) -> ExtensionStatus:
@@ -67,7 +39,7 @@ def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float
     try:
         # The child imports the way this process does (same interpreter, import path and site
         # setting), isolated: nothing from the working directory.
-        command = process.python_command(_CHILD, [module], python=python, site=not sys.flags.no_site)
+        command = process.python_module_command(CHILD, [module], python=python, site=not sys.flags.no_site)
         done = process.run(command, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"status": "broken", "error": f"importing {module} did not finish in time"}

@@ -16,27 +16,6 @@ from ktforge import process
 from ktforge.detect.features import PYCPUINFO_NAMES
 from ktforge.detect.report_types import PycpuinfoResult
 
-# py-cpuinfo's own CPUID path (its get_cpu_info() prefers /proc/cpuinfo on Linux, a source the
-# report already has, and spends a second measuring the clock). It executes machine code, so
-# it runs in a child process: a fault there cannot take the doctor down.
-_CHILD = r"""
-import json
-from cpuinfo import cpuinfo as c
-arch, _ = c._parse_arch(c.DataSource.arch_string_raw)
-if arch not in ("X86_32", "X86_64"):
-    print(json.dumps({"status": "failed", "detail": f"not an x86 CPU ({arch})"}))
-    raise SystemExit
-cpuid = c.CPUID(c.Trace(False, False))
-if cpuid.is_selinux_enforcing:
-    print(json.dumps({"status": "failed", "detail": "SELinux is enforcing: py-cpuinfo cannot execute CPUID"}))
-    raise SystemExit
-top = cpuid.get_max_extension_support()
-info = cpuid.get_info()
-print(json.dumps({"status": "ok", "vendor": cpuid.get_vendor_id(), "brand": cpuid.get_processor_brand(top),
-                  "family": info["family"], "model": info["model"], "stepping": info["stepping"],
-                  "flags": cpuid.get_flags(top)}))
-"""
-
 
 def collect(timeout_s: float = 20.0) -> PycpuinfoResult:
     """``{"status": "ok", "vendor", "brand", "family", "model", "stepping", "flags"}`` with linux
@@ -44,7 +23,8 @@ def collect(timeout_s: float = 20.0) -> PycpuinfoResult:
     if importlib.util.find_spec("cpuinfo") is None:
         return {"status": "unavailable", "detail": "py-cpuinfo is not installed (pip install py-cpuinfo)"}
     try:
-        done = process.run(process.python_command(_CHILD), timeout=timeout_s)
+        # in a child: py-cpuinfo executes machine code (see ktforge.detect.pycpuinfo_child)
+        done = process.run(process.python_module_command("ktforge.detect.pycpuinfo_child"), timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"status": "failed", "detail": f"py-cpuinfo's CPUID child did not finish: {exc}"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
