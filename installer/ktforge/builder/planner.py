@@ -166,42 +166,9 @@ def make_plan(report: Assessment, backend: str = "auto", target: str | None = No
             [_missing(g["gate"], f"{g['gate']}: {g['detail']}") for g in lowest["failed_gates"]],
         )
     recipe = next(r for r in recipes.load_recipes() if r.name == name)
-    chosen = evaluated[name]
-    reasons = [f"{g['gate']}: {g['detail']}" for g in chosen["gates"] if g["status"] == "pass"]
-    if backend == "auto":
-        reasons.insert(0, f"{name} is the highest-priority recipe whose gates pass on this machine")
-    if target is None:
-        # a host build: every gate must hold here (unknown library evidence counts as failed)
-        missing += [_missing(g["gate"], f"{g['gate']}: {g['detail']}") for g in chosen["failed_gates"]]
-    else:
-        # a target build: the target's features (archspec) must meet the recipe, this host's need not
-        reasons = [f"--target {target}: built for that machine; this machine's execution gates are not required"]
-        try:
-            have = target_features(target)
-            lacking = [f for f in recipe.requires.get("cpu_features", []) if f not in have]
-            if lacking:
-                missing.append(_missing("target_features", f"{target} lacks {', '.join(lacking)}"))
-            else:
-                reasons.append(f"{target} has {', '.join(recipe.requires.get('cpu_features', []))}")
-        except KeyError:
-            pass  # an unknown target is reported below, with the list of known ones
-    flags: list[str] = []
-    if compiler is None:
-        missing.append(_missing("compiler", "no C++ compiler found"))
-    else:
-        floor = (recipe.min_compiler or {}).get(compiler["family"])
-        if floor and _version_tuple(compiler["version"]) < _version_tuple(floor):
-            old = f"{compiler['name']} {compiler['version']} is older than {floor}, the oldest that builds {name}"
-            missing.append(_missing("compiler_version", old))
-        try:
-            base = ["-march=native"] if target is None else _target_flags(target, compiler)
-        except PlanError as exc:
-            missing.append(_missing("target", str(exc)))
-            base = []
-        flags = [*base, *recipe.extra_flags]
-        if base and not toolchain.accepts(compiler["path"], flags):
-            rejects = f"{compiler['name']} {compiler['version']} rejects {' '.join(flags)}"
-            missing.append(_missing("compiler_flags", rejects))
+    reasons, missing = _gates(recipe, evaluated[name], backend, target)
+    flags, flag_problems = _compiler_flags(recipe, compiler, target)
+    missing += flag_problems
     blis_library = None
     if recipe.requires.get("blis_addon") and compiler is not None:
         blis = report["blis"]
@@ -231,6 +198,57 @@ def make_plan(report: Assessment, backend: str = "auto", target: str | None = No
         blis_library=blis_library,
         cmake_defines=defines,
     )
+
+
+def _gates(
+    recipe: recipes.Recipe, chosen: recipes.RecipeEvaluation, backend: str, target: str | None
+) -> tuple[list[str], list[MissingGate]]:
+    """Why the recipe fits, and what is missing: a host build needs every gate to hold here
+    (unknown library evidence counts as failed); a target build needs the target's features
+    (archspec), not this host's."""
+    name = recipe.name
+    if target is None:
+        reasons = [f"{g['gate']}: {g['detail']}" for g in chosen["gates"] if g["status"] == "pass"]
+        if backend == "auto":
+            reasons.insert(0, f"{name} is the highest-priority recipe whose gates pass on this machine")
+        return reasons, [_missing(g["gate"], f"{g['gate']}: {g['detail']}") for g in chosen["failed_gates"]]
+    reasons = [f"--target {target}: built for that machine; this machine's execution gates are not required"]
+    missing: list[MissingGate] = []
+    try:
+        have = target_features(target)
+    except KeyError:
+        return reasons, missing  # an unknown target is reported with the flags, with the known ones
+    lacking = [f for f in recipe.requires.get("cpu_features", []) if f not in have]
+    if lacking:
+        missing.append(_missing("target_features", f"{target} lacks {', '.join(lacking)}"))
+    else:
+        reasons.append(f"{target} has {', '.join(recipe.requires.get('cpu_features', []))}")
+    return reasons, missing
+
+
+def _compiler_flags(
+    recipe: recipes.Recipe, compiler: Compiler | None, target: str | None
+) -> tuple[list[str], list[MissingGate]]:
+    """The recipe's flags for this compiler (``-march=native`` on the host, the target's
+    ``-march`` otherwise), compile-probed, and what stands in the way."""
+    if compiler is None:
+        return [], [_missing("compiler", "no C++ compiler found")]
+    missing: list[MissingGate] = []
+    floor = (recipe.min_compiler or {}).get(compiler["family"])
+    if floor and _version_tuple(compiler["version"]) < _version_tuple(floor):
+        old = f"{compiler['name']} {compiler['version']} is older than {floor}, the oldest that builds {recipe.name}"
+        missing.append(_missing("compiler_version", old))
+    try:
+        base = ["-march=native"] if target is None else _target_flags(target, compiler)
+    except PlanError as exc:
+        missing.append(_missing("target", str(exc)))
+        base = []
+    flags = [*base, *recipe.extra_flags]
+    if base and not toolchain.accepts(compiler["path"], flags):
+        missing.append(
+            _missing("compiler_flags", f"{compiler['name']} {compiler['version']} rejects {' '.join(flags)}")
+        )
+    return flags, missing
 
 
 PORTABLE = "portable"
