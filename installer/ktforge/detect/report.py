@@ -26,6 +26,7 @@ from ktforge.detect.report_types import (
     OsState,
     ProbeOutcomeJson,
     ProbeSummary,
+    PycpuinfoResult,
     TilePalette,
 )
 from ktforge.detect.system import kernel_version, parse_meminfo
@@ -127,27 +128,83 @@ def _cpu_section(ev: Evidence) -> tuple[CpuSection, list[Disagreement]]:
     brand = (identity.brand if identity and identity.brand else None) or (text.brand if text else None)
 
     kernel_flags = kernel_view.flags if kernel_view else None
+    features, usable, os_state = _feature_sets(facts, text, pyc)
+    disagreements += _witness_disagreements(facts, kernel_flags, pyc, os_state)
+
+    uarch = microarch.identify(arch, vendor, family, model, stepping, usable or ())
+    table = uarch.get("model_table")
+    hypervisor = _hypervisor(cpuid_data, texts, features or frozenset())
+    if table and table["unexpected"]:
+        disagreements.append(
+            {
+                "topic": "cpu.model",
+                "detail": f"the model number says {table['name']} (family {family}, model {model}), which has no "
+                f"{', '.join(table['unexpected'])}; the features say otherwise"
+                + (f": the {hypervisor} hypervisor masks the model number" if hypervisor else ""),
+            }
+        )
+
+    cpu: CpuSection = {
+        "arch": arch,
+        "vendor": vendor,
+        "brand": brand,
+        "family": family,
+        "model": model,
+        "stepping": stepping,
+        "microarchitecture": uarch,
+        "hypervisor": hypervisor,
+        "features": sorted(features) if features is not None else None,
+        "usable_features": sorted(usable) if usable is not None else None,
+        "kernel_flags_known": kernel_flags is not None,
+        "reported": {
+            name: {
+                "cpuid": (name in facts.cpu_features) if facts else None,
+                "kernel": (name in kernel_flags) if kernel_flags is not None else None,
+                "usable": (name in usable) if usable is not None else None,
+            }
+            for name in REPORTED
+        },
+        "os_state": os_state,
+        "tile_palette": _tile_palette(facts),
+        "cpuid_source": "probe" if facts and ev.cpu_probe else "dump" if facts else "py-cpuinfo" if pyc else None,
+        "cpuid_error": cpuid_error,
+        "notes": list(facts.notes) if facts else [],
+        "logical_cpus": text.cpus if text else None,
+    }
+    return cpu, disagreements
+
+
+def _unknown_os_state() -> OsState:
+    return {"xcr0": None, "avx": None, "avx512": None, "amx": None}
+
+
+def _feature_sets(
+    facts: CpuidFacts | None, text: dumps.TextCpu | None, pyc: PycpuinfoResult | None
+) -> tuple[frozenset[str] | None, frozenset[str] | None, OsState]:
+    """(what the CPU has, what may be used, the OS state) from the best source there is."""
     if facts is not None:
-        features: frozenset[str] | None = facts.cpu_features
-        usable: frozenset[str] | None = facts.usable_features()
         os_state: OsState = {
             "xcr0": facts.os_state.xcr0,
             "avx": facts.os_state.avx,
             "avx512": facts.os_state.avx512,
             "amx": facts.os_state.amx,
         }
-    elif text is not None:
+        return facts.cpu_features, facts.usable_features(), os_state
+    if text is not None:
         # A text dump (or the live kernel without the probe): Linux lists a flag only once it
         # has enabled the state it needs.
-        features = usable = text.flags
-        os_state = {"xcr0": None, "avx": None, "avx512": None, "amx": None}
-    elif pyc is not None:  # CPUID without XCR0: what the CPU has, not what the OS enabled
-        features, usable = frozenset(pyc["flags"]), None
-        os_state = {"xcr0": None, "avx": None, "avx512": None, "amx": None}
-    else:
-        features = usable = None
-        os_state = {"xcr0": None, "avx": None, "avx512": None, "amx": None}
+        return text.flags, text.flags, _unknown_os_state()
+    if pyc is not None:  # CPUID without XCR0: what the CPU has, not what the OS enabled
+        return frozenset(pyc["flags"]), None, _unknown_os_state()
+    return None, None, _unknown_os_state()
 
+
+def _witness_disagreements(
+    facts: CpuidFacts | None, kernel_flags: frozenset[str] | None, pyc: PycpuinfoResult | None, os_state: OsState
+) -> list[Disagreement]:
+    """Where the witnesses differ: CPUID vs the kernel's flags, py-cpuinfo vs either, the
+    kernel's flags vs XCR0."""
+    disagreements: list[Disagreement] = []
     if facts is not None and kernel_flags is not None:
         for name in REPORTED:
             in_cpuid, in_kernel = name in facts.cpu_features, name in kernel_flags
@@ -188,59 +245,19 @@ def _cpu_section(ev: Evidence) -> tuple[CpuSection, list[Disagreement]]:
                     "detail": "the kernel lists AVX-512 flags but XCR0 bits 5-7 are off: AVX-512 cannot be used",
                 }
             )
+    return disagreements
 
-    uarch = microarch.identify(arch, vendor, family, model, stepping, usable or ())
-    table = uarch.get("model_table")
-    hypervisor = _hypervisor(cpuid_data, texts, features or frozenset())
-    if table and table["unexpected"]:
-        disagreements.append(
-            {
-                "topic": "cpu.model",
-                "detail": f"the model number says {table['name']} (family {family}, model {model}), which has no "
-                f"{', '.join(table['unexpected'])}; the features say otherwise"
-                + (f": the {hypervisor} hypervisor masks the model number" if hypervisor else ""),
-            }
-        )
 
-    palette: TilePalette | None = (
-        {
-            "total_tile_bytes": facts.tile_palette.total_tile_bytes,
-            "bytes_per_tile": facts.tile_palette.bytes_per_tile,
-            "bytes_per_row": facts.tile_palette.bytes_per_row,
-            "max_names": facts.tile_palette.max_names,
-            "max_rows": facts.tile_palette.max_rows,
-        }
-        if facts and facts.tile_palette
-        else None
-    )
-    cpu: CpuSection = {
-        "arch": arch,
-        "vendor": vendor,
-        "brand": brand,
-        "family": family,
-        "model": model,
-        "stepping": stepping,
-        "microarchitecture": uarch,
-        "hypervisor": hypervisor,
-        "features": sorted(features) if features is not None else None,
-        "usable_features": sorted(usable) if usable is not None else None,
-        "kernel_flags_known": kernel_flags is not None,
-        "reported": {
-            name: {
-                "cpuid": (name in facts.cpu_features) if facts else None,
-                "kernel": (name in kernel_flags) if kernel_flags is not None else None,
-                "usable": (name in usable) if usable is not None else None,
-            }
-            for name in REPORTED
-        },
-        "os_state": os_state,
-        "tile_palette": palette,
-        "cpuid_source": "probe" if facts and ev.cpu_probe else "dump" if facts else "py-cpuinfo" if pyc else None,
-        "cpuid_error": cpuid_error,
-        "notes": list(facts.notes) if facts else [],
-        "logical_cpus": text.cpus if text else None,
+def _tile_palette(facts: CpuidFacts | None) -> TilePalette | None:
+    if not (facts and facts.tile_palette):
+        return None
+    return {
+        "total_tile_bytes": facts.tile_palette.total_tile_bytes,
+        "bytes_per_tile": facts.tile_palette.bytes_per_tile,
+        "bytes_per_row": facts.tile_palette.bytes_per_row,
+        "max_names": facts.tile_palette.max_names,
+        "max_rows": facts.tile_palette.max_rows,
     }
-    return cpu, disagreements
 
 
 def _memory(ev: Evidence) -> MemorySection | None:
