@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -239,37 +240,65 @@ class MoE:
         scales), quantized here for ``method`` (default bf16) exactly as ``kt convert`` would:
         both give the same results. ``layer`` is the model's layer index.
         """
+        from ktforge.checkpoints import convert
+
+        directory = Path(path)
+        if (directory / convert.MANIFEST).is_file() or (directory / convert.STATE).is_file():
+            return cls._from_conversion(directory, layer, method, backend, threads, group_size, verify)
+        return cls._from_checkpoint(directory, layer, method or "bf16", backend, threads, group_size or 128, input_type)
+
+    @classmethod
+    def _from_conversion(
+        cls,
+        directory: Path,
+        layer: int,
+        method: str | None,
+        backend: str,
+        threads: int | None,
+        group_size: int | None,
+        verify: bool,
+    ) -> MoE:
+        from ktforge.checkpoints import convert
+
+        manifest, projections = convert.load_layer(directory, layer, verify)
+        stored_group = manifest.get("group_size") or 128
+        if method is not None and method != manifest["method"]:
+            raise ValueError(
+                f"{directory} was converted for {manifest['method']}, not {method}; convert again with "
+                f"--quant {method}, or load the original checkpoint"
+            )
+        if group_size is not None and manifest["method"] == "int4" and group_size != stored_group:
+            raise ValueError(f"{directory} was converted with group size {stored_group}, not {group_size}")
+        moe = cls(
+            manifest["num_experts"],
+            manifest["top_k"],
+            manifest["hidden_size"],
+            manifest["intermediate_size"],
+            method=manifest["method"],
+            backend=backend,
+            threads=threads,
+            group_size=stored_group,
+        )
+        moe.load_quantized(projections["gate"], projections["up"], projections["down"])
+        return moe
+
+    @classmethod
+    def _from_checkpoint(
+        cls,
+        directory: Path,
+        layer: int,
+        method: str,
+        backend: str,
+        threads: int | None,
+        group: int,
+        input_type: str,
+    ) -> MoE:
+        """A Hugging Face checkpoint's layer, quantized here exactly as ``kt convert`` would."""
         from contextlib import closing
-        from pathlib import Path
 
         from ktforge.checkpoints import convert
         from ktforge.checkpoints.checkpoint import Checkpoint
 
-        directory = Path(path)
-        if (directory / convert.MANIFEST).is_file() or (directory / convert.STATE).is_file():
-            manifest, projections = convert.load_layer(directory, layer, verify)
-            stored_group = manifest.get("group_size") or 128
-            if method is not None and method != manifest["method"]:
-                raise ValueError(
-                    f"{directory} was converted for {manifest['method']}, not {method}; convert again with "
-                    f"--quant {method}, or load the original checkpoint"
-                )
-            if group_size is not None and manifest["method"] == "int4" and group_size != stored_group:
-                raise ValueError(f"{directory} was converted with group size {stored_group}, not {group_size}")
-            moe = cls(
-                manifest["num_experts"],
-                manifest["top_k"],
-                manifest["hidden_size"],
-                manifest["intermediate_size"],
-                method=manifest["method"],
-                backend=backend,
-                threads=threads,
-                group_size=stored_group,
-            )
-            moe.load_quantized(projections["gate"], projections["up"], projections["down"])
-            return moe
-        method = method or "bf16"
-        group = group_size or 128
         with Checkpoint(directory, input_type) as checkpoint:
             if layer not in checkpoint.moe_layers:
                 raise ValueError(
