@@ -229,24 +229,29 @@ def _guard_released(module: Any) -> None:
     if getattr(module, "_ktforge_guarded", False):
         return
     module._ktforge_guarded = True
+    # module-level hooks, not closures over the module: a copy's hooks must not keep the original alive
+    module.register_forward_pre_hook(_refuse_released_eager)
+    module.register_state_dict_pre_hook(_refuse_released_state_dict)
 
-    def message(what: str) -> str:
-        return (
-            f"ktforge: {type(module).__name__}'s weights were released when ktforge packed them "
-            f"(configure(release_torch_weights=True)), so {what} cannot read them; load the model again "
-            "without that setting to use them"
-        )
 
-    def before_forward(mod: Any, _args: Any) -> None:
-        if mod in _packed and _packed[mod].released and mod.config._experts_implementation != NAME:
-            raise RuntimeError(message(f"the {mod.config._experts_implementation!r} experts"))
+def _released_message(module: Any, what: str) -> str:
+    return (
+        f"ktforge: {type(module).__name__}'s weights were released when ktforge packed them "
+        f"(configure(release_torch_weights=True)), so {what} cannot read them; load the model again "
+        "without that setting to use them"
+    )
 
-    def before_state_dict(mod: Any, *_: Any) -> None:
-        if mod in _packed and _packed[mod].released:
-            raise RuntimeError(message("state_dict() and save_pretrained()"))
 
-    module.register_forward_pre_hook(before_forward)
-    module.register_state_dict_pre_hook(before_state_dict)
+def _refuse_released_eager(module: Any, _args: Any) -> None:
+    packed = _packed.get(module)
+    if packed is not None and packed.released and module.config._experts_implementation != NAME:
+        raise RuntimeError(_released_message(module, f"the {module.config._experts_implementation!r} experts"))
+
+
+def _refuse_released_state_dict(module: Any, *_: Any) -> None:
+    packed = _packed.get(module)
+    if packed is not None and packed.released:
+        raise RuntimeError(_released_message(module, "state_dict() and save_pretrained()"))
 
 
 def handle_of(module: Any) -> int | None:
@@ -386,6 +391,9 @@ def _repack(module: Any, source: _Source, top_k: int) -> _Packed | None:
     packed = _packed.get(module)
     if packed is not None and packed.source.matches(source):
         return packed  # another thread packed it meanwhile
+    if packed is None and getattr(module, "_ktforge_guarded", False) and module.gate_up_proj.numel() == 0:
+        # a copy (deepcopy, pickle) of a module whose weights were released: nothing to pack from
+        raise RuntimeError(_released_message(module, "a copy of it"))
     reason = why_unsupported(module)
     if packed is not None and packed.released:
         raise RuntimeError(_released(module, "its weights changed after packing" + (f" ({reason})" if reason else "")))

@@ -480,6 +480,10 @@ def test_released_weights_refuse_what_would_read_them(tmp_path: Path) -> None:
         model.save_pretrained(tmp_path / "saved")
     with pytest.raises(RuntimeError, match=r"release_torch_weights=True.*'eager' experts"):
         _logits(model, "eager")
+    import copy
+
+    with pytest.raises(RuntimeError, match=r"release_torch_weights=True.*a copy of it"):
+        _logits(copy.deepcopy(model), "ktforge")
     with pytest.raises(RuntimeError, match=r"release_torch_weights=True"):
         model.double()
         _logits(model, "ktforge")
