@@ -55,11 +55,10 @@ def test_a_child_python_sees_this_process_path_but_not_the_working_directory(
     marker = _plant(tmp_path)
     elsewhere = tmp_path / "lib"
     elsewhere.mkdir()
-    (elsewhere / "kt_probe_module.py").write_text("VALUE = 42\n")
+    (elsewhere / "kt_probe_module.py").write_text("import json, ktforge\nprint(json.dumps([42, ktforge.__file__]))\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", f"{elsewhere}:.:")
-    code = "import json, kt_probe_module, ktforge; print(json.dumps([kt_probe_module.VALUE, ktforge.__file__]))"
-    done = process.run(process.python_command(code), timeout=60)
+    done = process.run(process.python_command("kt_probe_module"), timeout=60)
     assert done.returncode == 0, done.stderr
     value, where = json.loads(done.stdout)
     assert value == 42 and not where.startswith(str(tmp_path))

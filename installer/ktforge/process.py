@@ -159,23 +159,6 @@ def import_path() -> list[str]:
 
 
 def python_command(
-    code: str,
-    args: Sequence[str] = (),
-    *,
-    python: str = sys.executable,
-    paths: Sequence[str] | None = None,
-    site: bool = True,
-) -> list[str]:
-    """argv running ``code`` in an isolated child Python whose ``sys.path`` starts with
-    ``paths`` (default: :func:`import_path` when ``python`` is this interpreter, else none);
-    ``site=False`` adds ``-S`` (no site-packages but ``paths``)."""
-    if paths is None:
-        paths = import_path() if os.path.realpath(python) == os.path.realpath(sys.executable) else []
-    prelude = f"import sys\nsys.path[:0] = {list(paths)!r}\n"
-    return [python, "-I", *([] if site else ["-S"]), "-c", prelude + code, *args]
-
-
-def python_module_command(
     module: str,
     args: Sequence[str] = (),
     *,
@@ -183,6 +166,13 @@ def python_module_command(
     paths: Sequence[str] | None = None,
     site: bool = True,
 ) -> list[str]:
-    """argv running ``python -m module args`` the way :func:`python_command` runs code."""
-    code = f"import runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
-    return python_command(code, args, python=python, paths=paths, site=site)
+    """argv running ``python -m module args`` in an isolated child Python (``-I``) whose
+    ``sys.path`` starts with ``paths`` (default: :func:`import_path` when ``python`` is this
+    interpreter, else none); ``site=False`` adds ``-S`` (no site-packages but ``paths``)."""
+    if paths is None:
+        paths = import_path() if os.path.realpath(python) == os.path.realpath(sys.executable) else []
+    code = (
+        f"import runpy, sys\nsys.path[:0] = {list(paths)!r}\n"
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+    )
+    return [python, "-I", *([] if site else ["-S"]), "-c", code, *args]

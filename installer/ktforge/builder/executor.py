@@ -48,7 +48,7 @@ def build_lock(directory: Path) -> Iterator[None]:
 
 def _run_python_module(module: str, args: list[str], log: Path, cwd: Path, timeout: float) -> bool:
     """``python -m module args`` (isolated: see ktforge.process), its output appended to ``log``."""
-    command = process.python_module_command(module, args)
+    command = process.python_command(module, args)
     with log.open("a") as out:
         out.write(f"\n$ {sys.executable} -I -m {module} {' '.join(args)}\n")
         try:
@@ -101,7 +101,7 @@ def verify_wheel(wheel: Path, log: Path) -> list[Verified]:
             archive.extractall(tmp)
         site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
         # site=False: the unpacked wheel, not an installed (or editable) ktforge, is what gets imported
-        command = process.python_module_command("ktforge.builder.verify", paths=[tmp, *site], site=False)
+        command = process.python_command("ktforge.builder.verify", paths=[tmp, *site], site=False)
         try:
             done = process.run(command, timeout=VERIFY_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -39,7 +39,7 @@ def inspect(module: str = MODULE, python: str = sys.executable, timeout_s: float
     try:
         # The child imports the way this process does (same interpreter, import path and site
         # setting), isolated: nothing from the working directory.
-        command = process.python_module_command(CHILD, [module], python=python, site=not sys.flags.no_site)
+        command = process.python_command(CHILD, [module], python=python, site=not sys.flags.no_site)
         done = process.run(command, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"status": "broken", "error": f"importing {module} did not finish in time"}

@@ -24,7 +24,7 @@ def collect(timeout_s: float = 20.0) -> PycpuinfoResult:
         return {"status": "unavailable", "detail": "py-cpuinfo is not installed (pip install py-cpuinfo)"}
     try:
         # in a child: py-cpuinfo executes machine code (see ktforge.detect.pycpuinfo_child)
-        done = process.run(process.python_module_command("ktforge.detect.pycpuinfo_child"), timeout=timeout_s)
+        done = process.run(process.python_command("ktforge.detect.pycpuinfo_child"), timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"status": "failed", "detail": f"py-cpuinfo's CPUID child did not finish: {exc}"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
