@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ktforge.checkpoints.files import UnsafePath, member, open_regular, read_json
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
+from ktforge.files import UnsafePath, member, open_regular, read_json
 from ktforge.kernels.quantize import Fp8Blocks
 from ktforge.resources import data_path, load_toml
 

@@ -35,8 +35,8 @@ import numpy as np
 from ktforge import __version__
 from ktforge.checkpoints import fingerprint
 from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
-from ktforge.checkpoints.files import UnsafePath, member, read_json
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
+from ktforge.files import UnsafePath, member, read_json
 from ktforge.kernels.quantize import GROUP_SIZES, METHODS, Fp8Blocks, Quantized, quantize, shapes
 from ktforge.resources import write_atomic
 

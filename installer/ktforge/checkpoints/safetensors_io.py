@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import ml_dtypes
 import numpy as np
 
-from ktforge.checkpoints.files import UnsafePath, open_regular, parse_json
+from ktforge.files import UnsafePath, open_regular, parse_json
 
 Array = np.ndarray[Any, Any]
 

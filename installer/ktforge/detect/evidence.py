@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -26,6 +25,7 @@ from ktforge.detect.report_types import (
     SystemFacts,
     Toolchain,
 )
+from ktforge.files import UnsafePath, open_regular
 
 SNAPSHOT_VERSION = 1
 
@@ -102,16 +102,15 @@ def from_file(path: str | Path) -> Evidence:
     """Evidence from a regular file of at most MAX_DUMP_BYTES (never /dev/zero, a FIFO or a
     terminal: those could be read forever)."""
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+        with open_regular(Path(path)) as handle:
             info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise dumps.DumpFormatError(f"{path} is not a regular file (a dump is a file: save the output first)")
             if info.st_size > MAX_DUMP_BYTES:
                 raise dumps.DumpFormatError(
                     f"{path} is {info.st_size / 2**20:.0f} MiB; a dump is at most {MAX_DUMP_BYTES // 2**20} MiB"
                 )
             data = handle.read(MAX_DUMP_BYTES + 1)
+    except UnsafePath:
+        raise dumps.DumpFormatError(f"{path} is not a regular file (a dump is a file: save the output first)") from None
     except OSError as exc:
         raise dumps.DumpFormatError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if len(data) > MAX_DUMP_BYTES:  # it grew while being read
