@@ -137,18 +137,40 @@ def test_which_ignores_relative_and_world_writable_path_entries(
 # ---- caches ---------------------------------------------------------------------------------
 
 
-def _shared_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """KTFORGE_CACHE_DIR on a directory every user can write (a shared scratch space)."""
-    shared = tmp_path / "shared"
+def _user_home(monkeypatch: pytest.MonkeyPatch, home: Path) -> Path:
+    """A user's setting: HOME, no KTFORGE_CACHE_DIR or XDG_CACHE_HOME; returns the cache ktforge
+    then uses (~/.cache/ktforge)."""
+    monkeypatch.delenv("KTFORGE_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    return home / ".cache" / "ktforge"
+
+
+def test_the_default_cache_is_private_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    cache = _user_home(monkeypatch, home)
+    binary, _ = probe_runner.compile_probe("cpu")
+    assert binary is not None and binary.parent == cache / "probes"
+    assert stat.S_IMODE(cache.stat().st_mode) == stat.S_IMODE((cache / "probes").stat().st_mode) == 0o700
+    mtime = binary.stat().st_mtime_ns
+    assert probe_runner.run_probe("cpu").ok
+    assert binary.stat().st_mtime_ns == mtime  # taken from the cache, not compiled again
+
+
+@pytest.mark.parametrize("how", ["HOME", "KTFORGE_CACHE_DIR"])
+def test_a_probe_cached_where_others_can_write_is_never_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    shared = tmp_path / "shared"  # a directory every user can write (a shared scratch space)
     shared.mkdir()
     shared.chmod(0o777)
-    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(shared / "ktforge"))
-    return shared / "ktforge"
-
-
-def test_a_probe_cached_where_others_can_write_is_never_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cache = _shared_cache(tmp_path, monkeypatch)
-    assert resources.private_cache_dir("probes") is None  # /shared is 0777 without the sticky bit
+    if how == "HOME":
+        cache = _user_home(monkeypatch, shared)
+    else:
+        cache = shared / "ktforge"
+        monkeypatch.setenv("KTFORGE_CACHE_DIR", str(cache))
+    assert resources.private_cache_dir("probes") is None  # 0777 without the sticky bit above it
     marker = tmp_path / "PWNED"
     # what an attacker leaves where the probe binary would be cached
     binary, _ = probe_runner.compile_probe("cpu")
@@ -163,10 +185,10 @@ def test_a_probe_cached_where_others_can_write_is_never_run(tmp_path: Path, monk
 
 
 def test_a_replaced_binary_in_the_private_cache_is_not_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "home").mkdir()
+    cache = _user_home(monkeypatch, tmp_path / "home")
     binary, _ = probe_runner.compile_probe("cpu")
-    assert binary is not None and binary.parent == tmp_path / "cache" / "probes"
-    assert stat.S_IMODE((tmp_path / "cache" / "probes").stat().st_mode) == 0o700
+    assert binary is not None and binary.parent == cache / "probes"
     marker = tmp_path / "PWNED"
     binary.unlink()
     binary.write_text(f"#!/bin/sh\ntouch {marker}\n")
@@ -177,20 +199,21 @@ def test_a_replaced_binary_in_the_private_cache_is_not_run(tmp_path: Path, monke
 
 
 def test_an_unwritable_cache_costs_time_not_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    read_only = tmp_path / "home"
-    read_only.mkdir()
-    read_only.chmod(0o500)
-    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(read_only / "ktforge"))
-    if os.geteuid() == 0:  # root writes anywhere: a path under a regular file cannot be created by anyone
-        (tmp_path / "file").write_text("")
-        monkeypatch.setenv("KTFORGE_CACHE_DIR", str(tmp_path / "file" / "ktforge"))
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o500)
+    if os.geteuid() == 0:  # root writes anywhere: a HOME that is a regular file cannot hold a cache
+        home = tmp_path / "file"
+        home.write_text("")
+    _user_home(monkeypatch, home)
     assert resources.private_cache_dir("probes") is None
     assert probe_runner.run_probe("cpu").ok
     assert toolchain.collect()["compilers"]
 
 
 def test_the_toolchain_cache_never_follows_a_planted_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "home").mkdir()
+    _user_home(monkeypatch, tmp_path / "home")
     victim = tmp_path / "victim"
     victim.write_text("keep me")
     cache = resources.private_cache_dir()
@@ -214,7 +237,8 @@ def test_a_hung_compiler_costs_one_timeout_not_one_per_probe(tmp_path: Path, mon
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setenv("KTFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "home").mkdir()
+    _user_home(monkeypatch, tmp_path / "home")
     monkeypatch.setattr(probe_runner, "COMPILE_TIMEOUT_S", 2.0)
     monkeypatch.setattr(process, "_hung", set())
     from ktforge.detect import evidence
@@ -265,6 +289,6 @@ def test_tools_printing_bytes_that_are_not_utf8(tmp_path: Path) -> None:
     )
     for tool in ("lscpu", "gcc"):
         (bin_dir / tool).chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", KTFORGE_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
     document = _kt_json(["doctor", "--json"], env, tmp_path)
     assert document["checks"]

@@ -50,7 +50,9 @@ def private_cache_dir(*parts: str) -> Path | None:
     read-only HOME), or another user can write it or a parent of it. What is read from a
     cache (compiled probes above all, which are executed) is trusted only there."""
     try:
-        path = cache_dir().joinpath(*parts)
+        root = cache_dir()
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)  # ours private too, not only the leaf
+        path = root.joinpath(*parts)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except (OSError, RuntimeError, KeyError):  # RuntimeError, KeyError: no HOME and no passwd entry
         return None
