@@ -18,6 +18,9 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# `python -m` puts the working directory first on sys.path: run from the checkout, so a json.py
+# or numpy.py in the directory this was called from is never imported.
+cd "$ROOT"
 DRY_RUN=0
 WITH_BLIS=0
 ACTION=all

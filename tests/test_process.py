@@ -49,6 +49,19 @@ def test_no_code_from_the_working_directory_runs(args: list[str], tmp_path: Path
     json.loads(done.stdout)  # the whole report, not a give-up
 
 
+def test_install_sh_imports_nothing_from_the_directory_it_is_called_from(tmp_path: Path) -> None:
+    # ./install.sh's checks run `python -c` (the working directory first on sys.path)
+    marker = _plant(tmp_path)
+    for name in ("sysconfig.py", "ensurepip.py"):
+        (tmp_path / name).write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    install_sh = Path(__file__).parents[1] / "install.sh"
+    done = subprocess.run(
+        ["bash", str(install_sh), "deps", "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists(), f"ran from the working directory: {marker.read_text()}"
+
+
 def test_a_child_python_sees_this_process_path_but_not_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
