@@ -31,15 +31,20 @@ def _in_hub_blobs(directory: Path, target: Path) -> bool:
     return real.parent.name == "snapshots" and target.is_relative_to(real.parent.parent / "blobs")
 
 
+def leaves_directory(name: str) -> bool:
+    """A name that, read as a path, points outside the directory it is relative to."""
+    parts = PurePosixPath(name)
+    return parts.is_absolute() or ".." in parts.parts or name.startswith("~")
+
+
 def member(directory: Path, name: object, what: str) -> Path:
     """``directory / name`` for a ``name`` read from a file: a relative path without ``..``,
     resolving to a regular file inside ``directory`` (or the hub's blobs of a snapshot)."""
     if not isinstance(name, str) or not name or "\0" in name:
         raise UnsafePath(f"{what}: {name!r} is not a file name")
-    parts = PurePosixPath(name)
-    if parts.is_absolute() or ".." in parts.parts or name.startswith("~"):
+    if leaves_directory(name):
         raise UnsafePath(f"{what}: {name!r} names a file outside {directory}")
-    path = directory / parts
+    path = directory / name
     try:
         target = path.resolve(strict=True)
         info = target.stat()

@@ -14,13 +14,13 @@ import hashlib
 import re
 import threading
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
-from ktforge.files import UnsafePath, member, open_regular, read_json
+from ktforge.files import UnsafePath, leaves_directory, member, open_regular, read_json
 from ktforge.kernels.quantize import Fp8Blocks
 from ktforge.resources import data_path, load_toml
 
@@ -150,9 +150,8 @@ class Checkpoint:
             weight_map = document.get("weight_map") if isinstance(document, dict) else None
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise CheckpointError(f"{index}: weight_map must map tensor names to shard file names")
-            for shard in set(weight_map.values()):
-                if PurePosixPath(shard).is_absolute() or ".." in PurePosixPath(shard).parts:
-                    raise CheckpointError(f"{index}: weight_map names a shard outside the checkpoint directory")
+            if any(leaves_directory(shard) for shard in set(weight_map.values())):
+                raise CheckpointError(f"{index}: weight_map names a shard outside the checkpoint directory")
             return {str(k): v for k, v in weight_map.items()}
         shards = sorted(p.name for p in self.path.glob("*.safetensors"))
         if not shards:
