@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "arch/features.hpp"
+#include "blis/aocl.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/pack.hpp"
 #include "kernels/scalar.hpp"
@@ -60,8 +61,9 @@ py::dict backend_info(const KernelTable& t) {
   py::dict d;
   d["name"] = t.name;
   d["required_cpu_features"] = t.compiled_features();
-  d["kernels"] = py::dict(py::arg("bf16") = t.describe(Method::bf16), py::arg("int8") = t.describe(Method::int8),
-                          py::arg("int4") = t.describe(Method::int4));
+  py::dict kernels;  // what runs each format of the format table
+  for (int i = 0; i < kFormatCount; ++i) kernels[method_name(static_cast<Method>(i))] = t.describe(element_of(static_cast<Method>(i)));
+  d["kernels"] = kernels;
   d["runs_here"] = missing_features(t.compiled_features()).empty();
   return d;
 }
@@ -91,7 +93,7 @@ class PyMoE {
                                        const char* name) {
     const auto& c = layer_.config();
     const py::ssize_t E = c.experts;
-    if (c.method == Method::int8) {
+    if (element_of(c.method) == Element::int8) {
       if (!values.dtype().is(py::dtype::of<int8_t>())) throw std::invalid_argument(std::string(name) + " must be int8");
       require(values, {E, N, K}, name);
       require(scales, {E, N}, (std::string(name) + "_scale").c_str());
@@ -104,13 +106,15 @@ class PyMoE {
     }
     if (!scales.dtype().is(py::dtype::of<float>())) throw std::invalid_argument(std::string(name) + "_scale must be float32");
     return {values.data(), values.shape(2) * 1, static_cast<const float*>(scales.data()),
-            c.method == Method::int8 ? 1 : scales.shape(2)};
+            element_of(c.method) == Element::int8 ? 1 : scales.shape(2)};
   }
 
   void load_quantized(const py::array& gate, const py::array& gate_scale, const py::array& up,
                       const py::array& up_scale, const py::array& down, const py::array& down_scale) {
     const auto& c = layer_.config();
-    if (c.method == Method::bf16) throw std::invalid_argument("method 'bf16' takes load_weights, not quantized weights");
+    if (element_of(c.method) == Element::bf16)
+      throw std::invalid_argument(std::string("method '") + method_name(c.method) +
+                                  "' takes load_weights, not quantized weights");
     auto g = quantized(gate, gate_scale, c.intermediate, c.hidden, "gate");
     auto u = quantized(up, up_scale, c.intermediate, c.hidden, "up");
     auto d = quantized(down, down_scale, c.hidden, c.intermediate, "down");
@@ -143,39 +147,51 @@ class PyMoE {
   py::dict info() {
     std::size_t packed = 0;
     bool loaded = false, huge_pages = false;
-    int min_rows = 0;
+    std::vector<int> min_rows;
     {  // what a concurrent load changes
       py::gil_scoped_release release;
       auto lock = layer_.lock_calls();
       packed = layer_.packed_bytes();
       loaded = layer_.loaded();
       huge_pages = layer_.weights_huge_pages();
-      min_rows = layer_.aocl_min_rows();
+      for (const auto& p : layer_.providers()) min_rows.push_back(p->min_rows());
     }
     py::dict d = backend_info(layer_.kernels());
     d["method"] = method_name(layer_.config().method);
-    d["kernel"] = layer_.kernels().describe(layer_.config().method);
+    d["kernel"] = describe_providers(min_rows);
     if (const LibraryBackend* lib = layer_.library()) {
       d["name"] = lib->name;
-      if (const Aocl* aocl = layer_.aocl()) {
-        const bool never = min_rows >= (1 << 30);
-        const std::string gemm =
-            layer_.config().method == Method::int8 ? "aocl_gemm_s8s8s32os32" : "aocl_gemm_bf16bf16f32of32";
-        d["aocl"] = py::dict(py::arg("library") = aocl->path(), py::arg("version") = aocl->version(),
-                             py::arg("min_tokens_per_expert") = never ? py::object(py::none()) : py::int_(min_rows));
-        d["kernel"] = never ? std::string(layer_.kernels().describe(layer_.config().method)) +
-                                  " (AOCL was not clearly faster at any token count up to 256, measured at load)"
-                            : gemm + " (" + aocl->version() + ") for experts with >= " + std::to_string(min_rows) +
-                                  " tokens, else " + layer_.kernels().describe(layer_.config().method);
-      } else {  // a method the library does not take: ktforge's kernels, and why
-        d["kernel"] = layer_.kernels().describe(layer_.config().method) + " (" + lib->elsewhere + ")";
+      const auto& providers = layer_.providers();
+      for (std::size_t p = 0; p + 1 < providers.size(); ++p) {  // the library's facts, and from which count it runs
+        py::dict facts;
+        for (const auto& [key, value] : providers[p]->facts()) facts[key.c_str()] = value;
+        facts["min_tokens_per_expert"] = min_rows[p] >= kNever ? py::object(py::none()) : py::int_(min_rows[p]);
+        d[providers[p]->name()] = facts;
       }
+      if (providers.size() == 1)  // a format the library does not take: ktforge's kernels, and why
+        d["kernel"] = providers.back()->describe() + " (" + lib->elsewhere + ")";
     }
     d["threads"] = layer_.threads();
     d["packed_bytes"] = packed;
     d["loaded"] = loaded;
     d["huge_pages_advised"] = huge_pages;  // the packed weights, for transparent huge pages
     return d;
+  }
+
+  // "aocl_gemm_... for experts with >= 16 tokens, else <kernels>": the providers in the order
+  // the layer asks them, without those that measured slower at every count.
+  std::string describe_providers(const std::vector<int>& min_rows) const {
+    const auto& providers = layer_.providers();
+    std::string text, skipped;
+    for (std::size_t p = 0; p < providers.size(); ++p) {
+      if (p + 1 < providers.size() && min_rows[p] >= kNever) {
+        skipped += std::string(" (") + providers[p]->name() +
+                   " was not clearly faster at any token count up to 256, measured at load)";
+        continue;
+      }
+      text += (text.empty() ? "" : ", else ") + providers[p]->describe();
+    }
+    return text + skipped;
   }
 
   std::vector<int64_t> gate_up_task_counts() {
@@ -195,14 +211,14 @@ class PyMoE {
 
 }  // namespace
 
-// Weights [..., K] float32 -> the portable layout of ktforge.kernels.quantize: int8 values and one
+// Weights [..., K] float32 -> the portable layout of ktforge.formats.quantize: int8 values and one
 // scale per row, or int4 (K padded to the group) as q + 8 nibble pairs and a scale per group.
 py::tuple quantize_weights(const py::array& w, const std::string& method_name, int group,
                            const std::optional<py::array_t<float, py::array::c_style>>& fp8_scale, int bn, int bk) {
-  const Method method = parse_method(method_name);
-  if (method == Method::bf16) throw std::invalid_argument("bf16 weights are rounded, not quantized");
-  if (method == Method::int4 && group != 32 && group != 64 && group != 128)
-    throw std::invalid_argument("group_size must be 32, 64 or 128");
+  const Method format = parse_method(method_name);
+  const Element method = element_of(format);
+  if (method == Element::bf16) throw std::invalid_argument("bf16 weights are rounded, not quantized");
+  if (!takes_group(format, group)) throw std::invalid_argument("group_size must be " + group_sizes_text(format));
   if (w.ndim() < 1) throw std::invalid_argument("weights need at least one dimension");
   if (!(w.flags() & py::array::c_style)) throw std::invalid_argument("weights must be C-contiguous");
   // float32, bfloat16 as its uint16 bits, or FP8 E4M3 codes (uint8) with their block scales
@@ -210,12 +226,12 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   const DType dtype = fp8 ? DType::f32 : dtype_of(w, "weights");
   if (fp8 != fp8_scale.has_value()) throw std::invalid_argument("FP8 (uint8) weights need their block scales, and only they");
   const py::ssize_t K = w.shape(w.ndim() - 1), rows = K ? w.size() / K : 0;
-  const py::ssize_t Kp = method == Method::int8 ? K : (K + group - 1) / group * group;
-  const py::ssize_t groups = method == Method::int8 ? 1 : Kp / group;
+  const py::ssize_t Kp = method == Element::int8 ? K : (K + group - 1) / group * group;
+  const py::ssize_t groups = method == Element::int8 ? 1 : Kp / group;
   std::vector<py::ssize_t> q_shape(w.shape(), w.shape() + w.ndim()), s_shape(q_shape.begin(), q_shape.end() - 1);
-  q_shape.back() = method == Method::int8 ? K : Kp / 2;
-  if (method == Method::int4) s_shape.push_back(groups);
-  py::array q = method == Method::int8 ? py::array(py::array_t<int8_t>(q_shape)) : py::array(py::array_t<uint8_t>(q_shape));
+  q_shape.back() = method == Element::int8 ? K : Kp / 2;
+  if (method == Element::int4) s_shape.push_back(groups);
+  py::array q = method == Element::int8 ? py::array(py::array_t<int8_t>(q_shape)) : py::array(py::array_t<uint8_t>(q_shape));
   py::array_t<float> scales(s_shape);
   const auto* src = static_cast<const char*>(w.data());
   const std::size_t elem = fp8 ? 1 : dtype == DType::f32 ? 4 : 2;
@@ -252,10 +268,10 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
         std::copy(in, in + K, row.begin());
         in = row.data();
       }
-      int8_t* q_dst = method == Method::int8 ? reinterpret_cast<int8_t*>(q_out) + r * q_row : values.data();
+      int8_t* q_dst = method == Element::int8 ? reinterpret_cast<int8_t*>(q_out) + r * q_row : values.data();
       if (!quantize_weight_row(method, group, in, static_cast<int>(Kp), q_dst, s_out + r * groups) && bad_row < 0)
         bad_row = r;
-      if (method == Method::int4) {
+      if (method == Element::int4) {
         auto* bytes = reinterpret_cast<uint8_t*>(q_out) + r * q_row;
         for (py::ssize_t j = 0; j < q_row; ++j)
           bytes[j] = static_cast<uint8_t>((values[2 * j] + 8) | ((values[2 * j + 1] + 8) << 4));

@@ -17,7 +17,7 @@ import ktforge
 from ktforge.checkpoints import convert
 from ktforge.checkpoints.checkpoint import Checkpoint, CheckpointError
 from ktforge.cli import commands as cli
-from ktforge.kernels.quantize import Quantized, dequantize, quantize
+from ktforge.formats.quantize import Quantized, dequantize, quantize
 
 from .. import host
 from ..moe_reference import expected, float_reference, quantize_groups, quantize_rows

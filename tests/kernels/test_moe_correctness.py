@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ktforge
-from ktforge.kernels.quantize import Quantized
+from ktforge.formats.quantize import Quantized
 
 from .. import host
 from ..moe_reference import SHAPES, expected, expected_int8, float_reference, make_layer, rel_err, routing

@@ -102,7 +102,7 @@ def test_bad_forward_inputs(moe: ktforge.MoE) -> None:
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("tiny", [1e-40, 1e-44, 1.4e-45])  # subnormal: max|w| / 127 underflows or its inverse overflows
 def test_rows_of_subnormal_weights_quantize_to_zero_and_load(method: str, tiny: float) -> None:
-    from ktforge.kernels.quantize import quantize
+    from ktforge.formats.quantize import quantize
 
     gate = np.full((E, I, H), tiny, np.float32)
     gate[:, ::2, ::3] = 0.0  # zeros beside them: 0 * inf would be NaN

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ktforge import formats
+
 TABLE = Path(__file__).resolve().parent.parent / "data" / "backends.json"
 ALWAYS = "reference"  # compiled into the core, without ISA flags: every build has it
 
@@ -49,15 +51,19 @@ class LibraryBackend:
     name: str
     library: str
     kernels: str  # the SIMD backend beside it ("auto": the best this CPU runs)
-    methods: tuple[str, ...]
     elsewhere: str  # why the other methods stay on ktforge's kernels
     summary: str
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The formats the library computes: those whose providers name it (data/formats.json)."""
+        return formats.computed_by(self.library)
 
 
 @functools.cache
 def libraries() -> tuple[LibraryBackend, ...]:
     rows = json.loads(TABLE.read_text()).get("libraries", [])
-    return tuple(LibraryBackend(**{**row, "methods": tuple(row["methods"])}) for row in rows)
+    return tuple(LibraryBackend(**row) for row in rows)
 
 
 def simd_of(name: str) -> str:
@@ -148,22 +154,17 @@ def registry_text(compiled: list[str]) -> str:
         "// The compiled SIMD backends, best first (the reference follows them).",
         "#define KTFORGE_COMPILED_BACKENDS " + " ".join(f"&{b.table}," for b in chosen),
         "",
-        "// Backends that hand some methods to a library, beside a SIMD backend for the rest.",
+        "// Backends that hand some formats to a library (the provider of that name in the format table),",
+        "// beside a SIMD backend for the rest.",
         "struct LibraryBackend {",
         "  const char* name;",
         "  const char* library;",
         "  const char* kernels;",
-        "  bool int8, bf16, int4;  // the methods the library computes",
-        "  const char* elsewhere;  // why the others stay on ktforge's kernels",
+        "  const char* elsewhere;  // why the formats it does not compute stay on ktforge's kernels",
         "};",
         "inline const LibraryBackend* library_backend(const std::string& name) {",
         "  static const LibraryBackend table[] = {",
-        *(
-            f'      {{"{lib.name}", "{lib.library}", "{lib.kernels}", '
-            f"{'true' if 'int8' in lib.methods else 'false'}, {'true' if 'bf16' in lib.methods else 'false'}, "
-            f'{"true" if "int4" in lib.methods else "false"}, "{lib.elsewhere}"}},'
-            for lib in libraries()
-        ),
+        *(f'      {{"{lib.name}", "{lib.library}", "{lib.kernels}", "{lib.elsewhere}"}},' for lib in libraries()),
         "  };",
         "  for (const auto& lib : table)",
         "    if (name == lib.name) return &lib;",

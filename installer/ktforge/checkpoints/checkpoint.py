@@ -21,7 +21,7 @@ import numpy as np
 
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
 from ktforge.files import UnsafePath, leaves_directory, member, open_regular, read_json
-from ktforge.kernels.quantize import Fp8Blocks
+from ktforge.formats.quantize import Fp8Blocks
 from ktforge.resources import data_path, load_toml
 
 Array = np.ndarray[Any, Any]
@@ -254,7 +254,7 @@ class Checkpoint:
 
     def expert(self, layer: int, expert: int, projection: str) -> Array | Fp8Blocks:
         """One expert's weights [N, K]: bfloat16 and float32 as stored, float16
-        widened to float32, FP8 with its block scales (ktforge.kernels.quantize takes each of them)."""
+        widened to float32, FP8 with its block scales (ktforge.formats.quantize takes each of them)."""
         name = self.arch.tensor_name(layer, expert, projection)
         f, w = self._tensor(name, f"layer {layer}, expert {expert}, {projection}")
         where = f"{f.path}: tensor {name!r}"

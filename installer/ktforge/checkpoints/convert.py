@@ -3,7 +3,7 @@
 Output directory (format ``ktforge-moe-experts``, version 1):
 - ``layer-NNN.safetensors``, one per MoE layer: tensors ``{gate,up,down}.weight`` and, for
   int8/int4, ``{gate,up,down}.scale``, each with the experts as the first axis and the
-  portable layout of :mod:`ktforge.kernels.quantize` after it. Nothing depends on thread or NUMA
+  portable layout of :mod:`ktforge.formats.quantize` after it. Nothing depends on thread or NUMA
   counts: the kernels pack the weights for themselves at load.
 - ``manifest.json``: format and version, method, group size, the layer's sizes, the source
   (config/index hashes, each shard's size and header hash) and every tensor's dtype, shape
@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from ktforge import __version__
+from ktforge import __version__, formats
 from ktforge.checkpoints import fingerprint
 from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
 from ktforge.files import UnsafePath, member, read_json
-from ktforge.kernels.quantize import GROUP_SIZES, METHODS, Fp8Blocks, Quantized, quantize, shapes
+from ktforge.formats.quantize import METHODS, Fp8Blocks, Quantized, quantize, shapes
 from ktforge.resources import write_atomic
 
 Array = np.ndarray[Any, Any]
@@ -293,8 +293,9 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
     """Checks everything that can be checked before writing; finds what an earlier run finished."""
     if method not in METHODS:
         raise ConversionError(f"--quant must be one of {', '.join(METHODS)}, got {method!r}")
-    if method == "int4" and group_size not in GROUP_SIZES:
-        raise ConversionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size}")
+    if formats.by_name(method).grouped and group_size not in formats.by_name(method).group_sizes:
+        allowed = formats.spoken_list(formats.by_name(method).group_sizes)
+        raise ConversionError(f"--group-size must be {allowed}, got {group_size}")
     if output.resolve() == input_dir.resolve():
         raise ConversionError("--output must not be the input checkpoint directory")
     for parent in (output, *output.parents):
@@ -449,7 +450,8 @@ def _manifest_problem(document: object) -> str | None:
     for size in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
         if size in document and not (_is_size(document[size]) and 0 < document[size] < 2**31):
             return f"{size} is not a positive size below 2^31"
-    if document.get("method", "bf16") not in METHODS or document.get("group_size") not in (None, 0, *GROUP_SIZES):
+    method = document.get("method", "bf16")
+    if method not in METHODS or document.get("group_size") not in (None, 0, *formats.by_name(method).group_sizes):
         return "its method or group size is not one ktforge computes"
     return None
 

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from ktforge import formats
 from ktforge.builder import backends as backends_table
 from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
+from ktforge.formats.quantize import METHODS, Quantized
 from ktforge.kernels import MAX_THREADS
-from ktforge.kernels.quantize import METHODS, Quantized
 
 # the kernel backends, then those that hand some methods to a library (amd-blis: AOCL)
 BACKENDS = ("auto", *backends_table.names(), *(lib.name for lib in backends_table.libraries()))
@@ -193,8 +194,7 @@ class MoE:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if method == "int4" and group_size not in (32, 64, 128):
-            raise ValueError(f"group_size must be 32, 64 or 128, got {group_size!r}")
+        formats.check_group(method, group_size)
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
         if threads is not None and threads > MAX_THREADS:
@@ -358,15 +358,15 @@ class MoE:
 
     def load_quantized(self, gate: Quantized, up: Quantized, down: Quantized) -> None:
         """Weights already quantized for this layer's method, in the portable layout of
-        :mod:`ktforge.kernels.quantize` (what ``kt convert`` writes): gate, up ``[E, I, ...]``, down
+        :mod:`ktforge.formats.quantize` (what ``kt convert`` writes): gate, up ``[E, I, ...]``, down
         ``[E, H, ...]``. Gives exactly the results of ``load_weights`` on the float weights."""
-        from ktforge.kernels.quantize import shapes
+        from ktforge.formats.quantize import shapes
 
         E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
         arrays: list[np.ndarray[Any, Any]] = []
         for name, q, (N, K) in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I))):
             if not isinstance(q, Quantized):
-                raise TypeError(f"{name} must be a ktforge.kernels.quantize.Quantized, got {type(q).__name__}")
+                raise TypeError(f"{name} must be a ktforge.formats.quantize.Quantized, got {type(q).__name__}")
             for part, (shape, dtype) in shapes(self.method, N, K, self._group).items():
                 expected = np.dtype(_SAFETENSORS_NUMPY[dtype])
                 array = np.asarray(getattr(q, part))

@@ -33,7 +33,7 @@ std::string Aocl::linked_library() {
   return linked_path();
 }
 
-void Aocl::verify(Method m) const {
+void Aocl::verify(Element m) const {
   static std::mutex mutex;
   static std::map<std::pair<std::string, int>, std::string> verdicts;  // "" = correct
   std::lock_guard<std::mutex> lock(mutex);
@@ -51,13 +51,13 @@ void Aocl::verify(Method m) const {
         for (int k = 0; k < K; ++k) want[i * N + j] += a[i * K + k] * b[k * N + j];
     bool ok = true;
     std::string entry;
-    if (m == Method::int8) {
+    if (m == Element::int8) {
       entry = "aocl_gemm_s8s8s32os32";
       std::vector<int8_t> a8(a.begin(), a.end()), b8(b.begin(), b.end());
       std::vector<int32_t> c(M * N, -1);
       gemm_s8_('r', 'n', 'n', M, N, K, 1, a8.data(), K, 'n', b8.data(), N, 'n', 0, c.data(), N, nullptr);
       ok = c == want;
-    } else if (m == Method::bf16 && gemm_bf16_) {
+    } else if (m == Element::bf16 && gemm_bf16_) {
       entry = "aocl_gemm_bf16bf16f32of32";
       auto bf16 = [](int v) {  // small integers are exact in bf16: the top half of the float
         float f = static_cast<float>(v);
@@ -162,13 +162,13 @@ std::vector<T> unpack_transposed(const PackedMatrix& w) {
 
 aligned_vector<uint8_t> Aocl::reorder(const PackedMatrix& w) const {
   const int N = w.Np, K = w.Kp;
-  if (w.method == Method::int8) {
+  if (w.element == Element::int8) {
     const std::vector<int8_t> b = unpack_transposed<int8_t, 4>(w);
     aligned_vector<uint8_t> out(size_s8_('r', 'n', 'B', K, N));
     reorder_s8_('r', 'n', 'B', b.data(), reinterpret_cast<int8_t*>(out.data()), K, N, N);
     return out;
   }
-  if (w.method == Method::bf16 && gemm_bf16_) {
+  if (w.element == Element::bf16 && gemm_bf16_) {
     const std::vector<int16_t> b = unpack_transposed<int16_t, 2>(w);
     aligned_vector<uint8_t> out(size_bf16_('r', 'n', 'B', K, N));
     reorder_bf16_('r', 'n', 'B', b.data(), reinterpret_cast<int16_t*>(out.data()), K, N, N);

@@ -22,7 +22,7 @@ class Aocl {
   // A small GEMM with a known answer through the entry point `m` uses (once per library and
   // method); throws std::invalid_argument when AOCL computes it wrong on this CPU (its integer
   // kernels need AVX-512 VNNI: on a Zen 3 it returns without a correct result).
-  void verify(Method m) const;
+  void verify(Element m) const;
 
   const std::string& path() const { return path_; }
   const std::string& version() const { return version_; }

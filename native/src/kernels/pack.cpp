@@ -19,9 +19,9 @@ float load(const void* src, DType dtype, int64_t index) {
                              : bf16_to_f32(static_cast<const uint16_t*>(src)[index]);
 }
 
-void shape(PackedMatrix& out, Method method, int group, int N, int K) {
-  out.method = method;
-  out.group = method == Method::int4 ? group : 0;
+void shape(PackedMatrix& out, Element method, int group, int N, int K) {
+  out.element = method;
+  out.group = method == Element::int4 ? group : 0;
   out.N = N;
   out.K = K;
   out.Np = static_cast<int>(round_up(N, 16));
@@ -38,7 +38,7 @@ void shape(PackedMatrix& out, Method method, int group, int N, int K) {
 
 void begin_quantized(PackedMatrix& out) {
   out.scale.assign(static_cast<std::size_t>(out.Np) * std::max(1, out.groups()), 1.f);
-  if (out.method == Method::int8) out.colsum.assign(out.Np, 0);
+  if (out.element == Element::int8) out.colsum.assign(out.Np, 0);
 }
 
 // Row n of an int8 matrix: Kp values (zero past K) and its scale; the column sum feeds
@@ -84,9 +84,9 @@ float fp8_e4m3_to_f32(uint8_t bits) {
 // whole checkpoint runs through here. |w| is maximised on its bit pattern, which orders
 // like the value for non-negative floats and puts NaN/inf above every finite value.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-bool quantize_weight_row(Method method, int group, const float* w, int K, int8_t* q, float* scales) {
-  const int step = method == Method::int8 ? K : group;
-  const int qmax = method == Method::int8 ? 127 : 7;
+bool quantize_weight_row(Element method, int group, const float* w, int K, int8_t* q, float* scales) {
+  const int step = method == Element::int8 ? K : group;
+  const int qmax = method == Element::int8 ? 127 : 7;
   bool finite = true;
   for (int g0 = 0; g0 < K; g0 += step) {
     uint32_t max_bits = 0;
@@ -122,7 +122,7 @@ bool decode_fp8_row(const uint8_t* codes, int64_t K, const float* block_scales, 
   return !nan;
 }
 
-void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K) {
+void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<const void*>& rows, DType dtype, int K) {
   const int N = static_cast<int>(rows.size());
   shape(out, method, group, N, K);
   auto value = [&](int n, int k) -> float {
@@ -130,7 +130,7 @@ void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<co
     return load(rows[n], dtype, k);
   };
 
-  if (method == Method::bf16) {
+  if (method == Element::bf16) {
     auto* dst = reinterpret_cast<uint16_t*>(out.values);
     for (int n = 0; n < out.Np; ++n)
       for (int k = 0; k < out.Kp; ++k)
@@ -146,14 +146,14 @@ void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<co
   for (int n = 0; n < out.Np; ++n) {
     for (int k = 0; k < out.Kp; ++k) row[k] = value(n, k);
     quantize_weight_row(method, group, row.data(), out.Kp, q.data(), scales.data());
-    if (method == Method::int8)
+    if (method == Element::int8)
       put_int8_row(out, n, q.data(), scales[0]);
     else
       put_int4_row(out, n, q.data(), scales.data());
   }
 }
 
-void pack_quantized_rows(PackedMatrix& out, Method method, int group, const std::vector<QuantizedRow>& rows, int K) {
+void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std::vector<QuantizedRow>& rows, int K) {
   const int N = static_cast<int>(rows.size());
   shape(out, method, group, N, K);
   begin_quantized(out);
@@ -162,7 +162,7 @@ void pack_quantized_rows(PackedMatrix& out, Method method, int group, const std:
   for (int n = 0; n < out.Np; ++n) {
     const QuantizedRow row = n < N ? rows[n] : QuantizedRow{};
     std::fill(q.begin(), q.end(), int8_t{0});
-    if (method == Method::int8) {
+    if (method == Element::int8) {
       if (row.values) std::copy(static_cast<const int8_t*>(row.values), static_cast<const int8_t*>(row.values) + K, q.begin());
       put_int8_row(out, n, q.data(), row.values ? row.scales[0] : 1.f);
     } else {
@@ -176,15 +176,15 @@ void pack_quantized_rows(PackedMatrix& out, Method method, int group, const std:
   }
 }
 
-void prepare_activations(const KernelTable& ops, Activations& act, Method method, int group, int Kp, const void* x,
+void prepare_activations(const KernelTable& ops, Activations& act, Element method, int group, int Kp, const void* x,
                          DType dtype, int64_t rows, int K, int64_t ld, ThreadPool* pool, const char* what) {
-  act.method = method;
-  act.group = method == Method::int4 ? group : 0;
+  act.element = method;
+  act.group = method == Element::int4 ? group : 0;
   act.rows = rows;
   act.Kp = Kp;
   const std::size_t total = static_cast<std::size_t>(rows) * Kp;
-  const bool widen = method == Method::bf16 && ops.reads_f32_activations && ops.reads_f32_activations();
-  if (method == Method::bf16) {
+  const bool widen = method == Element::bf16 && ops.reads_f32_activations && ops.reads_f32_activations();
+  if (method == Element::bf16) {
     if (act.bf16.size() < total) act.bf16.resize(total);
     act.f32_ld = Kp + 16;
     if (widen && act.f32.size() < static_cast<std::size_t>(rows * act.f32_ld)) act.f32.resize(rows * act.f32_ld);
@@ -192,7 +192,7 @@ void prepare_activations(const KernelTable& ops, Activations& act, Method method
     if (act.q.size() < total) act.q.resize(total);
     if (act.q_u8.size() < total) act.q_u8.resize(total);
     if (act.scale.size() < static_cast<std::size_t>(rows)) act.scale.resize(rows);
-    if (method == Method::int4) {
+    if (method == Element::int4) {
       std::size_t g = static_cast<std::size_t>(rows) * (Kp / group);
       if (act.gsum.size() < g) act.gsum.resize(g);
     }
@@ -205,7 +205,7 @@ void prepare_activations(const KernelTable& ops, Activations& act, Method method
   };
   auto convert_row = [&](int64_t r, int) {
     const int64_t base = r * ld;
-    if (method == Method::bf16 && dtype == DType::bf16) {
+    if (method == Element::bf16 && dtype == DType::bf16) {
       const uint16_t* src = static_cast<const uint16_t*>(x) + base;
       uint16_t* dst = act.bf16.data() + r * Kp;
       std::copy(src, src + K, dst);
@@ -224,11 +224,11 @@ void prepare_activations(const KernelTable& ops, Activations& act, Method method
       row = widened.data();
     }
     bool finite;
-    if (method == Method::bf16) {
+    if (method == Element::bf16) {
       finite = ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
       if (widen) widen_row(r);
     } else {
-      int32_t* gsum = method == Method::int4 ? act.gsum.data() + r * (Kp / group) : nullptr;
+      int32_t* gsum = method == Element::int4 ? act.gsum.data() + r * (Kp / group) : nullptr;
       finite = ops.quantize_row(row, K, Kp, group, act.q.data() + r * Kp, act.q_u8.data() + r * Kp,
                                 act.scale.data() + r, gsum);
     }

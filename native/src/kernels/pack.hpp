@@ -14,13 +14,13 @@ enum class DType { f32, bf16 };
 // Packs a weight matrix given as one pointer per output row (K values of dtype each;
 // nullptr: a zero row). Rows can come from different tensors: gate and up are packed
 // as one matrix whose 16-column blocks alternate gate, up, gate, up, ...
-void pack_rows(PackedMatrix& out, Method method, int group, const std::vector<const void*>& rows, DType dtype, int K);
+void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<const void*>& rows, DType dtype, int K);
 
 // The weight quantization, defined once: symmetric, per row (int8, qmax 127) or per group of
 // `group` values (int4, qmax 7); scale = max|w| / qmax (1 for all zeros), q = round-to-even
 // of w * (1 / scale) clamped to +-qmax. K must be a multiple of the group for int4. Writes K
 // values to q and one scale (int8) or K / group scales (int4); false if w holds NaN or inf.
-bool quantize_weight_row(Method method, int group, const float* w, int K, int8_t* q, float* scales);
+bool quantize_weight_row(Element method, int group, const float* w, int K, int8_t* q, float* scales);
 
 // A row of K FP8 E4M3 codes (the "fn" variant: no infinities, 0x7F/0xFF are NaN), decoded
 // exactly and multiplied by its block scale (one per bk values) into out; false if a code is NaN.
@@ -37,11 +37,11 @@ struct QuantizedRow {
 
 // Packs quantized rows into the same layout pack_rows produces from the float weights they
 // were quantized from (so both give identical results).
-void pack_quantized_rows(PackedMatrix& out, Method method, int group, const std::vector<QuantizedRow>& rows, int K);
+void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std::vector<QuantizedRow>& rows, int K);
 
 // Converts rows of x (row-major, ld elements apart) for a method, with the backend's row
 // operations. Throws std::invalid_argument naming the first row holding NaN or infinity.
-void prepare_activations(const KernelTable& ops, Activations& act, Method method, int group, int Kp, const void* x,
+void prepare_activations(const KernelTable& ops, Activations& act, Element method, int group, int Kp, const void* x,
                          DType dtype, int64_t rows, int K, int64_t ld, ThreadPool* pool, const char* what);
 
 }  // namespace kt

@@ -8,7 +8,7 @@
 //   int8: [N/16][K/4][16][4]  int8        one 64-byte line = 16 columns x 4 k
 //   int4: [N/16][K/8][16][4]  nibbles     byte (col, b): low = k 8q+b, high = k 8q+4+b,
 //                                         stored as w+8 in [0, 15]
-// N is padded to a multiple of 16 and K to the method's step (32, 64, or the int4 group
+// N is padded to a multiple of 16 and K to the element's step (32, 64, or the int4 group
 // size) with zeros, so kernels have no tails. A 16-column block's panel is also exactly an
 // AMX B tile stream: 16 rows of 64 bytes per 32 bf16 / 64 int8 values of K.
 #pragma once
@@ -17,19 +17,18 @@
 #include <string>
 #include <vector>
 
+#include "formats.gen.hpp"  // Element (the packed value families) and Method (the formats)
 #include "runtime/aligned.hpp"
 
 namespace kt {
 
-enum class Method { bf16, int8, int4 };
-
 // K is padded to whole AMX tiles (32 bf16 or 64 int8 values a row), so every backend reads
 // the same layout and the tile kernels have no K tail.
-inline int k_step(Method m, int group) { return m == Method::bf16 ? 32 : m == Method::int8 ? 64 : group; }
+inline int k_step(Element m, int group) { return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : group; }
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 struct PackedMatrix {
-  Method method = Method::bf16;
+  Element element = Element::bf16;
   int group = 0;  // int4 group size
   int N = 0, K = 0, Np = 0, Kp = 0;
   // The packed values, value_bytes() of them: in `owned`, or in memory the matrix's owner
@@ -50,22 +49,22 @@ struct PackedMatrix {
 
   int blocks() const { return Np / 16; }
   int groups() const { return group ? Kp / group : 0; }
-  std::size_t block_bytes() const { return block_bytes(method, Kp); }
+  std::size_t block_bytes() const { return block_bytes(element, Kp); }
   std::size_t value_bytes() const { return static_cast<std::size_t>(blocks()) * block_bytes(); }
   const uint8_t* block(int b) const { return values + b * block_bytes(); }
 
-  static std::size_t block_bytes(Method m, int Kp) {
-    return static_cast<std::size_t>(Kp) * (m == Method::bf16 ? 32 : m == Method::int8 ? 16 : 8);
+  static std::size_t block_bytes(Element m, int Kp) {
+    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : m == Element::int8 ? 16 : 8);
   }
   // The bytes of values an N x K matrix packs into.
-  static std::size_t value_bytes(Method m, int group, int N, int K) {
+  static std::size_t value_bytes(Element m, int group, int N, int K) {
     return static_cast<std::size_t>(round_up(N, 16) / 16) * block_bytes(m, static_cast<int>(round_up(K, k_step(m, group))));
   }
 };
 
-// Activation rows converted for a method: bf16 values, or int8 with a per-row scale.
+// Activation rows converted for an element family: bf16 values, or int8 with a per-row scale.
 struct Activations {
-  Method method = Method::bf16;
+  Element element = Element::bf16;
   int group = 0;
   int64_t rows = 0;
   int Kp = 0;
@@ -95,7 +94,7 @@ struct GemmArgs {
 struct KernelTable {
   const char* name;
   std::vector<std::string> (*compiled_features)();
-  std::string (*describe)(Method);
+  std::string (*describe)(Element);
   void (*gemm)(const GemmArgs&);
   // out[i] = silu(gate[i]) * up[i]
   void (*silu_mul)(const float* gate, const float* up, float* out, int n);

@@ -12,20 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "blis/aocl.hpp"
 #include "kernels/pack.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/types.hpp"
+#include "moe/provider.hpp"
 #include "runtime/huge_pages.hpp"
 #include "runtime/thread_pool.hpp"
 
 namespace kt {
-
-struct MoeConfig {
-  int experts = 0, top_k = 0, hidden = 0, intermediate = 0;
-  Method method = Method::bf16;
-  int group = 128;
-};
 
 class MoeLayer {
  public:
@@ -59,10 +53,9 @@ class MoeLayer {
   const KernelTable& kernels() const { return *kernels_; }
   // A library backend (amd-blis), or null: the backend table's entry this layer was made with.
   const LibraryBackend* library() const { return library_; }
-  // amd-blis: the AOCL library, and the fewest tokens per expert from which AOCL is used
-  // (measured at load against this layer's own kernels; above every count: never).
-  const Aocl* aocl() const { return aocl_; }
-  int aocl_min_rows() const { return aocl_min_rows_; }
+  // Who computes the expert GEMMs, preferred first (the format table's providers that apply
+  // here); a provider's min_rows() is known once the weights are loaded.
+  const std::vector<std::unique_ptr<Provider>>& providers() const { return providers_; }
   int threads() const { return pool_threads_; }
   std::size_t packed_bytes() const;
   // Whether Linux took the advice to back the packed weights with transparent huge pages.
@@ -76,10 +69,9 @@ class MoeLayer {
   template <typename Row, typename GateUpRow, typename DownRow, typename Pack>
   void pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack);
   void run_gate_up(const std::vector<int64_t>& offsets, const std::vector<int32_t>& token_of_pos);
-  void aocl_gate_up(int expert, int64_t r0, int64_t r1, const int32_t* rows, int thread);
-  void aocl_down(int expert, int64_t r0, int64_t r1, int thread);
-  void calibrate_aocl();
   void run_down(const std::vector<int64_t>& offsets);
+  // The index of the provider that takes an expert with `rows` tokens.
+  int provider_for(int64_t rows) const;
   // The pool of this process: a forked child has none of the parent's threads, so it gets
   // its own on first use (the parent's pool object is left alone: its threads are not here).
   ThreadPool& pool();
@@ -95,11 +87,7 @@ class MoeLayer {
   int inter_padded_;  // I rounded up to 16
   std::vector<PackedMatrix> gate_up_, down_;
   HugePageBuffer weights_;  // the values of gate_up_ and down_
-  const Aocl* aocl_ = nullptr;
-  int aocl_min_rows_ = 1 << 30;
-  std::vector<aligned_vector<uint8_t>> aocl_gate_up_, aocl_down_;
-  std::vector<aligned_vector<uint8_t>> thread_a_;    // gathered activation rows per thread
-  std::vector<aligned_vector<int32_t>> thread_acc_;  // AOCL int32 results per thread
+  std::vector<std::unique_ptr<Provider>> providers_;
   bool loaded_ = false;
   // forward() scratch, kept between calls
   Activations act_x_, act_a_;
@@ -108,8 +96,5 @@ class MoeLayer {
   std::vector<int64_t> gate_up_task_counts_;
   std::map<std::string, double> profile_;
 };
-
-Method parse_method(const std::string& name);
-const char* method_name(Method m);
 
 }  // namespace kt

@@ -69,15 +69,15 @@ void gemm_int4(const GemmArgs& a) {
 }
 
 void gemm(const GemmArgs& a) {
-  switch (a.w->method) {
-    case Method::bf16: return gemm_bf16(a);
-    case Method::int8: return gemm_int8(a);
-    case Method::int4: return gemm_int4(a);
+  switch (a.w->element) {
+    case Element::bf16: return gemm_bf16(a);
+    case Element::int8: return gemm_int8(a);
+    case Element::int4: return gemm_int4(a);
   }
 }
 
-std::string describe(Method m) {
-  return m == Method::bf16 ? "scalar fp32 dot of bf16" : m == Method::int8 ? "scalar int32 dot" : "scalar int32 dot per group";
+std::string describe(Element m) {
+  return m == Element::bf16 ? "scalar fp32 dot of bf16" : m == Element::int8 ? "scalar int32 dot" : "scalar int32 dot per group";
 }
 
 std::vector<std::string> features() { return compiled_features(); }

@@ -145,7 +145,7 @@ void tile_block(const uint8_t* a, int64_t a_stride, const uint8_t* b0, const uin
 void amx_gemm(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
-  const bool bf16 = w.method == Method::bf16;
+  const bool bf16 = w.element == Element::bf16;
   const std::size_t row_bytes = bf16 ? static_cast<std::size_t>(act.Kp) * 2 : act.Kp;
   const int m_pad = (g.m + 31) / 32 * 32;
   const uint8_t* base = bf16 ? reinterpret_cast<const uint8_t*>(act.bf16.data()) : act.q_u8.data();
@@ -283,20 +283,20 @@ void amx_int4(const GemmArgs& g) {
 }
 
 bool use_tiles(const GemmArgs& g) {
-  return g.m >= (g.w->method == Method::int4 ? kAmxInt4MinRows : kAmxMinRows) && amx_permission_errno() == 0;
+  return g.m >= (g.w->element == Element::int4 ? kAmxInt4MinRows : kAmxMinRows) && amx_permission_errno() == 0;
 }
 
 void gemm(const GemmArgs& g) {
-  if (use_tiles(g)) return g.w->method == Method::int4 ? amx_int4(g) : amx_gemm(g);
+  if (use_tiles(g)) return g.w->element == Element::int4 ? amx_int4(g) : amx_gemm(g);
   simd().gemm(g);  // decode, or no permission
 }
 
-std::string describe(Method m) {
+std::string describe(Element m) {
   const std::string fallback = simd().describe(m);
   if (const int err = amx_permission_errno())
     return fallback + " (AMX permission refused: errno " + std::to_string(err) + ")";
-  const std::string op = m == Method::bf16 ? "tdpbf16ps" : m == Method::int8 ? "tdpbusd" : "tdpbssd (nibbles unpacked to int8)";
-  const int min_rows = m == Method::int4 ? kAmxInt4MinRows : kAmxMinRows;
+  const std::string op = m == Element::bf16 ? "tdpbf16ps" : m == Element::int8 ? "tdpbusd" : "tdpbssd (nibbles unpacked to int8)";
+  const int min_rows = m == Element::int4 ? kAmxInt4MinRows : kAmxMinRows;
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows) + " tokens per expert, else " +
          fallback;
 }

@@ -194,7 +194,7 @@ void gemm(const GemmArgs& a) {
   const Activations& act = *a.act;
   const int G = w.groups();
   for (int blk = a.n0 / 16; blk < a.n1 / 16; ++blk) {
-    if (w.method == Method::bf16) {
+    if (w.element == Element::bf16) {
       gemm_bf16_block(a, blk);
       continue;
     }
@@ -208,9 +208,9 @@ void gemm(const GemmArgs& a) {
         int64_t r = a.rows[i0 + i];
         rows[i] = act.q.data() + r * act.Kp;
         xs[i] = act.scale[r];
-        if (w.method == Method::int4) sums[i] = act.gsum.data() + r * G;
+        if (w.element == Element::int4) sums[i] = act.gsum.data() + r * G;
       }
-      if (w.method == Method::int8)
+      if (w.element == Element::int8)
         dispatch<kRows, 1, Int8Tile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float*>(xs),
                                      reinterpret_cast<const int8_t*>(w.block(blk)), w.scale.data() + blk * 16,
                                      w.Kp / 4, out, a.ld_out);
@@ -223,9 +223,9 @@ void gemm(const GemmArgs& a) {
   }
 }
 
-std::string describe(Method m) {
-  return m == Method::bf16 ? "avx2 fp32 fma (exact vdpbf16ps emulation)"
-         : m == Method::int8 ? "avx2 maddubs, sign on the weights"
+std::string describe(Element m) {
+  return m == Element::bf16 ? "avx2 fp32 fma (exact vdpbf16ps emulation)"
+         : m == Element::int8 ? "avx2 maddubs, sign on the weights"
                              : "avx2 maddubs on unpacked nibbles";
 }
 

@@ -353,11 +353,11 @@ void gemm_int4(const GemmArgs& a) {
 #endif
 
 void gemm(const GemmArgs& a) {
-  switch (a.w->method) {
-    case Method::bf16: return gemm_bf16(a);
+  switch (a.w->element) {
+    case Element::bf16: return gemm_bf16(a);
 #ifdef __AVX512VNNI__
-    case Method::int8: return gemm_int8(a);
-    case Method::int4: return gemm_int4(a);
+    case Element::int8: return gemm_int8(a);
+    case Element::int4: return gemm_int4(a);
 #else
     // AVX-512 without VNNI (Skylake-SP): the AVX2 maddubs kernels are exact and close in speed.
 #ifdef KTFORGE_HAVE_AVX2
@@ -369,7 +369,7 @@ void gemm(const GemmArgs& a) {
   }
 }
 
-std::string describe(Method m) {
+std::string describe(Element m) {
 #ifdef __AVX512BF16__
   const char* bf16 = "avx512 vdpbf16ps";
 #else
@@ -382,7 +382,7 @@ std::string describe(Method m) {
   const char* int8 = "avx2 maddubs (no VNNI)";
   const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
 #endif
-  return m == Method::bf16 ? bf16 : m == Method::int8 ? int8 : int4;
+  return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : int4;
 }
 
 std::vector<std::string> features() { return compiled_features(); }

@@ -1,4 +1,5 @@
-"""Weight quantization, defined once for the converter and for loading: the portable layout.
+"""Weight quantization, defined once for the converter and for loading: the portable layout
+of each format's element family (the format table, :mod:`ktforge.formats`, says which).
 
 int8 and int4 are computed by the extension's ``quantize_weight_row`` — the function the
 kernels' packer applies to float weights — so weights quantized here and loaded with
@@ -23,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-METHODS = ("bf16", "int8", "int4")
-GROUP_SIZES = (32, 64, 128)
+from ktforge import formats
+
+METHODS = formats.names()
 
 Array = np.ndarray[Any, Any]
 
@@ -64,19 +66,17 @@ def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quanti
 
     import ktforge._native as _native
 
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    if method == "int4" and group_size not in GROUP_SIZES:
-        raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r}")
+    element = formats.by_name(method).element
+    formats.check_group(method, group_size)
     if isinstance(w, Fp8Blocks):
-        if method != "bf16":
+        if element != "bf16":
             q, scale = _native.quantize_weights(w.codes, method, group_size, w.scale, *w.block)
             return Quantized(q, scale)
         w = w.to_float32()
     bf16 = np.dtype(ml_dtypes.bfloat16)
     w = np.asarray(w)
     w = np.ascontiguousarray(w if w.dtype in (np.float32, bf16) else w.astype(np.float32))
-    if method == "bf16":
+    if element == "bf16":
         if w.dtype == bf16:
             if ((w.view(np.uint16) & 0x7F80) == 0x7F80).any():  # exponent all ones: NaN or inf
                 raise ValueError("weights contain NaN or infinite values")
@@ -94,10 +94,11 @@ def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quanti
 
 def dequantize(q: Quantized, method: str, K: int) -> Array:
     """The float32 weights ``[..., N, K]`` a quantized projection stands for."""
-    if method == "bf16":
+    element = formats.by_name(method).element
+    if element == "bf16":
         return np.asarray(q.weight, dtype=np.float32)
     assert q.scale is not None
-    if method == "int8":
+    if element == "int8":
         return q.weight.astype(np.float32) * q.scale[..., None]
     low = (q.weight & 0x0F).astype(np.int8) - 8
     high = (q.weight >> 4).astype(np.int8) - 8
@@ -109,9 +110,11 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
 
 def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """Per-expert shape and safetensors dtype of ``weight`` and ``scale`` for one projection."""
-    if method == "bf16":
-        return {"weight": ((N, K), "BF16")}
-    if method == "int8":
-        return {"weight": ((N, K), "I8"), "scale": ((N,), "F32")}
+    f = formats.by_name(method)
+    weight, scale = f.checkpoint.weight_dtype, f.checkpoint.scale_dtype
+    if f.element == "bf16":
+        return {"weight": ((N, K), weight)}
+    if f.element == "int8":
+        return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}
     groups = -(-K // group_size)
-    return {"weight": ((N, groups * group_size // 2), "U8"), "scale": ((N, groups), "F32")}
+    return {"weight": ((N, groups * group_size // 2), weight), "scale": ((N, groups), scale or "F32")}

@@ -1,0 +1,79 @@
+// Who computes an expert's GEMMs. A layer holds the providers its format's row of the format
+// table names, preferred first, and asks for each expert which one takes its token count; the
+// last takes every count. The layer shapes the work into tasks and applies silu(gate) * up;
+// a provider computes out = act rows x W^T for one expert and one projection.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends.gen.hpp"
+#include "kernels/types.hpp"
+#include "runtime/thread_pool.hpp"
+
+namespace kt {
+
+struct MoeConfig {
+  int experts = 0, top_k = 0, hidden = 0, intermediate = 0;
+  Method method = Method::bf16;
+  int group = 128;
+};
+
+enum class Projection { gate_up, down };
+
+// One call: rows[0..m) of `act` against columns [n0, n1) of expert `expert`'s packed `w`
+// into out (m rows, ld_out apart). A whole-expert provider always gets every column.
+struct ExpertGemm {
+  const Activations* act;
+  const int32_t* rows;
+  int m;
+  int expert;
+  Projection projection;
+  const PackedMatrix* w;
+  int n0, n1;
+  float* out;
+  int64_t ld_out;
+  int thread;  // the pool thread running the call, for per-thread scratch
+};
+
+// What a factory sees: the layer's shape and format, the backend's kernel table and, for a
+// library backend, its row of the backend table.
+struct ProviderContext {
+  const MoeConfig& config;
+  const KernelTable& kernels;
+  const LibraryBackend* library;
+  int threads;
+};
+
+class Provider {
+ public:
+  virtual ~Provider() = default;
+  // The provider's name in the format table ("kernels", "aocl", ...).
+  virtual const char* name() const = 0;
+  // What computes the format, for MoE.info and kt bench.
+  virtual std::string describe() const = 0;
+  // The fewest tokens per expert this provider takes (above every count: never).
+  virtual int min_rows() const { return 1; }
+  // Whether it computes an expert's columns all at once rather than in column slices.
+  virtual bool whole_expert() const { return false; }
+  // After the layer packed its weights: a provider may keep its own copy (a library's layout)
+  // and measure where it wins against `next`, the provider that would run otherwise.
+  virtual void attach(const std::vector<PackedMatrix>& /*gate_up*/, const std::vector<PackedMatrix>& /*down*/,
+                      ThreadPool& /*pool*/, Provider& /*next*/) {}
+  virtual void gemm(const ExpertGemm& call) = 0;
+  // Facts for MoE.info (a library's path and version), empty for none.
+  virtual std::map<std::string, std::string> facts() const { return {}; }
+};
+
+// null: the provider does not apply here (a library provider without its library backend).
+using ProviderFactory = std::unique_ptr<Provider> (*)(const ProviderContext&);
+
+// The providers of a layer, preferred first, from the format table; the last takes every case.
+std::vector<std::unique_ptr<Provider>> make_providers(const ProviderContext& context);
+
+constexpr int kNever = 1 << 30;  // a min_rows above every token count
+
+}  // namespace kt
