@@ -184,7 +184,7 @@ def aocl_layer_ms(lib: ctypes.CDLL, threads: int) -> float:
 
 def ktforge_layer_ms(threads: int) -> float:
     import ktforge
-    from ktforge.cli import bench
+    from ktforge import bench
 
     model = bench.models()["qwen3-30b-a3b"]
     gate, up, down = bench.make_weights(model, E)

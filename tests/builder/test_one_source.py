@@ -13,6 +13,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 import ktforge
+from ktforge import remedies
 from ktforge.builder import backends, recipes
 from ktforge.builder.planner import BACKEND_CHOICES
 from ktforge.cli import commands as cli
@@ -106,5 +107,5 @@ def test_every_gate_has_its_remedy() -> None:
         blis=blis,
     )
     gates = {g["gate"] for r in recipes.load_recipes() for g in recipes.evaluate(r, facts)["gates"]}
-    assert gates and gates <= set(recipes.GATE_REMEDIES)
-    assert all(recipes.GATE_REMEDIES.values())
+    assert gates and gates <= set(remedies.table())
+    assert all(r.text for r in remedies.table().values())

@@ -8,9 +8,9 @@ from typing import Any
 
 from ktforge.builder import recipes
 from ktforge.builder.assessment import assess
-from ktforge.cli.doctor import run_checks
 from ktforge.detect import toolchain
 from ktforge.detect.evidence import Evidence
+from ktforge.doctor import run_checks
 
 from ..conftest import HOST_FIXTURES
 

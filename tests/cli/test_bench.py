@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import ktforge
-from ktforge.cli import bench
+from ktforge import bench
 from ktforge.cli import commands as cli
 
 TINY = bench.Model("tiny", hidden=96, intermediate=80, experts=16, top_k=4)

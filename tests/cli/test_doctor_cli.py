@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ktforge.cli import commands as cli
-from ktforge.cli.doctor import list_checks
+from ktforge.doctor import list_checks
 from ktforge.resources import data_path
 
 from ..conftest import CPUINFO_FIXTURES, HOST_FIXTURES

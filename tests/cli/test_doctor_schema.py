@@ -11,9 +11,9 @@ import jsonschema
 import pytest
 
 from ktforge.builder.assessment import assess
-from ktforge.cli.doctor import run_checks
-from ktforge.cli.doctor_schema import doctor_document, generate, to_text
 from ktforge.detect import evidence
+from ktforge.doctor import run_checks
+from ktforge.doctor.schema import doctor_document, generate, to_text
 from ktforge.resources import data_path
 
 from ..conftest import CPUINFO_FIXTURES, HOST_FIXTURES
@@ -30,7 +30,7 @@ def _document(path: str) -> dict[str, Any]:
 def test_the_committed_schema_is_what_the_types_generate() -> None:
     committed = json.loads(data_path("doctor.schema.json").read_text())
     assert committed == generate(), (
-        "regenerate: python -m ktforge.cli.doctor_schema installer/ktforge/data/doctor.schema.json"
+        "regenerate: python -m ktforge.doctor.schema installer/ktforge/data/doctor.schema.json"
     )
 
 

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 import ktforge
-from ktforge.cli import bench
+from ktforge import bench
 from ktforge.cli import commands as cli
 
 from ..synthetic_checkpoints import write_checkpoint

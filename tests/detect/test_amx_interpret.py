@@ -99,7 +99,7 @@ def _host_snapshot() -> dict[str, Any]:
 
 
 def test_kernel_lists_amx_but_xcr0_tile_bits_off_is_reported_and_blocks_amx() -> None:
-    from ktforge.cli.doctor import run_checks
+    from ktforge.doctor import run_checks
 
     document = _host_snapshot()
     document["evidence"]["cpu_probe"]["data"]["xcr0"] = 0xE7  # tile state off, AVX-512 on
@@ -114,8 +114,8 @@ def test_kernel_lists_amx_but_xcr0_tile_bits_off_is_reported_and_blocks_amx() ->
 
 
 def test_hypervisor_hiding_avx512_is_a_warning_with_the_fix() -> None:
-    from ktforge.cli.doctor import run_checks
     from ktforge.detect.evidence import from_text
+    from ktforge.doctor import run_checks
 
     from ..conftest import CPUINFO_FIXTURES
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from ktforge.builder.assessment import assess
-from ktforge.cli.doctor import run_checks
 from ktforge.detect import blis
 from ktforge.detect.evidence import Evidence
+from ktforge.doctor import run_checks
 
 from .. import host
 

@@ -12,8 +12,8 @@ import re
 import pytest
 
 from ktforge.builder.assessment import assess
-from ktforge.cli.doctor import exit_code, run_checks
 from ktforge.detect import evidence
+from ktforge.doctor import exit_code, run_checks
 
 from ..conftest import CPUINFO_FIXTURES, HOST_FIXTURES
 from ..fixture_expectations import EXPECTED

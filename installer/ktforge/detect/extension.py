@@ -17,7 +17,7 @@ from ktforge import process
 from ktforge.detect.report_types import ExtensionStatus
 
 MODULE = "ktforge._native"
-CHILD = "ktforge.detect.extension_child"  # what the child runs
+CHILD = "ktforge.doctor.extension_child"  # what the child runs
 
 
 def _status(child: dict[str, Any], **changes: str) -> ExtensionStatus:

@@ -2,7 +2,7 @@
 
 These are TypedDicts, so a report is still plain JSON (``json.dumps`` writes it, a
 snapshot replays into it) while every access is typed. The doctor's JSON schema is
-generated from them (:mod:`ktforge.cli.doctor_schema`); a test keeps the committed
+generated from them (:mod:`ktforge.doctor.schema`); a test keeps the committed
 schema equal to that generation.
 
 Schema-only facts ride on ``Annotated``: :class:`Schema` adds keywords (a pattern, an enum
@@ -20,7 +20,7 @@ REPORT_SCHEMA_VERSION: Literal[1] = 1
 @dataclass(frozen=True)
 class Schema:
     """Extra JSON-schema keywords for an ``Annotated`` field; ``enum_from`` names a function
-    of :mod:`ktforge.cli.doctor_schema` that lists the allowed values from a data table."""
+    of :mod:`ktforge.doctor.schema` that lists the allowed values from a data table."""
 
     keywords: dict[str, Any] = field(default_factory=dict)
     enum_from: str | None = None

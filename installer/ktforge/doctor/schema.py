@@ -3,7 +3,7 @@ JSON schema, generated from the types.
 
 ``installer/ktforge/data/doctor.schema.json`` is this module's output, committed for
 people who validate our JSON without Python; a test fails when it differs from what the
-types generate. Regenerate with ``python -m ktforge.cli.doctor_schema installer/ktforge/data/doctor.schema.json``.
+types generate. Regenerate with ``python -m ktforge.doctor.schema installer/ktforge/data/doctor.schema.json``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any, Literal, TypedDict, get_args, get_origin, get_type_hints
 
 from ktforge import __version__
 from ktforge.builder.assessment import Assessment
-from ktforge.cli.doctor import Finding, FindingJson, Summary, summarize
 from ktforge.detect.report_types import RecommendedBackend, Schema
+from ktforge.doctor import Finding, FindingJson, Summary, summarize
 
 DOCTOR_SCHEMA_VERSION: Literal[1] = 1
 SCHEMA_ID = f"https://ktforge.invalid/schemas/doctor-{DOCTOR_SCHEMA_VERSION}.json"

@@ -1,7 +1,7 @@
 """Run by ``ktforge.detect.extension.inspect`` in a child Python: import the native extension
 and say how it went, one JSON line per stage (a SIGILL at import still leaves "located").
 
-``python -I -m ktforge.detect.extension_child MODULE``; the last line printed is the verdict.
+``python -I -m ktforge.doctor.extension_child MODULE``; the last line printed is the verdict.
 """
 
 from __future__ import annotations

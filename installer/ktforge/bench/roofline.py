@@ -1,0 +1,136 @@
+"""The roofline of a case: the machine's peaks (dot products of each method, read bandwidth),
+measured in the same run, and the bound ``max(ops / dot peak, weight bytes / read bandwidth)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from ktforge import formats
+from ktforge.bench.model import available_memory
+
+# the instruction (sequence) each element family's multiply-adds run on, per backend (see its
+# peak_ops); a format runs on its element's (data/formats.json)
+DOT_PEAK = {"bf16": "bf16_dot", "int8": "int8_dot", "int4": "int4_dot"}
+
+PEAK_RUNS = 7
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """One backend's peaks on a number of threads: G op/s (a multiply-add is 2 ops) and GB/s."""
+
+    fp32_fma: float
+    bf16_dot: float
+    int8_dot: float
+    int4_dot: float
+    read_gb_per_s: float
+
+    def dot(self, method: str) -> tuple[str, float]:
+        """The peak a method's kernels run on (fp32 FMA where the backend has no such instruction)."""
+        kind = DOT_PEAK[formats.by_name(method).element]
+        value = getattr(self, kind)
+        return (kind, value) if value > 0 else ("fp32_fma", self.fp32_fma)
+
+    def best(self, other: Peaks) -> Peaks:
+        return Peaks(*(max(a, b) for a, b in zip(asdict(self).values(), asdict(other).values(), strict=True)))
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """The fastest a case can run on this machine, and what bounds it."""
+
+    ops: float  # 2 x multiply-adds of the routed tokens
+    weight_bytes: float  # packed weights with their scales, of the experts the routing touched
+    dot_peak: str
+    dot_gops: float
+    read_gb_per_s: float
+    compute_ms: float
+    bandwidth_ms: float
+    bound_ms: float
+    bound: str  # compute or bandwidth
+
+
+def roofline(ops: float, weight_bytes: float, peaks: Peaks, method: str) -> Roofline:
+    kind, gops = peaks.dot(method)
+    compute_ms = ops / (gops * 1e9) * 1e3 if gops > 0 else 0.0
+    bandwidth_ms = weight_bytes / (peaks.read_gb_per_s * 1e9) * 1e3 if peaks.read_gb_per_s > 0 else 0.0
+    return Roofline(
+        ops,
+        weight_bytes,
+        kind,
+        gops,
+        peaks.read_gb_per_s,
+        compute_ms,
+        bandwidth_ms,
+        max(compute_ms, bandwidth_ms),
+        "compute" if compute_ms >= bandwidth_ms else "bandwidth",
+    )
+
+
+def _llc_bytes() -> int:
+    """The last-level cache of CPU 0 (0 when sysfs does not say)."""
+    from pathlib import Path
+
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG") or 0) * scale)
+    return max(sizes, default=0)
+
+
+def read_buffer_bytes(quick: bool = False) -> int:
+    """At least 8x the last-level cache (so the reads come from memory); 1 GiB where memory
+    allows, or 256 MiB for the quick re-measurement after each case."""
+    return max(min(256 << 20 if quick else 1 << 30, available_memory() // 8), 8 * _llc_bytes(), 64 << 20)
+
+
+def peak_method(threads: int) -> str:
+    size = read_buffer_bytes()
+    return (
+        f"compute: best of {PEAK_RUNS} runs of the backend's dot-product sequence (enough independent "
+        f"accumulator chains to cover its latency) on each of {threads} threads; read: best of {PEAK_RUNS} "
+        f"passes over {size / (1 << 20):.0f} MiB (>= 8x the "
+        "last-level cache; transparent huge pages, as the packed weights), each thread streaming its own "
+        f"contiguous share, and one pass over {read_buffer_bytes(quick=True) / (1 << 20):.0f} MiB after every "
+        "timed round of every case (interleaved with the kernels); compute re-measured after each case; the "
+        "best value of the run kept and every case held to it"
+    )
+
+
+def measure_peaks(backend: str, threads: int, runs: int = PEAK_RUNS, with_read: bool = True) -> Peaks:
+    """The peaks of ``backend``'s instructions on ``threads`` threads, best of ``runs``; the read
+    bandwidth too unless ``with_read`` is false (then 0: no claim)."""
+    import ktforge._native as native
+
+    def best(kind: str) -> float:
+        # ~20 ms each: on a shared machine the best run is the machine's, the others are noise
+        return max(native.measure_peak(backend, kind, threads, 8_000_000) for _ in range(runs)) / 1e9
+
+    read = measure_read(backend, threads, read_buffer_bytes(), runs) if with_read else 0.0
+    return Peaks(best("fp32_fma"), best("bf16_dot"), best("int8_dot"), best("int4_dot"), read)
+
+
+def sample_read(peaks: dict[tuple[str, int], Peaks], simds: Sequence[str], threads: int) -> None:
+    """One quick read pass per backend, kept in ``peaks`` where it beats the best so far."""
+    for simd in simds:
+        gb_per_s = measure_read(simd, threads, read_buffer_bytes(quick=True), 1)
+        peaks[simd, threads] = peaks[simd, threads].best(Peaks(0, 0, 0, 0, gb_per_s))
+
+
+def measure_read(backend: str, threads: int, size: int, runs: int) -> float:
+    """GB/s of ``threads`` threads streaming a ``size`` buffer (kept between calls), best of ``runs``."""
+    import ktforge._native as native
+
+    return float(native.measure_read_bandwidth(backend, threads, size, runs)) / 1e9
+
+
+def peaks_json(peaks: dict[tuple[str, int], Peaks]) -> dict[str, dict[str, dict[str, float]]]:
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (simd, threads), p in peaks.items():
+        out.setdefault(simd, {})[str(threads)] = asdict(p)
+    return out
