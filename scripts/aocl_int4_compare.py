@@ -186,7 +186,7 @@ def ktforge_layer_ms(threads: int) -> float:
     import ktforge
     from ktforge import bench
 
-    model = bench.models()["qwen3-30b-a3b"]
+    model = bench.model.models()["qwen3-30b-a3b"]
     gate, up, down = bench.make_weights(model, E)
     moe = ktforge.MoE(E, TOP_K, H, I, method="int4", backend="avx512", threads=threads, group_size=128)
     moe.load_weights(gate, up, down)

@@ -16,14 +16,14 @@ TINY = bench.Model("tiny", hidden=96, intermediate=80, experts=16, top_k=4)
 
 
 def test_models_are_the_real_shapes() -> None:
-    models = bench.models()
+    models = bench.model.models()
     assert (models["qwen3-30b-a3b"].hidden, models["qwen3-30b-a3b"].intermediate) == (2048, 768)
     assert (models["deepseek-v3"].experts, models["deepseek-v3"].top_k) == (256, 8)
     assert (models["mixtral-8x7b"].intermediate, models["mixtral-8x7b"].top_k) == (14336, 2)
 
 
 def test_deepseek_is_cut_to_what_memory_allows() -> None:
-    ds = bench.models()["deepseek-v3"]
+    ds = bench.model.models()["deepseek-v3"]
     per_expert = 3 * ds.hidden * ds.intermediate * 4
     assert bench.experts_that_fit(ds, 10 * per_expert) == 10
     assert bench.experts_that_fit(ds, 10**15) == 256
@@ -44,7 +44,7 @@ def test_routing_draws_distinct_experts(kind: str) -> None:
 
 
 def test_cli_bench_json_on_a_tiny_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "models", lambda: {"tiny": TINY})
+    monkeypatch.setattr(bench.model, "models", lambda: {"tiny": TINY})
     args = ["--model", "tiny", "--tokens", "1,64", "--method", "bf16,int4", "--repeats", "1", "--threads", "1,2"]
     result = CliRunner().invoke(cli.app, ["bench", *args, "--json"])
     assert result.exit_code == 0, result.output
@@ -136,7 +136,7 @@ def test_cli_bench_rejects_unknown_models() -> None:
 
 
 def test_cli_bench_names_a_backend_this_machine_cannot_run_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "models", lambda: {"tiny": TINY})
+    monkeypatch.setattr(bench.model, "models", lambda: {"tiny": TINY})
     monkeypatch.delenv("KTFORGE_BLIS_LIBRARY", raising=False)
     compiled = {b["name"] for b in ktforge.build_info()["backends"]}
     # amd-blis without a linked library, or the AMX tiles in a build without them

@@ -215,7 +215,7 @@ BENCH_OPTIONS = {
 def test_bench_refuses_each_bad_option_in_one_line(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     args, why = BENCH_OPTIONS[case]
     measured: list[str] = []
-    monkeypatch.setattr(bench, "measure_peaks", lambda *a: measured.append("peaks") or {})
+    monkeypatch.setattr(bench.bounds, "measure_peaks", lambda *a: measured.append("peaks") or {})
     result = runner.invoke(cli.app, ["bench", "--no-peer", *args])
     assert result.exit_code == 2 and why in _one_line(result)
     assert measured == []  # refused before measuring anything

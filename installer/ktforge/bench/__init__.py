@@ -8,16 +8,17 @@ and the % of its bound reached. Backends and the PyTorch peer are timed interlea
 the order rotating each round), so drift on a shared machine hits all of them alike: ratios,
 not bare times, are what carry over between runs.
 
-The engine, by concern: ``model`` (weights, routing), ``roofline`` (peaks, bounds), ``timing``
+The engine, by concern: ``model`` (weights, routing), ``bounds`` (peaks, rooflines), ``timing``
 (interleaved contenders), ``options`` (checked, typed) and ``run`` (typed events). The CLI
 parses and prints (``ktforge.cli.bench_text``).
 """
 
 from __future__ import annotations
 
-from ktforge.bench.model import Model, experts_that_fit, make_weights, models, routing
+from ktforge.bench import bounds, model
+from ktforge.bench.bounds import DOT_PEAK, Peaks, Roofline, roofline
+from ktforge.bench.model import Model, experts_that_fit, make_weights, routing
 from ktforge.bench.options import DECODE_MAX_TOKENS, DEFAULT_TOKENS, METHODS, BenchOptions, check_options
-from ktforge.bench.roofline import DOT_PEAK, Peaks, Roofline, roofline
 from ktforge.bench.run import CaseDone, Event, Final, Header, Result, run
 from ktforge.bench.timing import Contender, time_interleaved
 
@@ -36,10 +37,11 @@ __all__ = [
     "Peaks",
     "Result",
     "Roofline",
+    "bounds",
     "check_options",
     "experts_that_fit",
     "make_weights",
-    "models",
+    "model",
     "roofline",
     "routing",
     "run",

@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass
 
 from ktforge import formats
-from ktforge.bench.model import activation_bytes_per_token, available_memory, experts_that_fit, models
+from ktforge.bench import model as catalog
+from ktforge.bench.model import activation_bytes_per_token, available_memory, experts_that_fit
 from ktforge.kernels import MAX_THREADS
 
 DEFAULT_TOKENS = (1, 4, 16, 64, 128, 512, 2048)
@@ -87,7 +88,7 @@ def check_options(
 def _check_memory(model_names: list[str], tokens: list[int], budget_gib: float | None) -> None:
     available = available_memory()
     for name in model_names:  # the largest case's activations (inputs, gate/up results, outputs)
-        activations = max(tokens) * activation_bytes_per_token(models()[name])
+        activations = max(tokens) * activation_bytes_per_token(catalog.models()[name])
         if activations > available // 2:
             raise ValueError(
                 f"--tokens {max(tokens)}: {name}'s activations take about {activations / (1 << 30):.1f} GiB, "
@@ -101,7 +102,7 @@ def _check_memory(model_names: list[str], tokens: list[int], budget_gib: float |
                 f"--max-weight-gib {budget_gib}: more than the {available / (1 << 30):.1f} GiB available; give less"
             )
         for name in model_names:
-            model = models()[name]
+            model = catalog.models()[name]
             if experts_that_fit(model, int(budget_gib * (1 << 30))) < model.top_k:
                 need = model.top_k * 3 * model.hidden * model.intermediate * 4 / (1 << 30)
                 raise ValueError(

@@ -11,17 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from ktforge.bench.model import Model, available_memory, experts_that_fit, make_weights, models, routing
-from ktforge.bench.options import DECODE_MAX_TOKENS, BenchOptions
-from ktforge.bench.roofline import (
+from ktforge.bench import bounds
+from ktforge.bench import model as catalog
+from ktforge.bench.bounds import (
     Peaks,
     Roofline,
-    measure_peaks,
     peak_method,
     peaks_json,
     roofline,
     sample_read,
 )
+from ktforge.bench.model import Model, available_memory, experts_that_fit, make_weights, routing
+from ktforge.bench.options import DECODE_MAX_TOKENS, BenchOptions
 from ktforge.bench.timing import Contender, TorchPeer, fixed_cost_us, time_interleaved
 from ktforge.builder import backends as backends_table
 
@@ -148,7 +149,7 @@ def run(options: BenchOptions, progress: Callable[[str], None] | None = None) ->
     yield _header(state, budget)
     results: list[Result] = []
     for name in options.models:
-        model = models()[name]
+        model = catalog.models()[name]
         experts = experts_that_fit(model, budget, copies=len(options.backends))
         weights = make_weights(model, experts)
         for threads in options.threads:
@@ -171,7 +172,7 @@ def _header(state: _Run, budget: int) -> Header:
     for simd in state.simds:
         for t in threads:
             state.say(f"measuring the peaks of {simd} on {t} threads")
-            state.peaks[simd, t] = measure_peaks(simd, t)
+            state.peaks[simd, t] = bounds.measure_peaks(simd, t)
     fixed: dict[str, dict[str, float]] = {}
     for backend in state.options.backends:
         state.say(f"fixed cost per call of {backend}")
@@ -220,7 +221,7 @@ def _cases(
             for simd in state.simds:
                 # the machine drifts: its compute peaks again, right after the case (kept: the
                 # best); the read bandwidth was sampled after every round of it
-                again = measure_peaks(simd, threads, runs=2, with_read=False)
+                again = bounds.measure_peaks(simd, threads, runs=2, with_read=False)
                 state.peaks[simd, threads] = state.peaks[simd, threads].best(again)
             torch_s = statistics.median(times["torch"]) if "torch" in times else None
             for c in contenders:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ktforge.bench.model import models
+from ktforge.bench import model as catalog
 
 
 def format_header(header: dict[str, Any]) -> str:
@@ -27,7 +27,8 @@ def format_header(header: dict[str, Any]) -> str:
 def format_row(r: dict[str, Any]) -> str:
     peer = f"{r['speedup_vs_torch']:5.2f}x" if r["speedup_vs_torch"] is not None else "    -"
     roof = r["roofline"]
-    total = models()[r["model"]].experts if r["model"] in models() else r["experts_loaded"]
+    known = catalog.models()
+    total = known[r["model"]].experts if r["model"] in known else r["experts_loaded"]
     name = r["model"] if r["experts_loaded"] == total else f"{r['model']}[{r['experts_loaded']}/{total} experts]"
     basis = "read BW" if roof["bound"] == "bandwidth" else roof["dot_peak"]
     return (

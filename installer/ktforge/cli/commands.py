@@ -209,10 +209,12 @@ def bench(
     from ktforge import bench as bench_mod
     from ktforge.cli import bench_text
 
-    names = list(bench_mod.models()) if model == "all" else _csv(model)
-    unknown = [n for n in names if n not in bench_mod.models()]
+    names = list(bench_mod.model.models()) if model == "all" else _csv(model)
+    unknown = [n for n in names if n not in bench_mod.model.models()]
     if unknown:
-        typer.echo(f"kt bench: unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_mod.models())}", err=True)
+        typer.echo(
+            f"kt bench: unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_mod.model.models())}", err=True
+        )
         raise typer.Exit(2)
     try:
         options = bench_mod.check_options(
