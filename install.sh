@@ -5,7 +5,7 @@
 #   ./install.sh deps       system packages (compiler, CMake, Ninja, Python headers) and the Python environment
 #   ./install.sh build      build, verify and install the kernels of the best recipe for this machine
 #                           (`kt build`), then run `kt doctor`; options go to `kt build`:
-#                           --backend auto|amx|amd-blis|avx512|avx2, --plan, --target NAME,
+#                           --recipe auto|amx|amd-blis|avx512|avx2 (or --backend, its old name), --plan, --target NAME,
 #                           --portable (one wheel for every x86-64 in dist/: needs auditwheel and patchelf)
 #   ./install.sh test       install the test tools (and upstream BLIS, a test fixture) and run the suite
 #   --with-blis             with deps: also AOCL-BLAS with the aocl_gemm add-on (the `aoclda` wheel)
@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
     deps|build|test|all) ACTION=$1 ;;
     --plan) BUILD_ARGS+=("--plan") ;;
     --portable) BUILD_ARGS+=("--portable") ;;
-    --backend|--target)
+    --recipe|--backend|--target)
       [ $# -ge 2 ] || { printf 'install.sh: %s needs a value\n' "$1" >&2; exit 2; }
       BUILD_ARGS+=("$1" "$2"); shift ;;
     *) printf 'install.sh: unknown argument: %s\n\n' "$1" >&2; usage >&2; exit 2 ;;

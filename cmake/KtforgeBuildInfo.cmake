@@ -46,7 +46,7 @@ function(ktforge_add_backend name)
     message(FATAL_ERROR
       "The compiler ${CMAKE_CXX_COMPILER} (${CMAKE_CXX_COMPILER_VERSION}) rejects the ${name} flags "
       "'${_joined}'. Install a newer compiler, or leave ${name} out of KTFORGE_BACKENDS. "
-      "`kt doctor --check toolchain.backend_flags` shows what this compiler accepts.")
+      "`kt doctor --check toolchain.recipe_flags` shows what this compiler accepts.")
   endif()
   add_library(ktforge_${name} OBJECT ${CMAKE_CURRENT_SOURCE_DIR}/src/${KTFORGE_DIR_${name}}/kernels.cpp)
   target_include_directories(ktforge_${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src ${_ktforge_generated})

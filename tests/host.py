@@ -27,13 +27,13 @@ def usable_features() -> frozenset[str]:
 
 
 def recommended_recipe() -> recipes.Recipe:
-    name = live_report()["backend"]["recommended"]
+    name = live_report()["recipe"]["recommended"]
     return next(r for r in recipes.load_recipes() if r.name == name)
 
 
 def recipe_backends() -> set[str]:
     """The kernel backends the recipe ./install.sh builds here compiles (the names the kernels report)."""
-    return {b.replace("_", "-") for b in recommended_recipe().backends} | {"reference"}
+    return {*recommended_recipe().backends, "reference"}
 
 
 def build_backends() -> list[dict[str, Any]]:

@@ -45,21 +45,21 @@ def fixture_report(name: str, tools: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_plan_for_every_fixture_machine(name: str, live_toolchain: dict[str, Any]) -> None:
     plan = planner.make_plan(fixture_report(name, live_toolchain))
-    assert plan.backend == EXPECTED[name]
+    assert plan.recipe == EXPECTED[name]
     assert plan.ok is (EXPECTED[name] != "none")
     if plan.ok:
         assert plan.flags[0] == "-march=native" and plan.kernel_backends
         assert any("highest-priority" in r for r in plan.reasons)
         # every higher-priority recipe is listed with why not
         higher = {"amx": [], "amd-blis": ["amx"], "avx512": ["amx", "amd-blis"], "avx2": ["amx", "amd-blis", "avx512"]}
-        assert {r["name"] for r in plan.rejected} >= set(higher[plan.backend])
+        assert {r["name"] for r in plan.rejected} >= set(higher[plan.recipe])
         assert all(r["why_not"] for r in plan.rejected)
     else:
         assert plan.missing and all(m["detail"] for m in plan.missing)
 
 
 def test_forcing_amx_on_zen4_names_every_missing_gate(live_toolchain: dict[str, Any]) -> None:
-    plan = planner.make_plan(fixture_report("linux-rocky8.5-zen4", live_toolchain), backend="amx")
+    plan = planner.make_plan(fixture_report("linux-rocky8.5-zen4", live_toolchain), recipe="amx")
     assert not plan.ok
     gates = {m["gate"] for m in plan.missing}
     assert "cpu_features" in gates
@@ -72,8 +72,8 @@ def test_amd_blis_without_a_working_addon_is_refused_before_compiling(live_toolc
     report["blis"] = {"selected": None, "libraries": [], "searched": [], "selected_library_dir": None}
     from ktforge.builder.assessment import recommend
 
-    report["backend"] = recommend(report)
-    plan = planner.make_plan(report, backend="amd-blis")
+    report["recipe"] = recommend(report)
+    plan = planner.make_plan(report, recipe="amd-blis")
     assert not plan.ok
     [gate] = [m for m in plan.missing if m["gate"] == "blis_addon"]
     assert "--with-blis" in gate["remedy"]
@@ -81,12 +81,12 @@ def test_amd_blis_without_a_working_addon_is_refused_before_compiling(live_toolc
 
 def test_target_builds_use_the_targets_flags_and_check_its_features(live_toolchain: dict[str, Any]) -> None:
     report = fixture_report("linux-rhel7-haswell", live_toolchain)  # the host's CPU does not matter
-    plan = planner.make_plan(report, backend="amx", target="sapphirerapids")
+    plan = planner.make_plan(report, recipe="amx", target="sapphirerapids")
     assert plan.ok and plan.flags[:2] == ["-march=sapphirerapids", "-mtune=sapphirerapids"]
     assert "-march=native" not in plan.flags
-    refused = planner.make_plan(report, backend="avx512", target="haswell")
+    refused = planner.make_plan(report, recipe="avx512", target="haswell")
     assert not refused.ok and "haswell lacks avx512f" in refused.missing[0]["detail"]
-    unknown = planner.make_plan(report, backend="avx2", target="pentium5")
+    unknown = planner.make_plan(report, recipe="avx2", target="pentium5")
     assert not unknown.ok and "unknown target" in unknown.missing[0]["detail"]
 
 
@@ -94,15 +94,18 @@ def test_plan_cli_json_and_exit_codes() -> None:
     result = CliRunner().invoke(cli.app, ["build", "--plan", "--json", "--source", str(ROOT)])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    assert plan["schema_version"] == 1
-    assert {"backend", "flags", "reasons", "rejected", "ok"} <= set(plan)
+    assert plan["schema_version"] == 2
+    assert {"recipe", "flags", "reasons", "rejected", "ok"} <= set(plan)
     assert plan["ok"] is True and plan["flags"][0] == "-march=native"
-    doctor = json.loads(CliRunner().invoke(cli.app, ["doctor", "--json", "--check", "backend.recommended"]).stdout)
-    assert plan["backend"] == doctor["recommended_backend"]
+    doctor = json.loads(CliRunner().invoke(cli.app, ["doctor", "--json", "--check", "recipe.recommended"]).stdout)
+    assert plan["recipe"] == doctor["recommended_recipe"]
     # a recipe this machine cannot run: refused, exit 1, nothing built
-    impossible = next(r for r in ("amx", "amd-blis") if r != plan["backend"])
-    refused = CliRunner().invoke(cli.app, ["build", "--backend", impossible, "--plan", "--source", str(ROOT)])
+    impossible = next(r for r in ("amx", "amd-blis") if r != plan["recipe"])
+    refused = CliRunner().invoke(cli.app, ["build", "--recipe", impossible, "--plan", "--source", str(ROOT)])
     assert refused.exit_code == 1 and "cannot build:" in refused.stdout
+    # --backend, the option's old name, still names a recipe
+    alias = CliRunner().invoke(cli.app, ["build", "--backend", impossible, "--plan", "--source", str(ROOT)])
+    assert (alias.exit_code, alias.stdout) == (refused.exit_code, refused.stdout)
 
 
 def test_build_lock_is_exclusive(tmp_path: Path) -> None:
@@ -116,7 +119,7 @@ def test_build_lock_is_exclusive(tmp_path: Path) -> None:
 
 def _plan_for(backend: str, **overrides: Any) -> planner.Plan:
     report = assess(evidence.collect_live())
-    plan = planner.make_plan(report, backend=backend)
+    plan = planner.make_plan(report, recipe=backend)
     assert plan.ok, plan.missing
     for key, value in overrides.items():
         plan.cmake_defines[key] = value
@@ -126,16 +129,16 @@ def _plan_for(backend: str, **overrides: Any) -> planner.Plan:
 @pytest.mark.parametrize("backend", ["avx2", "avx512"])
 def test_real_build_and_verification(backend: str) -> None:
     # a recipe this machine's gates allow is built and verified; one they don't is refused
-    eligible = {r["name"]: r["eligible"] for r in host.live_report()["backend"]["recipes"]}
+    eligible = {r["name"]: r["eligible"] for r in host.live_report()["recipe"]["recipes"]}
     if not eligible[backend]:
-        plan = planner.make_plan(host.live_report(), backend=backend)
+        plan = planner.make_plan(host.live_report(), recipe=backend)
         assert not plan.ok and {m["gate"] for m in plan.missing} >= {"cpu_features"}
         assert all(m["remedy"] for m in plan.missing)
         return
     plan = _plan_for(backend)
     wheel, log = executor.build_wheel(plan, ROOT, lambda _: None)
     verified = executor.verify_wheel(wheel, log)
-    assert {r["backend"] for r in verified} == {b.replace("_", "-") for b in plan.kernel_backends}
+    assert {r["backend"] for r in verified} == set(plan.kernel_backends)
     assert {r["method"] for r in verified} == {"bf16", "int8", "int4"}
     assert all(r["ok"] for r in verified)
 
@@ -171,14 +174,14 @@ def test_amd_blis_wheel_runs_amd_blis_in_a_fresh_venv_without_environment_variab
     # AOCL-BLAS from the aoclda wheel: has the add-on; its integer GEMM needs AVX-512 VNNI
     [aocl] = [lib for lib in (blis.summarize(c) for c in blis.discover()["candidates"]) if lib["has_addon"]]
     report = host.live_report()
-    plan = planner.make_plan(report, backend="amd-blis")
+    plan = planner.make_plan(report, recipe="amd-blis")
     if not plan.ok:
         # Not an AMD with AVX-512 VNNI and a working add-on: the same recipe and library over the
         # kernel backends this CPU runs (on an Intel AVX-512 host only the vendor gate differs).
-        eligible = {r["name"]: r["eligible"] for r in report["backend"]["recipes"]}
+        eligible = {r["name"]: r["eligible"] for r in report["recipe"]["recipes"]}
         plan = _plan_for("avx512" if eligible["avx512"] else "avx2")
         plan.cmake_defines.update(KTFORGE_BLIS_LIBRARY=aocl["path"], KTFORGE_RECIPE="amd-blis")
-        plan.backend = "amd-blis"
+        plan.recipe = "amd-blis"
     wheel, log = executor.build_wheel(plan, ROOT, lambda _: None)
     if host.has("avx512_vnni"):
         verified = executor.verify_wheel(wheel, log)  # includes a GEMM through the linked library
@@ -267,7 +270,7 @@ def test_import_guard_refuses_a_build_for_a_richer_cpu(tmp_path: Path) -> None:
 def test_target_build_for_sapphirerapids_compiles_tile_instructions() -> None:
 
     report = assess(evidence.collect_live())
-    plan = planner.make_plan(report, backend="amx", target="sapphirerapids")
+    plan = planner.make_plan(report, recipe="amx", target="sapphirerapids")
     assert plan.ok, plan.missing
     assert "-march=native" not in plan.cmake_defines["KTFORGE_ARCH_FLAGS"]
     wheel, log = executor.build_wheel(plan, ROOT, lambda _: None)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import ktforge
 from ktforge import remedies
 from ktforge.builder import backends, recipes
-from ktforge.builder.planner import BACKEND_CHOICES
+from ktforge.builder.planner import RECIPE_CHOICES
 from ktforge.cli import commands as cli
 from ktforge.detect import features
 from ktforge.detect.report_types import BlisSection
@@ -28,24 +28,24 @@ RECIPES = [r.name for r in recipes.load_recipes()]
 
 
 def test_every_recipe_compiles_backends_of_the_table_with_what_they_need() -> None:
-    known = {b.cmake_name for b in backends.table()}
+    known = {b.name for b in backends.table()}
     for recipe in recipes.load_recipes():
         assert set(recipe.backends) <= known, recipe.name
         for name in recipe.backends:
-            assert {n.replace("-", "_") for n in backends.by_name(name).needs} <= set(recipe.backends), recipe.name
+            assert set(backends.by_name(name).needs) <= set(recipe.backends), recipe.name
 
 
 def test_the_schema_cli_and_install_sh_name_the_recipes() -> None:
     schema = json.loads(data_path("doctor.schema.json").read_text())
-    enum = schema["$defs"]["BackendChoice"]["properties"]["recommended"]["enum"]
+    enum = schema["$defs"]["RecipeChoice"]["properties"]["recommended"]["enum"]
     assert enum == [*RECIPES, "none", "unknown"]
-    top = schema["properties"]["recommended_backend"]
+    top = schema["properties"]["recommended_recipe"]
     assert top.get("enum", enum) == enum
-    assert ("auto", *RECIPES) == BACKEND_CHOICES
+    assert ("auto", *RECIPES) == RECIPE_CHOICES
     usage = (ROOT / "install.sh").read_text()
-    assert f"--backend {'|'.join(BACKEND_CHOICES)}," in usage
+    assert f"--recipe {'|'.join(RECIPE_CHOICES)} " in usage
     help_text = " ".join(CliRunner().invoke(cli.app, ["build", "--help"], env={"COLUMNS": "200"}).stdout.split())
-    assert f"auto, or a recipe: {', '.join(RECIPES)}." in help_text
+    assert f"auto, or a recipe: {', '.join(RECIPES)} (--backend: its old name)." in help_text
 
 
 def test_the_extension_lists_its_backends_in_the_table_s_order() -> None:

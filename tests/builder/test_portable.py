@@ -134,7 +134,7 @@ def test_each_level_holds_nothing_above_its_level(portable: tuple[Path, Path]) -
     _, cmake = portable
     for name in planner.portable_backends():
         row = backends.by_name(name)
-        [obj] = (cmake / "native" / "CMakeFiles" / f"ktforge_{row.cmake_name}.dir").rglob("kernels.cpp.o")
+        [obj] = (cmake / "native" / "CMakeFiles" / f"ktforge_{row.name}.dir").rglob("kernels.cpp.o")
         code = "".join(_disassembly(obj).values())
         assert code, obj
         for flag, pattern in FORBIDDEN.items():

@@ -99,7 +99,7 @@ def test_extension_without_the_machine_s_best_backend_is_a_warning_naming_the_bu
     document = json.loads((HOST_FIXTURES / "kvm-sapphirerapids-masked.snapshot.json").read_text())
     document["evidence"]["extension"]["build_info"]["backends"] = [{"name": "reference", "required_cpu_features": []}]
     report = assess(Evidence.from_snapshot(document))
-    best = report["backend"]["recommended"]
+    best = report["recipe"]["recommended"]
     assert best in ("avx512", "amx")
     [finding] = run_checks(report, ["extension.installed"])
     assert finding.status == "warn"

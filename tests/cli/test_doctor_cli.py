@@ -58,7 +58,7 @@ def test_live_json_sees_this_machine(live_json: dict[str, Any], host_flags: set[
         expected = "amd-blis"
     else:
         expected = "avx512" if has_avx512 else "avx2"
-    assert live_json["recommended_backend"] == expected
+    assert live_json["recommended_recipe"] == expected
     if "amx_tile" not in host_flags:
         assert checks["amx.permission"]["status"] == "info"
         assert "EOPNOTSUPP" in checks["amx.permission"]["finding"]
@@ -82,7 +82,7 @@ def test_plain_output_without_a_tty_has_no_colour_and_a_summary() -> None:
     assert not ANSI.search(out)
     assert out.startswith("ktforge doctor: this machine:")
     assert re.search(
-        r"^Summary: \d+ ok, \d+ info, \d+ warnings, \d+ errors, \d+ unknown; recommended backend: ", out, re.MULTILINE
+        r"^Summary: \d+ ok, \d+ info, \d+ warnings, \d+ errors, \d+ unknown; recommended recipe: ", out, re.MULTILINE
     )
     for cid, _, _ in list_checks():
         assert f" {cid} " in out
@@ -117,14 +117,14 @@ def test_unknown_check_id_exits_2() -> None:
 def test_non_x86_dump_exits_1_with_the_reason() -> None:
     code, out = _doctor("--from", str(CPUINFO_FIXTURES / "linux-amazon-neoverse_v1"))
     assert code == 1
-    assert "this is aarch64" in out and "recommended backend: none" in out
+    assert "this is aarch64" in out and "recommended recipe: none" in out
 
 
 def test_replayed_dump_is_schema_valid_and_marks_unknowns() -> None:
     code, out = _doctor("--json", "--from", str(CPUINFO_FIXTURES / "linux-rocky8.5-zen4"))
     document = json.loads(out)
     jsonschema.validate(document, SCHEMA)
-    assert code == 0 and document["recommended_backend"] == "avx512"
+    assert code == 0 and document["recommended_recipe"] == "avx512"
     statuses = {c["id"]: c["status"] for c in document["checks"]}
     assert statuses["blis.found"] == "unknown" and statuses["os.xcr0"] == "unknown"
     assert statuses["amx.cpuid"] == "info"
@@ -134,7 +134,7 @@ def test_lscpu_json_and_text_replay_agree() -> None:
     _, from_text = _doctor("--json", "--from", str(HOST_FIXTURES / "kvm-sapphirerapids-masked.lscpu"))
     _, from_json = _doctor("--json", "--from", str(HOST_FIXTURES / "kvm-sapphirerapids-masked.lscpu.json"))
     a, b = json.loads(from_text), json.loads(from_json)
-    assert a["recommended_backend"] == b["recommended_backend"] == "amx"
+    assert a["recommended_recipe"] == b["recommended_recipe"] == "amx"
     assert a["report"]["cpu"]["usable_features"] == b["report"]["cpu"]["usable_features"]
 
 

@@ -58,7 +58,7 @@ def zen4() -> dict[str, Any]:
         (("report", "cpu", "family"), "25"),  # a string where the type says int
         (("report", "cpu", "os_state", "avx512"), "yes"),
         (("report", "amx", "verdict"), "maybe"),  # not one of the Literal's values
-        (("report", "backend", "recommended"), "avx1024"),  # not a recipe of the table
+        (("report", "recipe", "recommended"), "avx1024"),  # not a recipe of the table
         (("report", "cpu", "microarchitecture", "source"), "guess"),
         (("checks", 0, "id"), "no-dot"),  # the pattern on FindingId
         (("checks", 0, "status"), "fine"),
@@ -81,7 +81,7 @@ def test_a_wrong_value_is_rejected(zen4: dict[str, Any], where: tuple[Any, ...],
         (("report",), "probes"),
         (("report", "cpu"), "usable_features"),
         (("report", "amx"), "permitted"),
-        (("report", "backend"), "recommended"),
+        (("report", "recipe"), "recommended"),
         (("summary",), "warn"),
         (("report", "os"), "kernel_release"),
     ],
@@ -103,6 +103,6 @@ def test_an_unknown_key_or_a_missing_one_is_rejected(
 def test_optional_keys_stay_optional(zen4: dict[str, Any]) -> None:
     # not_seen_by_source appears only on a provisional or open choice (NotRequired in the type)
     document = copy.deepcopy(zen4)
-    assert "not_seen_by_source" in document["report"]["backend"]
-    del document["report"]["backend"]["not_seen_by_source"]
+    assert "not_seen_by_source" in document["report"]["recipe"]
+    del document["report"]["recipe"]["not_seen_by_source"]
     assert VALIDATOR.is_valid(document)

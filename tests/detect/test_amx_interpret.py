@@ -85,8 +85,8 @@ def test_recorded_amx_machine_replays_to_amx_with_every_gate_proven() -> None:
     document = json.loads((HOST_FIXTURES / "kvm-sapphirerapids-masked.snapshot.json").read_text())
     report = assess(Evidence.from_snapshot(document))
     assert report["amx"]["verdict"] == "available"
-    assert report["backend"]["recommended"] == "amx"
-    assert report["backend"]["provisional"] is False
+    assert report["recipe"]["recommended"] == "amx"
+    assert report["recipe"]["provisional"] is False
     # the hypervisor reports model 167 (Rocket Lake, which has no AMX): flagged, not believed
     assert any(d["topic"] == "cpu.model" for d in report["disagreements"])
 
@@ -105,8 +105,8 @@ def test_kernel_lists_amx_but_xcr0_tile_bits_off_is_reported_and_blocks_amx() ->
     document["evidence"]["cpu_probe"]["data"]["xcr0"] = 0xE7  # tile state off, AVX-512 on
     report = assess(Evidence.from_snapshot(document))
     assert any(d["topic"] == "os_state.amx" for d in report["disagreements"])
-    assert report["backend"]["recommended"] == "avx512"
-    amx_recipe = next(r for r in report["backend"]["recipes"] if r["name"] == "amx")
+    assert report["recipe"]["recommended"] == "avx512"
+    amx_recipe = next(r for r in report["recipe"]["recipes"] if r["name"] == "amx")
     assert "os_state.amx: XCR0 does not enable amx state" in amx_recipe["why_not"]
     findings = {f.id: f for f in run_checks(report)}
     assert findings["amx.xcr0"].status == "error"
@@ -123,7 +123,7 @@ def test_hypervisor_hiding_avx512_is_a_warning_with_the_fix() -> None:
     flags_line = next(line for line in text.splitlines() if line.startswith("flags"))
     hidden = " ".join(f for f in flags_line.split() if not f.startswith("avx512")) + " hypervisor"
     report = assess(from_text(text.replace(flags_line, hidden)))
-    assert report["backend"]["recommended"] == "avx2"
+    assert report["recipe"]["recommended"] == "avx2"
     finding = next(f for f in run_checks(report) if f.id == "system.hypervisor")
     assert finding.status == "warn" and "avx512f" in finding.finding
     assert any("-cpu host" in command for command in finding.commands)

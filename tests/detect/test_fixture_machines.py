@@ -27,7 +27,7 @@ def test_every_fixture_has_an_expectation() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_fixture_backend(name: str) -> None:
     report = assess(evidence.from_file(CPUINFO_FIXTURES / name))
-    backend = report["backend"]
+    backend = report["recipe"]
     assert backend["recommended"] == EXPECTED[name]
     # A dump cannot prove OS state or AMX permission: any choice made from one is provisional.
     assert backend["provisional"] is (EXPECTED[name] != "none")
@@ -37,20 +37,20 @@ def test_fixture_backend(name: str) -> None:
     assert by_id["extension.installed"].status == "unknown"
     assert (exit_code(findings) == 1) is (EXPECTED[name] == "none")
     if EXPECTED[name] == "none":
-        assert by_id["backend.recommended"].status == "error"
+        assert by_id["recipe.recommended"].status == "error"
 
 
 def test_zen4_dump_names_zen4_and_rejects_amd_blis_for_lack_of_evidence() -> None:
     report = assess(evidence.from_file(CPUINFO_FIXTURES / "linux-rocky8.5-zen4"))
     assert report["cpu"]["microarchitecture"]["name"] == "zen4"
-    amd_blis = next(r for r in report["backend"]["recipes"] if r["name"] == "amd-blis")
+    amd_blis = next(r for r in report["recipe"]["recipes"] if r["name"] == "amd-blis")
     assert not amd_blis["eligible"]
     assert any("no evidence of a BLIS library" in reason for reason in amd_blis["why_not"])
 
 
 def test_sapphire_rapids_dump_amx_gates_are_unverified_not_failed() -> None:
     report = assess(evidence.from_file(CPUINFO_FIXTURES / "linux-unknown-sapphirerapids"))
-    amx_recipe = next(r for r in report["backend"]["recipes"] if r["name"] == "amx")
+    amx_recipe = next(r for r in report["recipe"]["recipes"] if r["name"] == "amx")
     assert amx_recipe["eligible"] and amx_recipe["provisional"]
     assert {u.split(":")[0] for u in amx_recipe["unverified"]} == {
         "os_state.avx512",
@@ -70,7 +70,7 @@ def test_tiger_lake_cpuid_dump_named_from_model_table() -> None:
 
 def test_darwin_haswell_is_rejected_for_the_os_not_the_cpu() -> None:
     report = assess(evidence.from_file(CPUINFO_FIXTURES / "darwin-mojave-haswell"))
-    avx2 = next(r for r in report["backend"]["recipes"] if r["name"] == "avx2")
+    avx2 = next(r for r in report["recipe"]["recipes"] if r["name"] == "avx2")
     assert avx2["why_not"] == ["system: needs Linux, machine runs Darwin"]
 
 
@@ -84,7 +84,7 @@ def test_a_hypervisor_hiding_a_flag_does_not_demote_the_name() -> None:
     assert uarch["by_features"] == "zen2" and uarch["source"] == "model-table"
     assert (uarch["name"], uarch["products"]) == ("zen4", "EPYC 9004 (Genoa)")
     assert uarch["hidden"] == ["pku"] and uarch["hidden_used_by_kernels"] == []
-    assert report["backend"]["recommended"] == "avx512"
+    assert report["recipe"]["recommended"] == "avx512"
     finding = {f.id: f for f in run_checks(report)}["system.hypervisor"]
     assert finding.status == "ok" and "hides pku (not used by the kernels)" in finding.finding
 
@@ -97,7 +97,7 @@ def test_a_hidden_flag_the_kernels_use_is_a_warning() -> None:
     report = assess(evidence.from_text(guest))
     uarch = report["cpu"]["microarchitecture"]
     assert uarch["name"] == "zen4" and "avx512f" in uarch["hidden_used_by_kernels"]
-    assert report["backend"]["recommended"] == "avx2"  # the kernels can only use what is visible
+    assert report["recipe"]["recommended"] == "avx2"  # the kernels can only use what is visible
     finding = {f.id: f for f in run_checks(report)}["system.hypervisor"]
     assert finding.status == "warn" and "avx512f" in finding.finding
 

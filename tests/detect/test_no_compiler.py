@@ -56,8 +56,8 @@ def test_doctor_without_a_compiler_reads_cpuid_through_py_cpuinfo(tmp_path: Path
     assert amx_status == ("unknown" if "amx_tile" in (kernel.flags or ()) else "info")
     assert checks["toolchain.compiler"]["status"] == "error" and code == 1
     # still a recommendation: from the kernel's flags, provisional until the probes run
-    assert document["recommended_backend"] != "none"
-    assert report["backend"]["provisional"] is True
+    assert document["recommended_recipe"] != "none"
+    assert report["recipe"]["provisional"] is True
 
 
 def test_py_cpuinfo_agrees_with_the_probe_here() -> None:

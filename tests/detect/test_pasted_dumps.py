@@ -73,7 +73,7 @@ def check(machine: str, text: str, cpus: int | None = None, numa: bool = False) 
     assert set(cpu["features"]) == source_flags(machine)
     assert cpu["arch"] == "x86_64"
     assert cpu["vendor"] in ("GenuineIntel", "AuthenticAMD")
-    assert report["backend"]["recommended"] == recipe
+    assert report["recipe"]["recommended"] == recipe
     assert cpu["microarchitecture"]["name"] == uarch
     if cpus is not None:
         assert cpu["logical_cpus"] == cpus
@@ -183,7 +183,7 @@ def test_doctor_from_reads_a_localized_nested_paste(tmp_path: Path) -> None:
     dump.write_bytes((PASTED / "linux-unknown-sapphirerapids" / "lscpu-tty80.zh_TW.txt").read_bytes())
     result = CliRunner().invoke(cli.app, ["doctor", "--from", str(dump)])
     assert result.exit_code == 0, result.stdout
-    assert "sapphirerapids" in result.stdout and "recommended backend: amx" in result.stdout
+    assert "sapphirerapids" in result.stdout and "recommended recipe: amx" in result.stdout
 
 
 def test_a_dump_without_flags_gives_unknown_not_a_verdict(tmp_path: Path) -> None:
@@ -191,21 +191,21 @@ def test_a_dump_without_flags_gives_unknown_not_a_verdict(tmp_path: Path) -> Non
     partial = "\n".join(line for line in full.splitlines() if not line.startswith("Flags:")) + "\n"
     report = assess(evidence.from_text(partial))
     assert report["cpu"]["features"] is None
-    assert report["backend"]["recommended"] == "unknown"
-    assert any("CPU features unknown" in fact for fact in report["backend"]["unseen"])
+    assert report["recipe"]["recommended"] == "unknown"
+    assert any("CPU features unknown" in fact for fact in report["recipe"]["unseen"])
     dump = tmp_path / "partial.txt"
     dump.write_text(partial)
     result = CliRunner().invoke(cli.app, ["doctor", "--from", str(dump)])
     assert result.exit_code == 0, result.stdout  # nothing is wrong with the machine: it is not known
-    assert "no backend can run" not in result.stdout
-    assert "backend.recommended" in result.stdout and "does not show" in result.stdout
+    assert "no recipe can be built" not in result.stdout
+    assert "recipe.recommended" in result.stdout and "does not show" in result.stdout
     # the machine's name still comes from its model number
     assert report["cpu"]["microarchitecture"]["name"] == "zen4"
 
 
 def test_a_provisional_choice_says_what_the_dump_cannot_show() -> None:
     text = (PASTED / "linux-unknown-sapphirerapids" / "lscpu-tty80.en.txt").read_bytes().decode()
-    backend = assess(evidence.from_text(text))["backend"]
+    backend = assess(evidence.from_text(text))["recipe"]
     assert backend["recommended"] == "amx" and backend["provisional"]
     assert any("AMX permission" in fact for fact in backend["not_seen_by_source"])
     assert any("XCR0" in fact for fact in backend["not_seen_by_source"])

@@ -6,17 +6,17 @@ This is the document ``kt doctor`` prints and ``kt build`` plans from.
 
 from __future__ import annotations
 
-from ktforge.builder.recipes import BackendChoice, RecipeFacts, choose
+from ktforge.builder.recipes import RecipeChoice, RecipeFacts, choose
 from ktforge.detect.evidence import Evidence
 from ktforge.detect.report import build_report
 from ktforge.detect.report_types import MachineReport
 
 
 class Assessment(MachineReport):
-    backend: BackendChoice
+    recipe: RecipeChoice
 
 
-def recommend(report: MachineReport, evidence: Evidence | None = None) -> BackendChoice:
+def recommend(report: MachineReport, evidence: Evidence | None = None) -> RecipeChoice:
     """The recipe choice for ``report``; with the evidence, a provisional or open choice also
     names what its source could not show."""
     choice = choose(RecipeFacts.of(report))
@@ -27,4 +27,4 @@ def recommend(report: MachineReport, evidence: Evidence | None = None) -> Backen
 
 def assess(evidence: Evidence) -> Assessment:
     report = build_report(evidence)
-    return Assessment(**report, backend=recommend(report, evidence))
+    return Assessment(**report, recipe=recommend(report, evidence))

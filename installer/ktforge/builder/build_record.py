@@ -49,8 +49,8 @@ def _git_revision(source_dir: str) -> str:
 def make_record(args: argparse.Namespace) -> dict[str, Any]:
     backends = []
     for spec in args.backend:
-        cmake_name, _, flags = spec.partition("=")
-        name = backends_table.by_name(cmake_name).name  # the name the kernels report (amx-model)
+        name, _, flags = spec.partition("=")
+        backends_table.by_name(name)  # a backend of the table, spelled as the kernels report it
         flag_list = flags.split()
         backends.append(
             {"name": name, "flags": flag_list, "required_cpu_features": compiled_features(args.compiler, flag_list)}

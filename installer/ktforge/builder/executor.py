@@ -61,7 +61,7 @@ def _run_python_module(module: str, args: list[str], log: Path, cwd: Path, timeo
 
 def build_wheel(plan: Plan, source: Path, step: Callable[[str], None]) -> tuple[Path, Path]:
     """Builds the plan's wheel; returns (wheel, log). Raises PlanError naming the log on failure."""
-    work = source / "build" / f"kt-{plan.backend}-{plan.key()}"
+    work = source / "build" / f"kt-{plan.recipe}-{plan.key()}"
     dist = work / "dist"
     log = work / "build.log"
     work.mkdir(parents=True, exist_ok=True)
@@ -78,7 +78,7 @@ def build_wheel(plan: Plan, source: Path, step: Callable[[str], None]) -> tuple[
     for key, value in plan.cmake_defines.items():
         pip_args.append(f"--config-settings=cmake.define.{key}={value}")
     pip_args.append(str(source))
-    step(f"compiling {plan.backend} ({' '.join(plan.flags)})")
+    step(f"compiling {plan.recipe} ({' '.join(plan.flags)})")
     if not _run_python_module("pip", pip_args, log, source, BUILD_TIMEOUT_S):
         raise PlanError(f"the build failed; the full log is {log}")
     wheels = sorted(dist.glob("ktforge-*.whl"))

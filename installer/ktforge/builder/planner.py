@@ -22,8 +22,8 @@ from ktforge.detect.report_types import Compiler, MachineReport
 from ktforge.process import which
 from ktforge.remedies import remedy
 
-PLAN_SCHEMA_VERSION = 1
-BACKEND_CHOICES = ("auto", *(r.name for r in recipes.load_recipes()))  # the recipes, best first
+PLAN_SCHEMA_VERSION = 2  # 2: "backend" became "recipe"
+RECIPE_CHOICES = ("auto", *(r.name for r in recipes.load_recipes()))  # the recipes, best first
 
 
 class Rejected(TypedDict):
@@ -45,7 +45,7 @@ class PlanError(Exception):
 
 @dataclass
 class Plan:
-    backend: str
+    recipe: str
     ok: bool
     target: str | None
     flags: list[str]
@@ -62,7 +62,7 @@ class Plan:
     def key(self) -> str:
         stuff = json.dumps(
             [
-                self.backend,
+                self.recipe,
                 self.portable,
                 self.target,
                 self.flags,
@@ -127,11 +127,13 @@ def _missing(gate: str, detail: str) -> MissingGate:
     return {"gate": gate, "detail": detail, "remedy": remedy(gate).text}
 
 
-def make_plan(report: Assessment, backend: str = "auto", target: str | None = None) -> Plan:
-    if backend not in BACKEND_CHOICES:
-        raise PlanError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}")
-    evaluated = {r["name"]: r for r in report["backend"]["recipes"]}
-    name = report["backend"]["recommended"] if backend == "auto" else backend
+def make_plan(report: Assessment, recipe: str = "auto", target: str | None = None) -> Plan:
+    """The build of ``recipe`` ('auto': the recommended one) for this machine, or ``target``."""
+    recipe_name = recipe
+    if recipe_name not in RECIPE_CHOICES:
+        raise PlanError(f"--recipe must be one of {', '.join(RECIPE_CHOICES)}")
+    evaluated = {r["name"]: r for r in report["recipe"]["recipes"]}
+    name = report["recipe"]["recommended"] if recipe_name == "auto" else recipe_name
     rejected: list[Rejected] = [
         {"name": n, "why_not": r["why_not"]} for n, r in evaluated.items() if n != name and not r["eligible"]
     ]
@@ -142,7 +144,7 @@ def make_plan(report: Assessment, backend: str = "auto", target: str | None = No
 
     def nothing(reason: str, missing: list[MissingGate]) -> Plan:
         return Plan(
-            backend="none",
+            recipe="none",
             ok=False,
             target=target,
             flags=[],
@@ -155,7 +157,7 @@ def make_plan(report: Assessment, backend: str = "auto", target: str | None = No
         )
 
     if name == "unknown":
-        unseen = report["backend"]["unseen"]
+        unseen = report["recipe"]["unseen"]
         return nothing(
             f"cannot choose a recipe: the machine report does not show {'; '.join(unseen)}",
             [_missing("facts", d) for d in unseen],
@@ -166,12 +168,12 @@ def make_plan(report: Assessment, backend: str = "auto", target: str | None = No
             "no recipe can be built for this machine",
             [_missing(g["gate"], f"{g['gate']}: {g['detail']}") for g in lowest["failed_gates"]],
         )
-    recipe = next(r for r in recipes.load_recipes() if r.name == name)
-    reasons, missing = _gates(recipe, evaluated[name], backend, target)
-    flags, flag_problems = _compiler_flags(recipe, compiler, target)
+    chosen = next(r for r in recipes.load_recipes() if r.name == name)
+    reasons, missing = _gates(chosen, evaluated[name], recipe_name, target)
+    flags, flag_problems = _compiler_flags(chosen, compiler, target)
     missing += flag_problems
     blis_library = None
-    if recipe.requires.get("blis_addon") and compiler is not None:
+    if chosen.requires.get("blis_addon") and compiler is not None:
         blis = report["blis"]
         blis_library = blis["selected"] if blis else None
     defines = (
@@ -179,7 +181,7 @@ def make_plan(report: Assessment, backend: str = "auto", target: str | None = No
         if compiler is None
         else {
             "KTFORGE_ARCH_FLAGS": " ".join(flags),
-            "KTFORGE_BACKENDS": ";".join(recipe.backends),
+            "KTFORGE_BACKENDS": ";".join(chosen.backends),
             "KTFORGE_RECIPE": name,
             "KTFORGE_TARGET": target or "",
             "KTFORGE_HOST_FINGERPRINT": host_fingerprint(report) if target is None else "",
@@ -187,11 +189,11 @@ def make_plan(report: Assessment, backend: str = "auto", target: str | None = No
         }
     )
     return Plan(
-        backend=name,
+        recipe=name,
         ok=not missing,
         target=target,
         flags=flags,
-        kernel_backends=list(recipe.backends),
+        kernel_backends=list(chosen.backends),
         reasons=reasons,
         rejected=rejected,
         missing=missing,
@@ -202,7 +204,7 @@ def make_plan(report: Assessment, backend: str = "auto", target: str | None = No
 
 
 def _gates(
-    recipe: recipes.Recipe, chosen: recipes.RecipeEvaluation, backend: str, target: str | None
+    recipe: recipes.Recipe, chosen: recipes.RecipeEvaluation, recipe_name: str, target: str | None
 ) -> tuple[list[str], list[MissingGate]]:
     """Why the recipe fits, and what is missing: a host build needs every gate to hold here
     (unknown library evidence counts as failed); a target build needs the target's features
@@ -210,7 +212,7 @@ def _gates(
     name = recipe.name
     if target is None:
         reasons = [f"{g['gate']}: {g['detail']}" for g in chosen["gates"] if g["status"] == "pass"]
-        if backend == "auto":
+        if recipe_name == "auto":
             reasons.insert(0, f"{name} is the highest-priority recipe whose gates pass on this machine")
         return reasons, [_missing(g["gate"], f"{g['gate']}: {g['detail']}") for g in chosen["failed_gates"]]
     reasons = [f"--target {target}: built for that machine; this machine's execution gates are not required"]
@@ -289,14 +291,14 @@ def make_portable_plan(report: Assessment) -> Plan:
     defines = {
         "KTFORGE_PORTABLE": "ON",
         "KTFORGE_ARCH_FLAGS": "",
-        "KTFORGE_BACKENDS": ";".join(b.replace("-", "_") for b in levels),
+        "KTFORGE_BACKENDS": ";".join(levels),
         "KTFORGE_RECIPE": PORTABLE,
         "KTFORGE_TARGET": "",
         "KTFORGE_HOST_FINGERPRINT": "",
         "KTFORGE_BLIS_LIBRARY": "",
     }
     return Plan(
-        backend=PORTABLE,
+        recipe=PORTABLE,
         ok=not missing,
         target=None,
         flags=[],
@@ -322,7 +324,7 @@ def host_fingerprint(report: MachineReport) -> str:
 
 def format_plan(plan: Plan) -> str:
     where = " (every x86-64)" if plan.portable else f" (target {plan.target})" if plan.target else " (this machine)"
-    lines = [f"recipe: {plan.backend}{where}"]
+    lines = [f"recipe: {plan.recipe}{where}"]
     if plan.flags:
         lines.append(f"flags: {' '.join(plan.flags)}")
     if plan.kernel_backends:

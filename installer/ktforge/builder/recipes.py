@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
 from ktforge.detect.blis import AOCL_INT8_NEEDS
-from ktforge.detect.report_types import BlisSection, GateStatus, MachineReport, RecommendedBackend
+from ktforge.detect.report_types import BlisSection, GateStatus, MachineReport, RecommendedRecipe
 from ktforge.resources import data_path, load_toml
 
 LIBRARY_GATES = frozenset({"blis_addon"})
@@ -74,8 +74,8 @@ class RecipeEvaluation(TypedDict):
     gates: list[GateResult]
 
 
-class BackendChoice(TypedDict):
-    recommended: RecommendedBackend
+class RecipeChoice(TypedDict):
+    recommended: RecommendedRecipe
     provisional: bool
     unseen: list[str]
     recipes: list[RecipeEvaluation]
@@ -209,8 +209,8 @@ def evaluate(recipe: Recipe, facts: RecipeFacts) -> RecipeEvaluation:
     }
 
 
-def choose(facts: RecipeFacts) -> BackendChoice:
-    """The recommended backend: the highest-priority eligible recipe; ``unknown`` when a better
+def choose(facts: RecipeFacts) -> RecipeChoice:
+    """The recommended recipe: the highest-priority eligible recipe; ``unknown`` when a better
     recipe's gates need a fact that was not seen (a dump without flags, say); ``none`` when
     every recipe fails. ``unseen`` names the facts that were missing."""
     evaluated = [evaluate(r, facts) for r in load_recipes()]

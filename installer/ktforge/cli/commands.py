@@ -104,7 +104,12 @@ def doctor(
 
 @app.command()
 def build(
-    backend: Annotated[str, typer.Option(help=f"auto, or a recipe: {', '.join(RECIPE_NAMES)}.")] = "auto",
+    recipe: Annotated[
+        str,
+        typer.Option(
+            "--recipe", "--backend", help=f"auto, or a recipe: {', '.join(RECIPE_NAMES)} (--backend: its old name)."
+        ),
+    ] = "auto",
     plan_only: Annotated[bool, typer.Option("--plan", help="Print the plan and why; build nothing.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the plan (and result) as JSON.")] = False,
     target: Annotated[
@@ -137,12 +142,12 @@ def build(
     if not (source / "pyproject.toml").is_file() or 'name = "ktforge"' not in (source / "pyproject.toml").read_text():
         typer.echo(f"kt build: {source} is not a ktforge checkout; run it there or pass --source", err=True)
         raise typer.Exit(1)
-    if portable and (target is not None or backend != "auto"):
-        typer.echo("kt build: --portable holds every level; it takes no --target or --backend", err=True)
+    if portable and (target is not None or recipe != "auto"):
+        typer.echo("kt build: --portable holds every level; it takes no --target or --recipe", err=True)
         raise typer.Exit(1)
     report = assess(evidence_mod.collect_live())
     try:
-        plan = planner.make_portable_plan(report) if portable else planner.make_plan(report, backend, target)
+        plan = planner.make_portable_plan(report) if portable else planner.make_plan(report, recipe, target)
     except planner.PlanError as exc:
         typer.echo(f"kt build: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -66,12 +66,12 @@ def render(report: Assessment, findings: list[Finding], stream: TextIO, color: b
             for command in finding.commands:
                 print(f"        $ {command}", file=stream)
     counts = summarize(findings)
-    backend = report["backend"]
-    provisional = " (provisional)" if backend["provisional"] else ""
+    choice = report["recipe"]
+    provisional = " (provisional)" if choice["provisional"] else ""
     summary = (
         f"{counts['ok']} ok, {counts['info']} info, {counts['warn']} warnings, "
         f"{counts['error']} errors, {counts['unknown']} unknown; "
-        f"recommended backend: {backend['recommended']}{provisional}"
+        f"recommended recipe: {choice['recommended']}{provisional}"
     )
     worst = "error" if counts["error"] else "warn" if counts["warn"] else "ok"
     print(f"\n{paint(worst, 'Summary:')} {summary}", file=stream)

@@ -40,8 +40,8 @@ AmxVerdict = Literal[
 # refused: it imports, but the import guard refuses it (built for another CPU or install)
 ExtensionState = Literal["ok", "missing", "broken", "stale", "refused"]
 GateStatus = Literal["pass", "fail", "unknown"]
-# The recommended backend: a recipe's name, or "none" / "unknown" (see build.recipes.choose).
-RecommendedBackend = Annotated[str, Schema(enum_from="recommended_backends")]
+# The recommended recipe: its's name, or "none" / "unknown" (see build.recipes.choose).
+RecommendedRecipe = Annotated[str, Schema(enum_from="recommended_recipes")]
 
 
 # --- raw evidence (what the probes print, before interpretation) --------------------------

@@ -79,7 +79,7 @@ class _Bound:
 Check = Callable[[Assessment, Say], Finding]
 _REGISTRY: list[tuple[_Bound, Check]] = []
 # The report's order: by category, then as each category's module registers its checks.
-CATEGORIES = ("platform", "cpu", "amx", "blis", "toolchain", "extension", "system", "backend")
+CATEGORIES = ("platform", "cpu", "amx", "blis", "toolchain", "extension", "system", "recipe")
 
 
 def check(check_id: str, category: str, title: str) -> Callable[[Check], Check]:

@@ -18,19 +18,19 @@ from typing import Any, Literal, TypedDict, get_args, get_origin, get_type_hints
 
 from ktforge import __version__
 from ktforge.builder.assessment import Assessment
-from ktforge.detect.report_types import RecommendedBackend, Schema
+from ktforge.detect.report_types import RecommendedRecipe, Schema
 from ktforge.doctor import Finding, FindingJson, Summary, summarize
 
-DOCTOR_SCHEMA_VERSION: Literal[1] = 1
+DOCTOR_SCHEMA_VERSION: Literal[2] = 2
 SCHEMA_ID = f"https://ktforge.invalid/schemas/doctor-{DOCTOR_SCHEMA_VERSION}.json"
 
 
 class DoctorDocument(TypedDict):
     """kt doctor --json: the findings, their summary and the machine report they read."""
 
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     ktforge_version: str
-    recommended_backend: RecommendedBackend
+    recommended_recipe: RecommendedRecipe
     summary: Summary
     checks: list[FindingJson]
     report: Assessment
@@ -40,7 +40,7 @@ def doctor_document(report: Assessment, findings: Sequence[Finding]) -> DoctorDo
     return {
         "schema_version": DOCTOR_SCHEMA_VERSION,
         "ktforge_version": __version__,
-        "recommended_backend": report["backend"]["recommended"],
+        "recommended_recipe": report["recipe"]["recommended"],
         "summary": summarize(list(findings)),
         "checks": [f.to_json() for f in findings],
         "report": report,
@@ -55,14 +55,14 @@ def to_text(document: object) -> str:
 # --- the schema, from the types -------------------------------------------------------------
 
 
-def recommended_backends() -> list[str]:
-    """Every value ``backend.recommended`` can take: the recipes, best first, then none/unknown."""
+def recommended_recipes() -> list[str]:
+    """Every value ``recipe.recommended`` can take: the recipes, best first, then none/unknown."""
     from ktforge.builder.recipes import load_recipes
 
     return [r.name for r in load_recipes()] + ["none", "unknown"]
 
 
-_ENUM_SOURCES = {"recommended_backends": recommended_backends}
+_ENUM_SOURCES = {"recommended_recipes": recommended_recipes}
 _SCALARS: dict[object, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 

@@ -1,4 +1,4 @@
-"""Checks of the system (NUMA, memory, hypervisor), the evidence itself and the recommended backend."""
+"""Checks of the system (NUMA, memory, hypervisor), the evidence itself and the recommended recipe."""
 
 from __future__ import annotations
 
@@ -130,9 +130,9 @@ def _probes(r: Assessment, say: Say) -> Finding:
     return say("ok", ", ".join(sorted(probes)))
 
 
-@check("backend.recommended", "backend", "recommended backend")
-def _backend(r: Assessment, say: Say) -> Finding:
-    b = r["backend"]
+@check("recipe.recommended", "recipe", "recommended recipe")
+def _recipe(r: Assessment, say: Say) -> Finding:
+    b = r["recipe"]
     name = b["recommended"]
     rejected = [
         f"{x['name']}: {'; '.join(x['why_not'])}"
@@ -152,7 +152,7 @@ def _backend(r: Assessment, say: Say) -> Finding:
         lowest = min(b["recipes"], key=lambda x: x["priority"])
         return say(
             "error",
-            f"no backend can run here ({lowest['name']}: {'; '.join(lowest['why_not'])})",
+            f"no recipe can be built here ({lowest['name']}: {'; '.join(lowest['why_not'])})",
             "ktforge needs Linux on an x86-64 CPU with at least AVX2 and FMA",
         )
     chosen = next(x for x in b["recipes"] if x["name"] == name)

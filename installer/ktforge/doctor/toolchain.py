@@ -33,12 +33,12 @@ def _tc_compiler(r: Assessment, say: Say) -> Finding:
     return say("ok", "; ".join(f"{c['name']} {c['version']} ({c['path']})" for c in cxx))
 
 
-@check("toolchain.backend_flags", "toolchain", "compiler accepts the recommended backend's flags")
+@check("toolchain.recipe_flags", "toolchain", "compiler accepts the recommended recipe's flags")
 def _tc_flags(r: Assessment, say: Say) -> Finding:
     if r["toolchain"] is None:
         return say("unknown", "the toolchain is not in the evidence")
-    backend = r["backend"]["recommended"]
-    recipe = next((x for x in r["backend"]["recipes"] if x["name"] == backend), None)
+    backend = r["recipe"]["recommended"]
+    recipe = next((x for x in r["recipe"]["recipes"] if x["name"] == backend), None)
     cxx = _cxx(r)
     if recipe is None or not cxx:
         return say("info", "no backend or no compiler to check")
@@ -163,7 +163,7 @@ def _extension(r: Assessment, say: Say) -> Finding:
             "rebuild on this machine to use all of it",
             "./install.sh build",
         )
-    best = r["backend"]["recommended"]
+    best = r["recipe"]["recommended"]
     if runnable and best in backends_table.names() and best not in per_backend:
         # e.g. the bootstrap install (`pip install .`, reference kernels only) is all there is
         return say(
