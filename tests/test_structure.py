@@ -1,4 +1,5 @@
-"""The shape of the source: stages that don't loop back, files and functions of a readable size.
+"""The shape of the source: stages that don't loop back, files and functions (Python and C++) of a
+readable size.
 
 The package is built in stages, each importing only its own and earlier ones, so a format, a
 kernel or a check has one home and nothing climbs back from a later stage into an earlier one.
@@ -8,6 +9,7 @@ A child module (run in its own process by name) counts as the stage it lives in.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -113,4 +115,36 @@ def test_no_python_function_is_over_80_lines() -> None:
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
                 if length > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
+    assert not long, "\n".join(long)
+
+
+def _cpp_functions(text: str) -> list[tuple[int, int, str]]:
+    """(first line, length, signature) of each function body in C++ source, by brace depth: a
+    line that opens a brace after a parameter list, outside namespace/class/control blocks."""
+    found, depth, start = [], 0, None
+    opener = re.compile(r"^\s*[\w:<>,*&~ ]+\(.*")
+    block = re.compile(r"^\s*(namespace|struct|class|enum|if|for|while|switch|else|do)\b")
+    for number, line in enumerate(text.splitlines(), 1):
+        code = re.sub(r'"(?:[^"\\]|\\.)*"', '""', re.sub(r"//.*", "", line))
+        opens, closes = code.count("{"), code.count("}")
+        if start is None and opens > closes and opener.match(line) and not block.match(line):
+            start = (number, depth, line.strip())
+        depth += opens - closes
+        if start is not None and depth <= start[1]:
+            found.append((start[0], number - start[0] + 1, start[2]))
+            start = None
+    return found
+
+
+def test_the_cpp_scan_sees_a_function() -> None:
+    text = "namespace kt {\nint f(int a) {\n  if (a) {\n    return 1;\n  }\n  return 0;\n}\n}  // namespace kt\n"
+    assert _cpp_functions(text) == [(2, 6, "int f(int a) {")]
+
+
+def test_no_cpp_function_is_over_80_lines() -> None:
+    long = []
+    for path in sorted((ROOT / "native" / "src").rglob("*.[ch]pp")):
+        for line, length, signature in _cpp_functions(path.read_text()):
+            if length > MAX_FUNCTION_LINES:
+                long.append(f"{path.relative_to(ROOT)}:{line} {signature[:60]}: {length} lines")
     assert not long, "\n".join(long)

@@ -304,6 +304,109 @@ py::array_t<float> dequantize_fp8(const py::array_t<uint8_t, py::array::c_style>
   return out;
 }
 
+static py::dict build_info() {
+  py::dict info;
+  info["version"] = KTFORGE_VERSION;
+  info["compiler"] =
+#if defined(__clang__)
+      std::string("clang ") + __clang_version__;
+#else
+      std::string("gcc ") + __VERSION__;
+#endif
+  info["arch_flags"] = KTFORGE_ARCH_FLAGS;
+  py::list backends;
+  for (const KernelTable* t : compiled_backends()) backends.append(backend_info(*t));
+  // The extension as a whole needs only what its least demanding backend needs;
+  // each backend's own requirement is listed with it.
+  info["required_cpu_features"] = compiled_features();
+  info["backends"] = backends;
+#ifdef KTFORGE_HAVE_BLIS
+  info["blis"] = py::dict(py::arg("library") = KTFORGE_BLIS_LIBRARY, py::arg("version") = blis_version());
+#else
+  info["blis"] = py::none();
+#endif
+  return info;
+}
+
+static void use_blis_library(const std::string& path) {
+  Aocl::load(path);  // throws std::invalid_argument naming what is missing
+  Aocl::set_linked_library(path);
+}
+
+static double measure_peak(const std::string& backend, const std::string& kind, int threads, int64_t iterations) {
+  const KernelTable* t = select_backend(backend);
+  const int k = kind == "fp32_fma"   ? 0
+                : kind == "bf16_dot" ? 1
+                : kind == "int8_dot" ? 2
+                : kind == "int4_dot" ? 3
+                                     : -1;
+  if (k < 0) throw std::invalid_argument("kind must be fp32_fma, bf16_dot, int8_dot or int4_dot");
+  py::gil_scoped_release release;
+  ThreadPool pool(threads);
+  std::vector<double> ops(threads, 0);
+  auto start = std::chrono::steady_clock::now();
+  pool.parallel_for(threads, [&](int64_t task, int) { ops[task] = t->peak_ops(k, iterations); });
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double total = 0;
+  for (double o : ops) total += o;
+  return total / seconds;  // operations per second (0: no such instruction)
+}
+
+static double measure_read_bandwidth(const std::string& backend, int threads, std::size_t bytes, int repeats) {
+  const KernelTable* t = select_backend(backend);
+  py::gil_scoped_release release;
+  // as the layer's weights are stored; kept for the next call (kt bench measures after
+  // every round of a case: allocating and filling each time would cost more than the pass)
+  static std::mutex cache_mutex;
+  static HugePageBuffer cached;
+  std::lock_guard<std::mutex> cache_lock(cache_mutex);
+  if (cached.size() != bytes) {
+    cached = HugePageBuffer();  // the old one goes first: never both in memory
+    cached = HugePageBuffer(bytes);
+    std::fill(cached.data(), cached.data() + bytes, uint8_t{1});
+  }
+  const HugePageBuffer& buffer = cached;
+  ThreadPool pool(threads);
+  const std::size_t share = bytes / threads / 256 * 256;
+  std::atomic<uint64_t> sink{0};
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    auto start = std::chrono::steady_clock::now();
+    pool.parallel_for(threads, [&](int64_t task, int) { sink += t->read_stream(buffer.data() + task * share, share); });
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, static_cast<double>(share * threads) / seconds);
+  }
+  return best;  // bytes per second, best of `repeats`
+}
+
+static std::pair<std::vector<int64_t>, std::vector<int64_t>> thread_pool_selftest(int threads, int tasks) {
+  // Each thread's first task waits at a rendezvous: it is only reached if every thread
+  // of the pool takes a task while the others are still busy (no thread left idle), and
+  // while all wait, none can take another's task: the first task each thread takes is
+  // the start of its own share. Returns (tasks each thread ran, each thread's first
+  // task), or raises.
+  py::gil_scoped_release release;
+  ThreadPool pool(threads);
+  std::vector<int64_t> first(threads, -1);
+  std::atomic<int> arrived{0};
+  std::atomic<bool> timed_out{false};
+  pool.parallel_for(tasks, [&](int64_t task, int thread) {
+    if (first[thread] >= 0) return;
+    first[thread] = task;
+    arrived.fetch_add(1);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (arrived.load() < threads) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        timed_out = true;
+        return;
+      }
+      std::this_thread::yield();
+    }
+  });
+  if (timed_out) throw std::runtime_error("thread pool: not every thread took work");
+  return std::make_pair(pool.last_task_counts(), first);
+}
+
 PYBIND11_MODULE(_native, m) {
   m.doc() = "ktforge native MoE kernels";
 #ifdef KTFORGE_HAVE_BLIS
@@ -312,29 +415,7 @@ PYBIND11_MODULE(_native, m) {
 #endif
   m.def(
       "build_info",
-      [] {
-        py::dict info;
-        info["version"] = KTFORGE_VERSION;
-        info["compiler"] =
-#if defined(__clang__)
-            std::string("clang ") + __clang_version__;
-#else
-            std::string("gcc ") + __VERSION__;
-#endif
-        info["arch_flags"] = KTFORGE_ARCH_FLAGS;
-        py::list backends;
-        for (const KernelTable* t : compiled_backends()) backends.append(backend_info(*t));
-        // The extension as a whole needs only what its least demanding backend needs;
-        // each backend's own requirement is listed with it.
-        info["required_cpu_features"] = compiled_features();
-        info["backends"] = backends;
-#ifdef KTFORGE_HAVE_BLIS
-        info["blis"] = py::dict(py::arg("library") = KTFORGE_BLIS_LIBRARY, py::arg("version") = blis_version());
-#else
-        info["blis"] = py::none();
-#endif
-        return info;
-      },
+      &build_info,
       "What this extension was compiled with: version, compiler, flags, and each backend's CPU needs.");
 #ifdef KTFORGE_HAVE_BLIS
   m.def("blis_gemm_selftest", &blis_gemm_selftest, "A 3x5x7 s8s8s32 GEMM through the linked AOCL-BLAS, checked.");
@@ -345,95 +426,24 @@ PYBIND11_MODULE(_native, m) {
       "Ask Linux for AMX tile permission once per process; 0 or the errno.");
   m.def(
       "use_blis_library",
-      [](const std::string& path) {
-        Aocl::load(path);  // throws std::invalid_argument naming what is missing
-        Aocl::set_linked_library(path);
-      },
+      &use_blis_library,
       py::arg("path"),
       "Use this AOCL-BLAS (with the aocl_gemm add-on) for library backends: a build that links none "
       "(portable) finds one at run time.");
   m.def("cpu_has", &cpu_has, "Whether the running CPU and OS support a feature (Linux flag name).");
   m.def(
       "measure_peak",
-      [](const std::string& backend, const std::string& kind, int threads, int64_t iterations) {
-        const KernelTable* t = select_backend(backend);
-        const int k = kind == "fp32_fma"   ? 0
-                      : kind == "bf16_dot" ? 1
-                      : kind == "int8_dot" ? 2
-                      : kind == "int4_dot" ? 3
-                                           : -1;
-        if (k < 0) throw std::invalid_argument("kind must be fp32_fma, bf16_dot, int8_dot or int4_dot");
-        py::gil_scoped_release release;
-        ThreadPool pool(threads);
-        std::vector<double> ops(threads, 0);
-        auto start = std::chrono::steady_clock::now();
-        pool.parallel_for(threads, [&](int64_t task, int) { ops[task] = t->peak_ops(k, iterations); });
-        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        double total = 0;
-        for (double o : ops) total += o;
-        return total / seconds;  // operations per second (0: no such instruction)
-      },
+      &measure_peak,
       py::arg("backend"), py::arg("kind"), py::arg("threads"), py::arg("iterations"),
       "Operations per second of a backend's dot-product instruction, on `threads` threads.");
   m.def(
       "measure_read_bandwidth",
-      [](const std::string& backend, int threads, std::size_t bytes, int repeats) {
-        const KernelTable* t = select_backend(backend);
-        py::gil_scoped_release release;
-        // as the layer's weights are stored; kept for the next call (kt bench measures after
-        // every round of a case: allocating and filling each time would cost more than the pass)
-        static std::mutex cache_mutex;
-        static HugePageBuffer cached;
-        std::lock_guard<std::mutex> cache_lock(cache_mutex);
-        if (cached.size() != bytes) {
-          cached = HugePageBuffer();  // the old one goes first: never both in memory
-          cached = HugePageBuffer(bytes);
-          std::fill(cached.data(), cached.data() + bytes, uint8_t{1});
-        }
-        const HugePageBuffer& buffer = cached;
-        ThreadPool pool(threads);
-        const std::size_t share = bytes / threads / 256 * 256;
-        std::atomic<uint64_t> sink{0};
-        double best = 0;
-        for (int r = 0; r < repeats; ++r) {
-          auto start = std::chrono::steady_clock::now();
-          pool.parallel_for(threads, [&](int64_t task, int) { sink += t->read_stream(buffer.data() + task * share, share); });
-          double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          best = std::max(best, static_cast<double>(share * threads) / seconds);
-        }
-        return best;  // bytes per second, best of `repeats`
-      },
+      &measure_read_bandwidth,
       py::arg("backend"), py::arg("threads"), py::arg("bytes"), py::arg("repeats"),
       "Read bandwidth of a buffer of `bytes` (larger than the caches: memory), best of repeats.");
   m.def(
       "thread_pool_selftest",
-      [](int threads, int tasks) {
-        // Each thread's first task waits at a rendezvous: it is only reached if every thread
-        // of the pool takes a task while the others are still busy (no thread left idle), and
-        // while all wait, none can take another's task: the first task each thread takes is
-        // the start of its own share. Returns (tasks each thread ran, each thread's first
-        // task), or raises.
-        py::gil_scoped_release release;
-        ThreadPool pool(threads);
-        std::vector<int64_t> first(threads, -1);
-        std::atomic<int> arrived{0};
-        std::atomic<bool> timed_out{false};
-        pool.parallel_for(tasks, [&](int64_t task, int thread) {
-          if (first[thread] >= 0) return;
-          first[thread] = task;
-          arrived.fetch_add(1);
-          auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-          while (arrived.load() < threads) {
-            if (std::chrono::steady_clock::now() > deadline) {
-              timed_out = true;
-              return;
-            }
-            std::this_thread::yield();
-          }
-        });
-        if (timed_out) throw std::runtime_error("thread pool: not every thread took work");
-        return std::make_pair(pool.last_task_counts(), first);
-      },
+      &thread_pool_selftest,
       py::arg("threads"), py::arg("tasks"));
   m.def("quantize_weights", &quantize_weights, py::arg("weights"), py::arg("method"), py::arg("group_size"),
         py::arg("fp8_scale") = py::none(), py::arg("block_rows") = 128, py::arg("block_cols") = 128);
