@@ -20,13 +20,18 @@ def _blis_unprobed(b: BlisSection) -> bool:
     return any(lib["probe_status"] == "no-compiler" for lib in b["libraries"])
 
 
+def _unseen(b: BlisSection | None, say: Say) -> Finding:
+    """Every BLIS check when the evidence has no BLIS section, or its probe could not run."""
+    if b is None:
+        return say("unknown", "no evidence of BLIS (text dumps carry none)")
+    return say("unknown", _BLIS_UNPROBED, _TOOLS.text, *common.compiler_commands())
+
+
 @check("blis.found", "blis", "BLIS library")
 def _blis_found(r: Assessment, say: Say) -> Finding:
     b = r["blis"]
-    if b is None:
-        return say("unknown", "no evidence of BLIS (text dumps carry none)")
-    if _blis_unprobed(b):
-        return say("unknown", _BLIS_UNPROBED, _TOOLS.text, *common.compiler_commands())
+    if b is None or _blis_unprobed(b):
+        return _unseen(b, say)
     libs = b["libraries"]
     if not libs:
         status: FindingStatus = "warn" if common.amd(r) else "info"
@@ -52,10 +57,8 @@ def _blis_found(r: Assessment, say: Say) -> Finding:
 @check("blis.addon", "blis", "aocl_gemm (LPGEMM) add-on")
 def _blis_addon(r: Assessment, say: Say) -> Finding:
     b = r["blis"]
-    if b is None:
-        return say("unknown", "no evidence of BLIS (text dumps carry none)")
-    if _blis_unprobed(b):
-        return say("unknown", _BLIS_UNPROBED, _TOOLS.text, *common.compiler_commands())
+    if b is None or _blis_unprobed(b):
+        return _unseen(b, say)
     with_addon = [lib for lib in b["libraries"] if lib["has_addon"]]
     if with_addon:
         lib = with_addon[0]
@@ -81,10 +84,8 @@ def _blis_addon(r: Assessment, say: Say) -> Finding:
 @check("blis.gemm", "blis", "aocl_gemm s8s8s32 GEMM runs and is correct")
 def _blis_gemm(r: Assessment, say: Say) -> Finding:
     b = r["blis"]
-    if b is None:
-        return say("unknown", "no evidence of BLIS (text dumps carry none)")
-    if _blis_unprobed(b):
-        return say("unknown", _BLIS_UNPROBED, _TOOLS.text, *common.compiler_commands())
+    if b is None or _blis_unprobed(b):
+        return _unseen(b, say)
     with_addon = [lib for lib in b["libraries"] if lib["has_addon"]]
     if not with_addon:
         return say("info", "not run: no library with the add-on")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ktforge.builder.assessment import Assessment
 from ktforge.doctor import common
 from ktforge.doctor.findings import Finding, Say, check
+from ktforge.remedies import remedy
 
 # --- platform -----------------------------------------------------------------------------
 
@@ -16,11 +17,8 @@ def _platform_arch(r: Assessment, say: Say) -> Finding:
         return say("unknown", "the architecture is not in the evidence")
     if arch == "x86_64":
         return say("ok", "x86-64")
-    return say(
-        "error",
-        f"this is {arch}: ktforge's kernels are x86-64 only",
-        "run ktforge on an x86-64 machine (Intel Xeon or AMD EPYC)",
-    )
+    fix = remedy("arch")
+    return say("error", f"this is {arch}: ktforge's kernels are x86-64 only", fix.text, *fix.commands)
 
 
 @check("platform.linux", "platform", "Linux")
@@ -32,11 +30,8 @@ def _platform_linux(r: Assessment, say: Say) -> Finding:
         dist = (r["os"].get("distribution") or {}).get("name")
         release = r["os"].get("kernel_release")
         return say("ok", ", ".join(x for x in ("Linux", release, dist) if x))
-    return say(
-        "error",
-        f"this is {system}: ktforge supports Linux only",
-        "use a Linux machine (AMX also needs Linux >= 5.16)",
-    )
+    fix = remedy("system")
+    return say("error", f"this is {system}: ktforge supports Linux only", fix.text, *fix.commands)
 
 
 # --- cpu ----------------------------------------------------------------------------------
@@ -103,12 +98,9 @@ def _os_xcr0(r: Assessment, say: Say) -> Finding:
     ]
     text = f"XCR0=0x{state['xcr0']:x}: {', '.join(on) or 'nothing'} enabled"
     if needed_off:
+        fix = remedy("os_state")
         return say(
-            "error",
-            text + f"; the CPU has {', '.join(needed_off)} but the OS left it off",
-            "boot without 'noxsave'/'clearcpuid', use a kernel that supports the state "
-            "(AMX: >= 5.16), and in a VM pass the host CPU through",
-            "cat /proc/cmdline",
+            "error", text + f"; the CPU has {', '.join(needed_off)} but the OS left it off", fix.text, *fix.commands
         )
     return say("ok", text)
 
@@ -143,12 +135,8 @@ def _amx_xcr0(r: Assessment, say: Say) -> Finding:
         return say("unknown", "XCR0 was not read")
     if amx_state:
         return say("ok", "XTILECFG and XTILEDATA enabled")
-    return say(
-        "error",
-        "the CPU has AMX but the kernel did not enable tile state",
-        "use Linux >= 5.16 built with AMX support; in a VM, pass the host CPU through",
-        "uname -r",
-    )
+    fix = remedy("os_state.amx")
+    return say("error", "the CPU has AMX but the kernel did not enable tile state", fix.text, *fix.commands)
 
 
 @check("amx.kernel", "amx", "kernel AMX support (>= 5.16, ARCH_GET_XCOMP_SUPP)")
