@@ -61,8 +61,12 @@ py::dict backend_info(const KernelTable& t) {
   py::dict d;
   d["name"] = t.name;
   d["required_cpu_features"] = t.compiled_features();
-  py::dict kernels;  // what runs each format of the format table
-  for (int i = 0; i < kFormatCount; ++i) kernels[method_name(static_cast<Method>(i))] = t.describe(element_of(static_cast<Method>(i)));
+  py::dict kernels;  // what this table runs for each format the kernels provider computes
+  for (int i = 0; i < kFormatCount; ++i) {
+    const FormatInfo& f = format_info(static_cast<Method>(i));
+    for (int p = 0; p < f.provider_count; ++p)
+      if (std::string(f.providers[p]) == "kernels") kernels[f.name] = t.describe(f.element);
+  }
   d["kernels"] = kernels;
   d["runs_here"] = missing_features(t.compiled_features()).empty();
   return d;
