@@ -176,6 +176,7 @@ class PyMoE {
         d["kernel"] = providers.back()->describe() + " (" + lib->elsewhere + ")";
     }
     d["threads"] = layer_.threads();
+    d["pool_layers"] = layer_.pool_layers();  // layers sharing one set of worker threads
     d["packed_bytes"] = packed;
     d["loaded"] = loaded;
     d["huge_pages_advised"] = huge_pages;  // the packed weights, for transparent huge pages

@@ -177,3 +177,38 @@ def test_threads_that_cannot_start_raise_instead_of_hanging() -> None:
     )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "refused: could not start" in done.stdout and "ok (3, 64)" in done.stdout
+
+
+def test_layers_of_one_thread_count_share_one_pool() -> None:
+    first = ktforge.MoE(E, K, H, I, method="bf16", threads=3)
+    alone = first.info["pool_layers"]  # other tests' layers of 3 threads may still be alive
+    second = ktforge.MoE(E, K, H, I, method="int8", threads=3)
+    assert first.info["pool_layers"] == second.info["pool_layers"] == alone + 1
+    other = ktforge.MoE(E, K, H, I, method="int8", threads=5)  # another thread count: another pool
+    assert first.info["pool_layers"] == alone + 1 and other.info["pool_layers"] >= 1
+    del second  # its share goes with it; the pool stays with the first
+    assert first.info["pool_layers"] == alone
+
+
+def test_python_threads_on_layers_sharing_a_pool_take_turns() -> None:
+    layers = [ktforge.MoE(E, K, H, I, method=m, threads=2) for m in ("bf16", "int8", "int4")]
+    for seed, moe in enumerate(layers):
+        moe.load_weights(*_layer(seed))
+    assert layers[0].info["pool_layers"] >= 3
+    cases = [_inputs(T, seed=T) for T in (1, 9, 130)]
+    expected = [[moe.forward(*c) for c in cases] for moe in layers]
+    errors: list[str] = []
+
+    def run(index: int) -> None:
+        for _ in range(15):
+            for case, want in zip(cases, expected[index], strict=True):
+                if not np.array_equal(layers[index].forward(*case), want):
+                    errors.append(f"layer {index}: a different result while sharing the pool")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(layers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a layer hung on the shared pool"
+    assert not errors, errors[:3]

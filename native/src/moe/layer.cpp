@@ -47,8 +47,9 @@ void add_tasks(std::vector<Task>& tasks, int expert, int provider, bool whole, i
 
 ThreadPool& MoeLayer::pool() {
   if (getpid() != pool_pid_) {
-    (void)pool_.release();  // the parent's: its threads do not exist here, so never joined
-    pool_ = std::make_unique<ThreadPool>(pool_threads_);
+    // The parent's: its threads do not exist here, so it is never destroyed (that would join them).
+    new std::shared_ptr<ThreadPool>(std::move(pool_));
+    pool_ = ThreadPool::shared(pool_threads_);
     pool_pid_ = getpid();
   }
   return *pool_;
@@ -68,7 +69,7 @@ MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int thre
       library_(library_backend(backend)),
       kernels_(select_backend(library_ ? library_->kernels : backend)),
       pool_threads_(std::max(1, threads > 0 ? threads : available_cpus())),
-      pool_(std::make_unique<ThreadPool>(pool_threads_)),
+      pool_(ThreadPool::shared(pool_threads_)),
       pool_pid_(getpid()),
       call_mutex_(std::make_unique<std::mutex>()),
       mutex_pid_(getpid()) {
@@ -179,7 +180,7 @@ void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const std::vecto
       float* a = a_buf_.data() + (t.r0 + i) * inter_padded_ + t.n0 / 2;
       for (int c = 0; c < cols; c += 32) kernels_->silu_mul(s + c, s + c + 16, a + c / 2, 16);
     }
-  });
+  }, &gate_up_task_counts_);
 }
 
 void MoeLayer::run_down(const std::vector<int64_t>& offsets) {
@@ -242,7 +243,6 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
   slot_out_.resize(static_cast<std::size_t>(slots) * Hp);
 
   run_gate_up(offsets, token_of_pos);
-  gate_up_task_counts_ = pool().last_task_counts();
   lap("gate_up_ms");
   prepare_activations(*kernels_, act_a_, element_of(config_.method), config_.group, kp_inter, a_buf_.data(), DType::f32, slots,
                       I, inter_padded_, &pool(), "the expert intermediate activation");

@@ -57,6 +57,8 @@ class MoeLayer {
   // here); a provider's min_rows() is known once the weights are loaded.
   const std::vector<std::unique_ptr<Provider>>& providers() const { return providers_; }
   int threads() const { return pool_threads_; }
+  // Layers of this process that share this layer's thread pool (this one included).
+  long pool_layers() const { return pool_.use_count(); }
   std::size_t packed_bytes() const;
   // Whether Linux took the advice to back the packed weights with transparent huge pages.
   bool weights_huge_pages() const { return weights_.advised(); }
@@ -72,15 +74,16 @@ class MoeLayer {
   void run_down(const std::vector<int64_t>& offsets);
   // The index of the provider that takes an expert with `rows` tokens.
   int provider_for(int64_t rows) const;
-  // The pool of this process: a forked child has none of the parent's threads, so it gets
-  // its own on first use (the parent's pool object is left alone: its threads are not here).
+  // The pool this layer shares with the other layers of its thread count, in this process: a
+  // forked child has none of the parent's threads, so it gets its own on first use (the
+  // parent's pool object is left alone: its threads are not here).
   ThreadPool& pool();
 
   MoeConfig config_;
   const LibraryBackend* library_;
   const KernelTable* kernels_;
   int pool_threads_;
-  std::unique_ptr<ThreadPool> pool_;
+  std::shared_ptr<ThreadPool> pool_;  // shared with the other layers of this thread count
   pid_t pool_pid_;
   std::unique_ptr<std::mutex> call_mutex_;
   pid_t mutex_pid_;

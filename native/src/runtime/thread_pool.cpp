@@ -1,8 +1,10 @@
 #include "runtime/thread_pool.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -10,8 +12,25 @@
 namespace kt {
 namespace {
 inline void cpu_relax() { __builtin_ia32_pause(); }
-constexpr int kSpinMicros = 200;
+constexpr int kSpinMicros = ThreadPool::kSpinMicros;
 }  // namespace
+
+std::shared_ptr<ThreadPool> ThreadPool::shared(int threads) {
+  static std::mutex registry_mutex;
+  static std::map<int, std::weak_ptr<ThreadPool>>* registry = nullptr;
+  static pid_t registry_pid = 0;
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  if (registry == nullptr || registry_pid != getpid()) {
+    // A forked child: the parent's pools have no threads here. Their entries are dropped
+    // without destroying anything (the registry itself is leaked, never cleared in place).
+    registry = new std::map<int, std::weak_ptr<ThreadPool>>();
+    registry_pid = getpid();
+  }
+  if (auto pool = (*registry)[threads].lock()) return pool;
+  auto pool = std::make_shared<ThreadPool>(threads);
+  (*registry)[threads] = pool;
+  return pool;
+}
 
 int available_cpus() {
   cpu_set_t set;
@@ -110,8 +129,10 @@ void ThreadPool::worker_loop(int index) {
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn) {
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn,
+                              std::vector<int64_t>* counts) {
   if (n <= 0) return;
+  std::lock_guard<std::mutex> run(run_mutex_);
   std::fill(counts_.begin(), counts_.end(), 0);
   error_ = nullptr;
   if (workers_.empty() || n == 1) {
@@ -136,6 +157,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>
     done_.wait(lock, [&] { return pending_atomic_.load(std::memory_order_acquire) == 0; });
   }
   last_counts_ = counts_;
+  if (counts) *counts = counts_;
   job_ = nullptr;
   if (error_) std::rethrow_exception(error_);
 }

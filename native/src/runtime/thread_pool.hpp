@@ -2,9 +2,13 @@
 // thread working too. Each thread starts on its own contiguous share of the tasks (the MoE
 // phases order tasks by weight address, so each thread streams its own weights and the
 // hardware prefetcher follows it) and, when that is done, takes the remaining tasks of the
-// others one at a time (balance under skew). One pool per layer
-// owns its threads; nothing else in ktforge spawns threads, so there is no
-// oversubscription unless the caller asks for more threads than CPUs.
+// others one at a time (balance under skew).
+//
+// Waiting: a worker that finds no work spins for kSpinMicros (a forward() is a burst of short
+// phases, and a model calls its layers back to back), then parks on a condition variable, so
+// an idle process burns no CPU after that. Layers share one pool per thread count
+// (ThreadPool::shared), so a model of many layers has one set of workers, already spinning
+// when the next layer starts, instead of a set per layer contending for the same cores.
 #pragma once
 
 #include <atomic>
@@ -21,6 +25,9 @@ namespace kt {
 
 class ThreadPool {
  public:
+  // How long an idle worker (and the caller, waiting for the last task) spins before it parks.
+  static constexpr int kSpinMicros = 200;
+
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -28,9 +35,15 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Runs fn(task, thread_index) for task in [0, n); returns when all are done.
-  // The first exception thrown by a task is rethrown here.
-  void parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn);
+  // The pool of `threads` threads this process's layers share: made on first use, kept while
+  // a layer holds it (its threads end with the last holder). A forked child gets its own: the
+  // parent's threads do not exist there.
+  static std::shared_ptr<ThreadPool> shared(int threads);
+
+  // Runs fn(task, thread_index) for task in [0, n); returns when all are done. One call at a
+  // time (callers on other threads wait their turn); fn must not call parallel_for.
+  // The first exception thrown by a task is rethrown here. `counts`: the tasks each thread ran.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn, std::vector<int64_t>* counts = nullptr);
 
   // Tasks each thread ran in the last parallel_for (for tests of balancing).
   std::vector<int64_t> last_task_counts() const { return last_counts_; }
@@ -40,6 +53,7 @@ class ThreadPool {
   void run_tasks(int index);
 
   std::vector<std::thread> workers_;
+  std::mutex run_mutex_;  // one parallel_for at a time
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const std::function<void(int64_t, int)>* job_ = nullptr;
