@@ -60,6 +60,7 @@ def test_cli_bench_json_on_a_tiny_layer(monkeypatch: pytest.MonkeyPatch) -> None
     assert len(results) == 2 * 2 * 2 * 2  # threads x methods x token counts x routings
     for r in results:
         assert r["ms_min"] <= r["ms"] <= r["ms_max"] and r["tokens_per_s"] > 0
+        assert r["ms"] <= r["ms_p90"] <= r["ms_max"] and r["p90_over_median"] == pytest.approx(r["ms_p90"] / r["ms"])
         assert r["runs"] == (4 if r["tokens"] < bench.DECODE_MAX_TOKENS else 1)
         roof = r["roofline"]
         # the bound is the slower of the two ceilings, both the best peaks of the whole run (a

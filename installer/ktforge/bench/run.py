@@ -41,6 +41,8 @@ class Result:
     ms_min: float
     ms_max: float
     spread_pct: float  # (max - min) / median
+    ms_p90: float  # the 90th percentile: what a call costs on a bad but not the worst round
+    p90_over_median: float
     runs: int
     tokens_per_s: float
     gflops: float
@@ -51,6 +53,15 @@ class Result:
     torch_ms: float | None
     speedup_vs_torch: float | None
     profile_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _p90(times: list[float]) -> float:
+    """The 90th percentile, interpolated between the sorted times."""
+    ordered = sorted(times)
+    position = 0.9 * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,8 @@ def _result(moe: Any, case: _Case, times: list[float], touched: list[int], peaks
         min(times) * 1e3,
         max(times) * 1e3,
         100.0 * (max(times) - min(times)) / seconds,
+        _p90(times) * 1e3,
+        _p90(times) / seconds,
         len(times),
         tokens / seconds,
         ops / seconds / 1e9,

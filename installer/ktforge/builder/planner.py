@@ -70,6 +70,7 @@ class Plan:
                 self.blis_library,
                 self.compiler["path"] if self.compiler else None,
                 self.compiler["version"] if self.compiler else None,
+                sorted(self.cmake_defines.items()),  # another configuration: another CMake cache
             ]
         )
         return hashlib.sha256(stuff.encode()).hexdigest()[:12]

@@ -33,7 +33,8 @@ def format_row(r: dict[str, Any]) -> str:
     basis = "read BW" if roof["bound"] == "bandwidth" else roof["dot_peak"]
     return (
         f"{name:14} {r['method']:5} {r['backend']:9} {r['threads']:>2}thr T={r['tokens']:<5} {r['routing']:7} "
-        f"{r['ms']:9.3f} ms ±{r['spread_pct']:4.1f}% {r['tokens_per_s']:9.0f} tok/s "
+        f"{r['ms']:9.3f} ms (p90 {r['p90_over_median']:4.2f}x, ±{r['spread_pct']:4.1f}%) "
+        f"{r['tokens_per_s']:9.0f} tok/s "
         f"{r['gflops']:7.1f} GFLOP/s {r['weight_gb_per_s']:6.1f} GB/s  "
         f"bound {roof['bound_ms']:8.3f} ms ({basis:8}) {r['pct_of_bound']:5.1f}% of bound  vs torch {peer}"
     )
