@@ -6,8 +6,13 @@ download); two copies of the same weights, one per implementation, timed interle
 (A B A B): prefill of --prefill tokens, then --decode decode steps. Prints the medians and
 the speed-ups.
 
+With --experts-share a third copy runs experts that cost nothing (they return zeros), so the
+experts' share of a decode step is the step minus that step: the script prints it for both
+implementations, their ratio, and ktforge's share per layer against one ktforge layer of the
+same shapes called alone (a decode call, 1 token).
+
     OMP_WAIT_POLICY=PASSIVE python scripts/transformers_bench.py [--layers 2] [--prefill 512]
-        [--decode 16] [--repeats 3] [--baseline grouped_mm|eager|batched_mm]
+        [--decode 16] [--repeats 3] [--baseline grouped_mm|eager|batched_mm] [--experts-share]
 """
 
 from __future__ import annotations
@@ -21,6 +26,31 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import ktforge.transformers
+
+ZERO = "zero-cost"  # experts that return zeros: the rest of the step, for --experts-share
+
+
+def _zero_experts(module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    return torch.zeros_like(hidden_states)
+
+
+def _alone_ms(method: str, repeats: int = 200) -> float:
+    """One ktforge layer of the model's expert shapes, 1 token: the median call in ms."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    E, k, H, I = 128, 8, 2048, 768
+    moe = ktforge.MoE(E, k, H, I, method=method, threads=torch.get_num_threads())
+    moe.load_weights(*(rng.standard_normal(s, dtype=np.float32) / 32 for s in ((E, I, H), (E, I, H), (E, H, I))))
+    x = rng.standard_normal((1, H), dtype=np.float32)
+    w = rng.random((1, k), dtype=np.float32)
+    times = []
+    for _ in range(repeats):
+        ids = rng.permutation(E)[:k].reshape(1, k)
+        start = time.perf_counter()
+        moe.forward(x, ids, w)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def model(layers: int, implementation: str) -> Any:
@@ -67,9 +97,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", default="grouped_mm", help="transformers' implementation to compare with")
     parser.add_argument("--method", default="bf16")
+    parser.add_argument("--experts-share", action="store_true", help="also time zero-cost experts (see above)")
     args = parser.parse_args()
     ktforge.transformers.configure(method=args.method, release_torch_weights=True)
     contenders = {args.baseline: model(args.layers, args.baseline), "ktforge": model(args.layers, "ktforge")}
+    if args.experts_share:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+        ALL_EXPERTS_FUNCTIONS.register(ZERO, _zero_experts)
+        contenders[ZERO] = model(args.layers, ZERO)
     prompt = torch.randint(0, 4096, (1, args.prefill), generator=torch.Generator().manual_seed(1))
     for m in contenders.values():
         run(m, prompt[:, :8], 2)  # warm-up (and ktforge packs its experts)
@@ -92,6 +128,17 @@ def main() -> None:
         )
     base, ours = rows[args.baseline], rows["ktforge"]
     print(f"  speed-up: prefill {base[0] / ours[0]:.2f}x, decode {ours[1] / base[1]:.2f}x")
+    if args.experts_share:
+        step_ms = {name: 1e3 / decode for name, (_, decode) in rows.items()}
+        share = {name: step_ms[name] - step_ms[ZERO] for name in (args.baseline, "ktforge")}
+        alone = _alone_ms(args.method)
+        per_layer = share["ktforge"] / args.layers
+        print(
+            f"  experts per decode step: {args.baseline} {share[args.baseline]:.2f} ms, "
+            f"ktforge {share['ktforge']:.2f} ms"
+            f" ({share[args.baseline] / share['ktforge']:.2f}x); ktforge per layer {per_layer:.2f} ms vs "
+            f"{alone:.2f} ms alone ({per_layer / alone:.2f}x)"
+        )
 
 
 if __name__ == "__main__":
