@@ -293,9 +293,10 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
     """Checks everything that can be checked before writing; finds what an earlier run finished."""
     if method not in METHODS:
         raise ConversionError(f"--quant must be one of {', '.join(METHODS)}, got {method!r}")
-    if formats.by_name(method).grouped and group_size not in formats.by_name(method).group_sizes:
-        allowed = formats.spoken_list(formats.by_name(method).group_sizes)
-        raise ConversionError(f"--group-size must be {allowed}, got {group_size}")
+    try:
+        formats.check_group(method, group_size, option="--group-size")
+    except ValueError as error:
+        raise ConversionError(str(error)) from None
     if output.resolve() == input_dir.resolve():
         raise ConversionError("--output must not be the input checkpoint directory")
     for parent in (output, *output.parents):

@@ -59,9 +59,6 @@ class Format:
                 extra += _type_bytes(part.type) / (group_size or self.group_sizes[0])
         return self.bits / 8 + extra
 
-    def k_padding(self, group_size: int) -> int:
-        return self.k_step or group_size
-
 
 def _type_bytes(name: str) -> int:
     return {"f32": 4, "f16": 2, "bf16": 2, "e8m0": 1, "u8": 1, "u4": 1}[name]
@@ -101,11 +98,12 @@ def by_name(name: str) -> Format:
     raise ValueError(f"method must be one of {', '.join(names())}, got {name!r}")
 
 
-def check_group(name: str, group_size: int) -> None:
-    """ValueError unless ``group_size`` is one this format takes (any, for an ungrouped one)."""
+def check_group(name: str, group_size: int, option: str = "group_size") -> None:
+    """ValueError unless ``group_size`` is one this format takes (any, for an ungrouped one),
+    naming the setting as the caller's user spells it (``option``)."""
     f = by_name(name)
     if f.grouped and group_size not in f.group_sizes:
-        raise ValueError(f"group_size must be {spoken_list(f.group_sizes)}, got {group_size!r}")
+        raise ValueError(f"{option} must be {spoken_list(f.group_sizes)}, got {group_size!r}")
 
 
 def spoken_list(values: tuple[int, ...]) -> str:
