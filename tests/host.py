@@ -58,6 +58,12 @@ def has(*features: str) -> bool:
     return set(features) <= usable_features()
 
 
+def usable_aocl() -> str | None:
+    """The first AOCL-BLAS (with aocl_gemm) that the probes ran a correct GEMM through here:
+    what a build that links none finds at run time without KTFORGE_BLIS_LIBRARY."""
+    return next((lib["path"] for lib in live_report()["blis"]["libraries"] if lib["usable"]), None)
+
+
 def aocl_gemm_works() -> bool:
     """The BLIS probe found a library whose aocl_gemm add-on computed a correct GEMM here."""
     blis = live_report()["blis"] or {}

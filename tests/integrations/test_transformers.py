@@ -87,26 +87,35 @@ def confident(model: Any, prompt: torch.Tensor, new_tokens: int = 32) -> Any:
     a different rounding of the experts (any other implementation's) flips those. Each round
     raises the chosen token's output embedding along the final hidden state wherever its lead
     is under MARGIN, until every step of the eager trajectory leads by MARGIN; the experts still
-    decide the hidden states. Checked: the returned model's trajectory has that margin."""
-    start = prompt.shape[1] - 1
+    decide the hidden states. The leads are those of generate's own decode steps: torch's
+    one-token matmuls round differently from a whole-sequence forward (on an AMX host its
+    oneDNN kernels left a lead of 0 in decode where the forward showed 1.4). Checked: the
+    returned model's trajectory has that margin."""
     with torch.inference_mode():
         model.set_experts_implementation("eager")
         seen: list[torch.Tensor] = []
-        hook = model.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+        hook = model.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0][:, -1]))
         for _ in range(60):
-            seq = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens)
             seen.clear()
-            out = model(seq)
-            hidden = seen[-1][:, start:-1].float()  # what the output embedding reads
-            top2 = out.logits[:, start:-1].float().topk(2, dim=-1).values
+            out = model.generate(
+                prompt,
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                min_new_tokens=new_tokens,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            hidden = torch.stack(seen, dim=1).float()  # [batch, step, hidden]: what the output embedding read
+            top2 = torch.stack(out.logits, dim=1).float().topk(2, dim=-1).values
             lead = top2[..., 0] - top2[..., 1]
             if lead.min() >= MARGIN:
                 hook.remove()
                 return model
             weight = model.lm_head.weight
+            chosen = out.sequences[:, prompt.shape[1] :]
             for b, t in (lead < MARGIN).nonzero().tolist():
                 h = hidden[b, t]
-                weight[seq[b, start + t + 1]] += (2 * MARGIN * h / h.dot(h)).to(weight.dtype)
+                weight[chosen[b, t]] += (2 * MARGIN * h / h.dot(h)).to(weight.dtype)
     raise AssertionError("the tiny model did not become confident of its continuation")
 
 

@@ -126,7 +126,6 @@ def _check_finite(array: np.ndarray[Any, Any], name: str) -> None:
 _LIBRARY_BACKENDS = {lib.name for lib in backends_table.libraries()}
 
 
-@functools.cache
 def _find_blis_library() -> str | None:
     """For a library backend in a build that links no AOCL (a portable wheel) and without
     KTFORGE_BLIS_LIBRARY: the first BLIS library on this machine with the aocl_gemm entry points
@@ -136,6 +135,12 @@ def _find_blis_library() -> str | None:
 
     if os.environ.get("KTFORGE_BLIS_LIBRARY") or _native.build_info().get("blis"):
         return None
+    return _discover_blis_library()
+
+
+@functools.cache  # the machine's libraries, searched once; the variable above is read every time
+def _discover_blis_library() -> str | None:
+    import ktforge._native as _native
     from ktforge.detect import blis
 
     for path in blis.find_candidates(blis.search_dirs()):
