@@ -43,7 +43,13 @@ def quantize_groups(w: Array, group: int) -> tuple[Array, Array]:
     padded = np.zeros((n, kp), dtype=F32)
     padded[:, :k] = w
     grouped = padded.reshape(n, kp // group, group)
-    q, scale = quantize_rows(grouped, 7)
+    # all 16 codes, as llama.cpp's Q4_0: the first w of the largest |w| is code -8, its scale
+    # -w / 8 rounded to bf16 (1 for a group of zeros); the others round into [-8, 7]
+    first = np.take_along_axis(grouped, np.abs(grouped).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    scale = (np.abs(first) / F32(8)).astype(F32)
+    scale = np.where(scale >= np.finfo(F32).tiny, np.where(first > 0, -scale, scale), F32(1)).astype(F32)
+    scale = bf16_round(scale)
+    q = np.clip(np.rint(grouped * (F32(1) / scale)[..., None]), -8, 7).astype(np.int64)
     return q.reshape(n, kp), scale
 
 

@@ -91,26 +91,29 @@ class PyMoE {
     layer_.load(gate.data(), up.data(), down.data(), d);
   }
 
-  // int8: values int8 [rows..., K], scales float32 [rows...]; int4: values uint8
-  // [rows..., Kg / 2], scales float32 [rows..., Kg / group] with Kg = K rounded up to the group.
+  // int8: values int8 [rows..., K], scales float32 [rows...]; int4: values uint8 [rows..., Kg / 2],
+  // scales bfloat16 (as uint16) [rows..., Kg / group] with Kg = K rounded up to the group.
   MoeLayer::QuantizedWeights quantized(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
                                        const char* name) {
     const auto& c = layer_.config();
     const py::ssize_t E = c.experts;
+    const std::string scale_name = std::string(name) + "_scale";
     if (element_of(c.method) == Element::int8) {
       if (!values.dtype().is(py::dtype::of<int8_t>())) throw std::invalid_argument(std::string(name) + " must be int8");
       require(values, {E, N, K}, name);
-      require(scales, {E, N}, (std::string(name) + "_scale").c_str());
+      require(scales, {E, N}, scale_name.c_str());
+      if (!scales.dtype().is(py::dtype::of<float>())) throw std::invalid_argument(scale_name + " must be float32");
+      return {values.data(), values.shape(2), scales.data(), 4};
     } else {
       const py::ssize_t groups = (K + c.group - 1) / c.group;
       if (!values.dtype().is(py::dtype::of<uint8_t>()))
         throw std::invalid_argument(std::string(name) + " must be uint8 (two int4 values per byte)");
       require(values, {E, N, groups * c.group / 2}, name);
-      require(scales, {E, N, groups}, (std::string(name) + "_scale").c_str());
+      require(scales, {E, N, groups}, scale_name.c_str());
+      if (!scales.dtype().is(py::dtype::of<uint16_t>()))
+        throw std::invalid_argument(scale_name + " must be bfloat16 (passed as uint16)");
+      return {values.data(), values.shape(2), scales.data(), scales.shape(2) * 2};
     }
-    if (!scales.dtype().is(py::dtype::of<float>())) throw std::invalid_argument(std::string(name) + "_scale must be float32");
-    return {values.data(), values.shape(2) * 1, static_cast<const float*>(scales.data()),
-            element_of(c.method) == Element::int8 ? 1 : scales.shape(2)};
   }
 
   void load_quantized(const py::array& gate, const py::array& gate_scale, const py::array& up,
@@ -217,7 +220,8 @@ class PyMoE {
 }  // namespace
 
 // Weights [..., K] float32 -> the portable layout of ktforge.formats.quantize: int8 values and one
-// scale per row, or int4 (K padded to the group) as q + 8 nibble pairs and a scale per group.
+// float32 scale per row, or int4 (K padded to the group) as q + 8 nibble pairs and a bfloat16
+// scale (its uint16 bits) per group.
 py::tuple quantize_weights(const py::array& w, const std::string& method_name, int group,
                            const std::optional<py::array_t<float, py::array::c_style>>& fp8_scale, int bn, int bk) {
   const Method format = parse_method(method_name);
@@ -237,7 +241,7 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   q_shape.back() = method == Element::int8 ? K : Kp / 2;
   if (method == Element::int4) s_shape.push_back(groups);
   py::array q = method == Element::int8 ? py::array(py::array_t<int8_t>(q_shape)) : py::array(py::array_t<uint8_t>(q_shape));
-  py::array_t<float> scales(s_shape);
+  py::array_t<float> scales(s_shape);  // int4: narrowed to bf16 bits (exact) on return
   const auto* src = static_cast<const char*>(w.data());
   const std::size_t elem = fp8 ? 1 : dtype == DType::f32 ? 4 : 2;
   const float* block_scales = nullptr;
@@ -284,7 +288,10 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
     }
   }
   if (bad_row >= 0) throw std::invalid_argument("weights contain NaN or infinite values (row " + std::to_string(bad_row) + ")");
-  return py::make_tuple(q, scales);
+  if (method == Element::int8) return py::make_tuple(q, scales);
+  py::array_t<uint16_t> bits(s_shape);
+  std::transform(scales.data(), scales.data() + scales.size(), bits.mutable_data(), f32_to_bf16);
+  return py::make_tuple(q, bits);
 }
 
 // FP8 E4M3 weights [N, K] (as bytes) times their [ceil(N / bn), ceil(K / bk)] block scales.

@@ -45,6 +45,21 @@ def kt_convert(src: Path, out: Path, *args: str) -> Any:
 # ---- the portable quantization is the kernels' own ----------------------------------------
 
 
+def per_value(group_scales: Any, group: int, K: int) -> Any:
+    """Each value's own int4 group scale, [..., K]."""
+    return np.repeat(np.asarray(group_scales, np.float32), group, -1)[..., :K]
+
+
+def assert_within_half_a_step(back: Any, w: Any, scale: Any, top: int, slack: float = 1e-7) -> None:
+    """Within half a step of the value's scale, but for values that would round past the top
+    code (int4's 7: the opposite sign of their group's largest, about as large), which take
+    it, as Q4_0's do."""
+    signed = np.broadcast_to(scale, w.shape)
+    clamped = w / signed > top + 0.5
+    assert (np.abs(back - w)[~clamped] <= np.abs(signed[~clamped]) / 2 + slack).all()
+    assert (np.abs(back[clamped] - top * signed[clamped]) <= slack).all()
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantize_matches_the_independent_definition(method: str) -> None:
     w = np.random.default_rng(0).standard_normal((2, 19, 70)).astype(np.float32)
@@ -61,8 +76,11 @@ def test_quantize_matches_the_independent_definition(method: str) -> None:
             assert np.array_equal(np.stack([low, high], -1).reshape(19, -1), ref_q)
             assert np.array_equal(q.scale[i], ref_scale)
     back = dequantize(q, method, 70)
-    step = (q.scale if method == "int8" else q.scale.max(axis=-1))[..., None]
-    assert back.shape == w.shape and (np.abs(back - w) <= step / 2 + 1e-7).all()
+    assert back.shape == w.shape
+    if method == "int8":
+        assert_within_half_a_step(back, w, q.scale[..., None], 127)
+    else:
+        assert_within_half_a_step(back, w, per_value(q.scale, 32, 70), 7)
 
 
 def test_fp8_decoding_is_exact_for_every_code_and_uses_its_block_scale() -> None:
@@ -165,7 +183,7 @@ def test_output_is_standard_safetensors_with_the_manifest_checksums(tmp_path: Pa
     truth = write_checkpoint(src, "deepseek_v3", dtype="fp8", E=3, H=64, I=40)
     assert kt_convert(src, out, "--quant", "int4", "--group-size", "32").exit_code == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["format"] == "ktforge-moe-experts" and manifest["format_version"] == 1
+    assert manifest["format"] == "ktforge-moe-experts" and manifest["format_version"] == 2
     assert set(manifest["source"]["shards"]) == {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
     entry = manifest["layers"]["2"]
     with safe_open(str(out / entry["file"]), framework="numpy") as f:  # the package reads it
@@ -176,8 +194,8 @@ def test_output_is_standard_safetensors_with_the_manifest_checksums(tmp_path: Pa
             assert hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest() == spec["sha256"]
         gate = Quantized(f.get_tensor("gate.weight"), f.get_tensor("gate.scale"))
     # the documented layout: dequantizing gives the checkpoint's weights within half a step
-    back = dequantize(gate, "int4", 64)
-    assert np.abs(back - truth[2][0]).max() <= gate.scale.max() / 2 + 1e-6  # type: ignore[union-attr]
+    assert gate.scale is not None
+    assert_within_half_a_step(dequantize(gate, "int4", 64), truth[2][0], per_value(gate.scale, 32, 64), 7, 1e-6)
 
 
 def test_shared_experts_and_dense_layers_are_left_alone(tmp_path: Path) -> None:
@@ -385,7 +403,7 @@ def test_checksum_mismatch_and_a_different_conversion_in_the_way(tmp_path: Path)
         ktforge.MoE.from_pretrained(out, layer=1, method="int8")
     layer = out / "layer-001.safetensors"
     data = bytearray(layer.read_bytes())
-    data[-3] ^= 0xFF  # inside down.scale, the last tensor
+    data[-2] ^= 0x01  # a mantissa bit of the last bf16 value of down.scale, the last tensor
     layer.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"layer-001.safetensors: tensor 'down.scale' does not match its checksum"):
         ktforge.MoE.from_pretrained(out, layer=1)
@@ -393,8 +411,26 @@ def test_checksum_mismatch_and_a_different_conversion_in_the_way(tmp_path: Path)
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["format_version"] = 99
     (out / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match="format version 99; this ktforge reads version 1"):
+    with pytest.raises(ValueError, match="format version 99; this ktforge reads version 2"):
         ktforge.MoE.from_pretrained(out, layer=2)
+    manifest["format_version"] = 1  # what ktforge wrote before int4's scales were bfloat16
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="format version 1 with float32 int4 scales; this ktforge reads version 2"):
+        ktforge.MoE.from_pretrained(out, layer=2)
+
+
+def test_an_int8_conversion_of_format_version_1_still_loads(tmp_path: Path) -> None:
+    """Version 2 changed int4's scales only: an int8 conversion made before it loads as it is."""
+    src, out = tmp_path / "hf", tmp_path / "converted"
+    write_checkpoint(src, "qwen3_moe")
+    assert kt_convert(src, out, "--quant", "int8").exit_code == 0
+    current = ktforge.MoE.from_pretrained(out, layer=1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    older = ktforge.MoE.from_pretrained(out, layer=1)
+    x, ids, weights = inputs(current.hidden_size, current.num_experts, current.top_k)
+    assert np.array_equal(older.forward(x, ids, weights), current.forward(x, ids, weights))
 
 
 def test_conversion_memory_is_bounded_by_a_few_experts(tmp_path: Path) -> None:

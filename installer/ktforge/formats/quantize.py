@@ -12,9 +12,12 @@ Hugging Face checkpoints):
 - int8: ``weight`` int8 ``[..., N, K]``, symmetric per output row: ``scale`` float32
   ``[..., N]`` = max|w| / 127 (1 where that is below the smallest normal float: an all-zero or
   subnormal row, zero to float32 accuracy), ``q = clip(rint(w * (1 / scale)), ±127)``.
-- int4: K zero-padded to ``Kg``, a multiple of ``group``; symmetric per (row, group):
-  ``scale`` float32 ``[..., N, Kg / group]`` = max|w| / 7; ``q`` in [-7, 7] stored as
-  ``q + 8``, two per byte, even k in the low nibble: ``weight`` uint8 ``[..., N, Kg / 2]``.
+- int4: K zero-padded to ``Kg``, a multiple of ``group``; per (row, group), all 16 codes as
+  llama.cpp's Q4_0 uses them: ``scale`` bfloat16 ``[..., N, Kg / group]`` = ``-m / 8`` for the
+  group's first value ``m`` of the largest magnitude, rounded to bfloat16 (1 for a group of
+  zeros); ``q = clip(rint(w * (1 / scale)), -8, 7)`` (``m``'s code is -8), stored as ``q + 8``,
+  two per byte, even k in the low nibble: ``weight`` uint8 ``[..., N, Kg / 2]``. 16-bit
+  scales make group 32 take 0.5625 bytes a weight and steps of max|w| / 8, both Q4_0's.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quanti
     if isinstance(w, Fp8Blocks):
         if element != "bf16":
             q, scale = _native.quantize_weights(w.codes, method, group_size, w.scale, *w.block)
-            return Quantized(q, scale)
+            return Quantized(q, _scale_dtype(scale, element))
         w = w.to_float32()
     bf16 = np.dtype(ml_dtypes.bfloat16)
     w = np.asarray(w)
@@ -89,7 +92,14 @@ def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quanti
         )
         return Quantized(rounded.view(bf16), None)
     q, scale = _native.quantize_weights(w.view(np.uint16) if w.dtype == bf16 else w, method, group_size)
-    return Quantized(q, scale)
+    return Quantized(q, _scale_dtype(scale, element))
+
+
+def _scale_dtype(scale: Array, element: str) -> Array:
+    """The extension returns int4's bfloat16 scales as their uint16 bits."""
+    import ml_dtypes
+
+    return scale.view(ml_dtypes.bfloat16) if element == "int4" else scale
 
 
 def dequantize(q: Quantized, method: str, K: int) -> Array:
@@ -104,7 +114,7 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     high = (q.weight >> 4).astype(np.int8) - 8
     values = np.stack([low, high], axis=-1).reshape(*q.weight.shape[:-1], -1).astype(np.float32)
     groups = q.scale.shape[-1]
-    grouped = values.reshape(*values.shape[:-1], groups, -1) * q.scale[..., None]
+    grouped = values.reshape(*values.shape[:-1], groups, -1) * q.scale.astype(np.float32)[..., None]
     return grouped.reshape(values.shape)[..., :K]
 
 

@@ -384,9 +384,15 @@ class MoE:
         if self.method == "bf16":
             self.load_weights(*arrays)
             return
-        for name, scale in zip(("gate", "up", "down"), arrays[1::2], strict=True):
-            if not np.isfinite(scale).all() or (scale <= 0).any():
+        bf16 = _bf16_dtype()
+        for index, name in ((1, "gate"), (3, "up"), (5, "down")):
+            scale = arrays[index].astype(np.float32)
+            if self.method == "int8" and (not np.isfinite(scale).all() or (scale <= 0).any()):
                 raise ValueError(f"{name}.scale holds values that are not positive and finite")
+            if not np.isfinite(scale).all() or (scale == 0).any():  # int4's scales carry a sign
+                raise ValueError(f"{name}.scale holds values that are not finite and nonzero")
+            if arrays[index].dtype == bf16:  # int4's 16-bit scales reach the extension as their bits
+                arrays[index] = arrays[index].view(np.uint16)
         self._layer.load_quantized(*arrays)
         self._loaded = True
 

@@ -33,12 +33,19 @@ void shape(PackedMatrix& out, Element method, int group, int N, int K) {
     std::memset(out.values, 0, out.value_bytes());  // the owner's memory, sized by value_bytes()
   }
   out.scale.clear();
+  out.group_scale.clear();
   out.colsum.clear();
 }
 
+constexpr uint16_t kBf16One = 0x3F80;
+
 void begin_quantized(PackedMatrix& out) {
-  out.scale.assign(static_cast<std::size_t>(out.Np) * std::max(1, out.groups()), 1.f);
-  if (out.element == Element::int8) out.colsum.assign(out.Np, 0);
+  if (out.element == Element::int8) {
+    out.scale.assign(out.Np, 1.f);
+    out.colsum.assign(out.Np, 0);
+  } else {
+    out.group_scale.assign(static_cast<std::size_t>(out.Np) * out.groups(), kBf16One);
+  }
 }
 
 // Row n of an int8 matrix: Kp values (zero past K) and its scale; the column sum feeds
@@ -54,10 +61,10 @@ void put_int8_row(PackedMatrix& out, int n, const int8_t* q, float scale) {
   out.colsum[n] = sum;
 }
 
-// Row n of an int4 matrix: Kp values in [-7, 7], stored as q + 8, and one scale per group.
-void put_int4_row(PackedMatrix& out, int n, const int8_t* q, const float* scales) {
+// Row n of an int4 matrix: Kp values in [-8, 7], stored as q + 8, and one bf16 scale per group.
+void put_int4_row(PackedMatrix& out, int n, const int8_t* q, const uint16_t* scales) {
   const int G = out.groups();
-  for (int g = 0; g < G; ++g) out.scale[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16] = scales[g];
+  for (int g = 0; g < G; ++g) out.group_scale[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16] = scales[g];
   for (int k = 0; k < out.Kp; ++k) {
     const int v = q[k] + 8, q8 = k / 8, b = k % 4, high = (k % 8) >= 4;
     uint8_t& byte = out.values[((static_cast<int64_t>(n / 16) * (out.Kp / 8) + q8) * 16 + n % 16) * 4 + b];
@@ -85,8 +92,11 @@ float fp8_e4m3_to_f32(uint8_t bits) {
 // like the value for non-negative floats and puts NaN/inf above every finite value.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 bool quantize_weight_row(Element method, int group, const float* w, int K, int8_t* q, float* scales) {
-  const int step = method == Element::int8 ? K : group;
-  const int qmax = method == Element::int8 ? 127 : 7;
+  const bool int4 = method == Element::int4;
+  const int step = int4 ? group : K;
+  // int4 uses all 16 codes, as llama.cpp's Q4_0: the group's largest |w| becomes -8 (its scale
+  // takes the opposite sign), the rest land in [-8, 7]; steps of max|w| / 8, not / 7.
+  const int qmax = int4 ? 8 : 127, qmin = -qmax, qhigh = int4 ? 7 : 127;
   bool finite = true;
   for (int g0 = 0; g0 < K; g0 += step) {
     uint32_t max_bits = 0;
@@ -98,9 +108,23 @@ bool quantize_weight_row(Element method, int group, const float* w, int K, int8_
     finite &= max_bits < 0x7f800000u;
     float max_abs;
     std::memcpy(&max_abs, &max_bits, 4);
-    const float scale = symmetric_scale(max_abs, qmax), inverse = 1.f / scale;
+    float scale = symmetric_scale(max_abs, qmax);
+    if (int4) {
+      bool negative = false;  // the sign of the first w of the largest magnitude
+      for (int k = g0; k < g0 + step; ++k) {
+        uint32_t bits;
+        std::memcpy(&bits, w + k, 4);
+        if ((bits & 0x7fffffffu) == max_bits) {
+          negative = bits >> 31;
+          break;
+        }
+      }
+      if (scale == max_abs / static_cast<float>(qmax) && !negative) scale = -scale;  // not an all-zero group's 1
+      scale = bf16_to_f32(f32_to_bf16(scale));  // |scale| >= FLT_MIN still: it is a bf16
+    }
+    const float inverse = 1.f / scale;
     scales[g0 / step] = scale;
-    for (int k = g0; k < g0 + step; ++k) q[k] = static_cast<int8_t>(quantize(w[k], inverse, qmax));
+    for (int k = g0; k < g0 + step; ++k) q[k] = static_cast<int8_t>(quantize(w[k], inverse, qmin, qhigh));
   }
   return finite;
 }
@@ -142,14 +166,17 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
   std::vector<float> row(out.Kp);
   std::vector<int8_t> q(out.Kp);
   std::vector<float> scales(std::max(1, out.groups()));
+  std::vector<uint16_t> bits(scales.size());
   begin_quantized(out);
   for (int n = 0; n < out.Np; ++n) {
     for (int k = 0; k < out.Kp; ++k) row[k] = value(n, k);
     quantize_weight_row(method, group, row.data(), out.Kp, q.data(), scales.data());
     if (method == Element::int8)
       put_int8_row(out, n, q.data(), scales[0]);
-    else
-      put_int4_row(out, n, q.data(), scales.data());
+    else {
+      for (std::size_t g = 0; g < scales.size(); ++g) bits[g] = f32_to_bf16(scales[g]);  // exact: see quantize_weight_row
+      put_int4_row(out, n, q.data(), bits.data());
+    }
   }
 }
 
@@ -158,20 +185,20 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
   shape(out, method, group, N, K);
   begin_quantized(out);
   std::vector<int8_t> q(out.Kp);
-  const std::vector<float> unit(out.groups() + 1, 1.f);
+  const std::vector<uint16_t> unit(out.groups() + 1, kBf16One);
   for (int n = 0; n < out.Np; ++n) {
     const QuantizedRow row = n < N ? rows[n] : QuantizedRow{};
     std::fill(q.begin(), q.end(), int8_t{0});
     if (method == Element::int8) {
       if (row.values) std::copy(static_cast<const int8_t*>(row.values), static_cast<const int8_t*>(row.values) + K, q.begin());
-      put_int8_row(out, n, q.data(), row.values ? row.scales[0] : 1.f);
+      put_int8_row(out, n, q.data(), row.values ? *static_cast<const float*>(row.scales) : 1.f);
     } else {
       // portable int4: byte j holds k = 2j (low nibble) and k = 2j + 1 (high nibble), each q + 8
       if (row.values) {
         const auto* bytes = static_cast<const uint8_t*>(row.values);
         for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>(((bytes[k / 2] >> (4 * (k % 2))) & 0x0F) - 8);
       }
-      put_int4_row(out, n, q.data(), row.values ? row.scales : unit.data());
+      put_int4_row(out, n, q.data(), row.values ? static_cast<const uint16_t*>(row.scales) : unit.data());
     }
   }
 }

@@ -16,10 +16,12 @@ enum class DType { f32, bf16 };
 // as one matrix whose 16-column blocks alternate gate, up, gate, up, ...
 void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<const void*>& rows, DType dtype, int K);
 
-// The weight quantization, defined once: symmetric, per row (int8, qmax 127) or per group of
-// `group` values (int4, qmax 7); scale = max|w| / qmax (1 for all zeros), q = round-to-even
-// of w * (1 / scale) clamped to +-qmax. K must be a multiple of the group for int4. Writes K
-// values to q and one scale (int8) or K / group scales (int4); false if w holds NaN or inf.
+// The weight quantization, defined once: symmetric, per row (int8) or per group of `group`
+// values (int4). int8: scale = max|w| / 127, q in [-127, 127]. int4: scale = -m / 8 for the
+// group's first w of the largest magnitude m, rounded to bf16 (the packed group scales are
+// 16-bit), q in [-8, 7] (m's own code is -8). Scale 1 for all zeros; q = round-to-even of
+// w * (1 / scale), clamped. K must be a multiple of the group for int4. Writes K values to q
+// and one scale (int8) or K / group scales (int4, each exact in bf16); false if w holds NaN or inf.
 bool quantize_weight_row(Element method, int group, const float* w, int K, int8_t* q, float* scales);
 
 // A row of K FP8 E4M3 codes (the "fn" variant: no infinities, 0x7F/0xFF are NaN), decoded
@@ -28,11 +30,11 @@ bool decode_fp8_row(const uint8_t* codes, int64_t K, const float* block_scales, 
 
 // One already-quantized weight row in the portable layout of `kt convert` (values nullptr:
 // a zero row). int8: K int8 values and one scale. int4: round_up(K, group) / 2 bytes, two
-// values per byte (even k in the low nibble), each stored as q + 8 with q in [-7, 7], and
-// one scale per group.
+// values per byte (even k in the low nibble), each stored as q + 8 with q in [-8, 7], and
+// one bf16 scale per group (as its bits).
 struct QuantizedRow {
   const void* values = nullptr;
-  const float* scales = nullptr;
+  const void* scales = nullptr;  // int8: a float; int4: uint16_t bf16 bits
 };
 
 // Packs quantized rows into the same layout pack_rows produces from the float weights they

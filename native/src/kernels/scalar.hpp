@@ -35,12 +35,13 @@ inline float symmetric_scale(float max_abs, int qmax) {
 // Clamps, then rounds half to even by adding and subtracting 1.5 * 2^23: exact for the
 // clamped range and equal to nearbyint in the default rounding mode, but without a libm
 // call where the compiler has no SSE4.1 rounding instruction, so it vectorizes.
-inline int quantize(float x, float inv_scale, int qmax) {
-  const float limit = static_cast<float>(qmax), magic = 12582912.f;
+inline int quantize(float x, float inv_scale, int lo, int hi) {
+  const float low = static_cast<float>(lo), high = static_cast<float>(hi), magic = 12582912.f;
   float v = x * inv_scale;
-  v = v > limit ? limit : v < -limit ? -limit : v;
+  v = v > high ? high : v < low ? low : v;
   return static_cast<int>((v + magic) - magic);
 }
+inline int quantize(float x, float inv_scale, int qmax) { return quantize(x, inv_scale, -qmax, qmax); }
 
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 

@@ -36,8 +36,11 @@ struct PackedMatrix {
   // huge-page buffer). Not copyable: `values` may point into `owned`.
   uint8_t* values = nullptr;
   aligned_vector<uint8_t> owned;
-  // int8: scale[n]; int4: scale[block][group][16] (16 consecutive columns per group).
+  // int8: scale[n].
   aligned_vector<float> scale;
+  // int4: bf16 group_scale[block][group][16] (16 consecutive columns per group): 16-bit
+  // scales keep group 32 at 0.5625 bytes a weight, as Q4_0's; bf16 (not fp16) for its range.
+  aligned_vector<uint16_t> group_scale;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
   aligned_vector<int32_t> colsum;
 
@@ -52,6 +55,8 @@ struct PackedMatrix {
   std::size_t block_bytes() const { return block_bytes(element, Kp); }
   std::size_t value_bytes() const { return static_cast<std::size_t>(blocks()) * block_bytes(); }
   const uint8_t* block(int b) const { return values + b * block_bytes(); }
+  const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
+  std::size_t metadata_bytes() const { return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4; }
 
   static std::size_t block_bytes(Element m, int Kp) {
     return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : m == Element::int8 ? 16 : 8);

@@ -143,7 +143,8 @@ void MoeLayer::load_quantized(const QuantizedWeights& gate, const QuantizedWeigh
     throw std::invalid_argument("bf16 weights are loaded with load_weights");
   const int H = config_.hidden, I = config_.intermediate;
   auto row = [&](const QuantizedWeights& w, int64_t index) {
-    return QuantizedRow{static_cast<const char*>(w.values) + index * w.row_bytes, w.scales + index * w.row_scales};
+    return QuantizedRow{static_cast<const char*>(w.values) + index * w.row_bytes,
+                        static_cast<const char*>(w.scales) + index * w.row_scale_bytes};
   };
   pack_experts<QuantizedRow>(
       [&](int64_t e, int n, bool is_up) { return row(is_up ? up : gate, e * I + n); },
@@ -156,7 +157,7 @@ void MoeLayer::load_quantized(const QuantizedWeights& gate, const QuantizedWeigh
 std::size_t MoeLayer::packed_bytes() const {
   std::size_t total = 0;
   for (const auto* set : {&gate_up_, &down_})
-    for (const auto& m : *set) total += m.value_bytes() + m.scale.size() * 4 + m.colsum.size() * 4;
+    for (const auto& m : *set) total += m.value_bytes() + m.metadata_bytes();
   return total;
 }
 

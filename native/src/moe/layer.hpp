@@ -29,12 +29,12 @@ class MoeLayer {
   void load(const void* gate, const void* up, const void* down, DType dtype);
   // The same from weights already quantized for config().method, in the portable layout of
   // pack_quantized_rows: row r of a projection starts at values + r * row_bytes, its scales
-  // at scales + r * row_scales.
+  // (int8: a float; int4: bf16 bits) at scales + r * row_scale_bytes.
   struct QuantizedWeights {
     const void* values;
     int64_t row_bytes;
-    const float* scales;
-    int64_t row_scales;
+    const void* scales;
+    int64_t row_scale_bytes;
   };
   void load_quantized(const QuantizedWeights& gate, const QuantizedWeights& up, const QuantizedWeights& down);
   bool loaded() const { return loaded_; }

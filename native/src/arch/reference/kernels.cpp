@@ -61,7 +61,7 @@ void gemm_int4(const GemmArgs& a) {
           int q = ((k % 8) >= 4 ? byte >> 4 : byte & 0x0F) - 8;
           s += q * x[k];
         }
-        acc += static_cast<float>(s) * w.scale[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16];
+        acc += static_cast<float>(s) * bf16_to_f32(w.block_scales(n / 16)[g * 16 + n % 16]);
       }
       a.out[i * a.ld_out + (n - a.n0)] = acc * a.act->scale[r];
     }

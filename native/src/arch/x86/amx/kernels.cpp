@@ -21,6 +21,7 @@
 
 #include "arch/features.hpp"
 #include "arch/x86/amx/tile.hpp"
+#include "kernels/scalar.hpp"
 #include "kernels/registry.hpp"
 #include "runtime/amx_permission.hpp"
 #include "runtime/cpu_features.hpp"
@@ -97,6 +98,7 @@ tile::Config int8_tiles(int kbytes) {
 struct Scratch {
   aligned_vector<uint8_t> a;  // gathered activation rows, [rows rounded to 32][Kp] elements
   aligned_vector<int8_t> b;   // int4: two column blocks unpacked to int8 B-tile rows
+  aligned_vector<float> scales;  // int4: those two blocks' group scales, widened to float
   alignas(64) int32_t c[32 * 32];
   alignas(64) float acc[32 * 32];
 };
@@ -235,13 +237,18 @@ void amx_int4(const GemmArgs& g) {
   int8_t* b_blocks[2] = {b.data(), b.data() + static_cast<std::size_t>(kp) * 16};
   int32_t* c = scratch().c;
   float* acc = scratch().acc;
+  auto& widened = scratch().scales;
+  widened.resize(static_cast<std::size_t>(2) * G * 16);
+  float* scales[2] = {widened.data(), widened.data() + static_cast<std::size_t>(G) * 16};
   tile::configure(int8_tiles(kbytes));  // per call: see amx_gemm
   for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
     const bool pair = blk + 1 < g.n1 / 16;
     const int halves = pair ? 2 : 1;
-    for (int h = 0; h < halves; ++h) unpack_int4(w.block(blk + h), kp, b_blocks[h]);
-    const float* scales[2] = {w.scale.data() + static_cast<int64_t>(blk) * G * 16,
-                              w.scale.data() + static_cast<int64_t>(blk + 1) * G * 16};
+    for (int h = 0; h < halves; ++h) {
+      unpack_int4(w.block(blk + h), kp, b_blocks[h]);
+      const uint16_t* bits = w.block_scales(blk + h);
+      for (int k = 0; k < G * 16; ++k) scales[h][k] = bf16_to_f32(bits[k]);  // widened once per task, exactly
+    }
     // The next pair's panels stream into L2 while this pair computes: unpacking reads them
     // from there instead of waiting on memory.
     const int next_blocks = std::max(0, std::min(2, g.n1 / 16 - (blk + 2)));

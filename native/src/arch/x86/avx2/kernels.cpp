@@ -142,10 +142,16 @@ struct Int8Tile {
 // int4 group size (32, 64, 128: 4, 8, 16 steps) is a multiple of it.
 constexpr int kInt4Steps16 = 4;
 
+// 8 bf16 group scales, widened exactly
+inline __m256 load_scales(const uint16_t* bf16) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bf16))), 16));
+}
+
 template <int M, int NB>
 struct Int4Tile {
   static void run(const int8_t* const* x, const int32_t* const* gsum, const float* xs, const uint8_t* panel,
-                  const float* g_scale, int groups, int group, float* out, int64_t ld) {
+                  const uint16_t* g_scale, int groups, int group, float* out, int64_t ld) {
     __m256 accf[M][2];
     for (int i = 0; i < M; ++i) accf[i][0] = accf[i][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -179,7 +185,7 @@ struct Int4Tile {
         __m256i offset = _mm256_set1_epi32(8 * gsum[i][g]);
         for (int h = 0; h < 2; ++h) {
           __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][h], offset));
-          accf[i][h] = _mm256_fmadd_ps(v, _mm256_loadu_ps(g_scale + g * 16 + h * 8), accf[i][h]);
+          accf[i][h] = _mm256_fmadd_ps(v, load_scales(g_scale + g * 16 + h * 8), accf[i][h]);
         }
       }
     }
@@ -217,7 +223,7 @@ void gemm(const GemmArgs& a) {
       else
         dispatch<kRows, 1, Int4Tile>(m, 1, static_cast<const int8_t* const*>(rows),
                                      static_cast<const int32_t* const*>(sums), static_cast<const float*>(xs),
-                                     w.block(blk), w.scale.data() + static_cast<int64_t>(blk) * G * 16, G, w.group,
+                                     w.block(blk), w.block_scales(blk), G, w.group,
                                      out, a.ld_out);
     }
   }

@@ -145,12 +145,18 @@ void int8_finish(const int32_t* partial, int m, int nb, const float* x_scale, co
 
 constexpr int kInt4Rows = 8, kInt4Blocks = 2, kInt4DecodeBlocks = 4;
 
+// 16 bf16 group scales, widened exactly
+inline __m512 load_scales(const uint16_t* bf16) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bf16))), 16));
+}
+
 // Weights are unsigned nibbles w+8 (the u8 operand), activations signed: the sum over a
 // group carries 8 * sum_k x, removed per group before scaling.
 template <int M, int NB>
 // noinline: register allocation in isolation keeps every accumulator in a register
 __attribute__((noinline)) void int4_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale, const uint8_t* const* panel,
-               const float* const* g_scale, int groups, int group, float* out, int64_t ld) {
+               const uint16_t* const* g_scale, int groups, int group, float* out, int64_t ld) {
   __m512 accf[M][NB];
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
@@ -182,7 +188,7 @@ __attribute__((noinline)) void int4_tile(const int8_t* const* x, const int32_t* 
       __m512i offset = _mm512_set1_epi32(8 * gsum[i][g]);
       for (int j = 0; j < NB; ++j) {
         __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
-        accf[i][j] = _mm512_fmadd_ps(v, _mm512_loadu_ps(g_scale[j] + g * 16), accf[i][j]);
+        accf[i][j] = _mm512_fmadd_ps(v, load_scales(g_scale[j] + g * 16), accf[i][j]);
       }
     }
   }
@@ -319,10 +325,10 @@ void gemm_int4(const GemmArgs& a) {
   for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += blocks) {
     const int nb = std::min(blocks, a.n1 / 16 - b0);
     const uint8_t* panel[kInt4DecodeBlocks];
-    const float* gs[kInt4DecodeBlocks];
+    const uint16_t* gs[kInt4DecodeBlocks];
     for (int j = 0; j < nb; ++j) {
       panel[j] = w.block(b0 + j);
-      gs[j] = w.scale.data() + static_cast<int64_t>(b0 + j) * G * 16;
+      gs[j] = w.block_scales(b0 + j);
     }
     for (int i0 = 0; i0 < a.m; i0 += kInt4Rows) {
       const int m = std::min(kInt4Rows, a.m - i0);
@@ -340,12 +346,12 @@ void gemm_int4(const GemmArgs& a) {
         dispatch<kDecodeRows, kInt4DecodeBlocks, Int4Tile>(
             m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
             static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel),
-            static_cast<const float* const*>(gs), G, w.group, out, a.ld_out);
+            static_cast<const uint16_t* const*>(gs), G, w.group, out, a.ld_out);
         continue;
       }
       dispatch<kInt4Rows, kInt4Blocks, Int4Tile>(
           m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
-          static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel), static_cast<const float* const*>(gs),
+          static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel), static_cast<const uint16_t* const*>(gs),
           G, w.group, out, a.ld_out);
     }
   }
