@@ -1,0 +1,451 @@
+"""ktforge's experts beside llama.cpp's on the same weights, in one run (a benchmark, not a test).
+
+llama.cpp is what CPU users run instead of ktforge. This script:
+1. installs llama-cpp-python from PyPI into a virtualenv of its own, built for this CPU
+   (GGML_NATIVE=ON; about 15 minutes on 2 cores, done once; --venv says where). Without its
+   AMX code: 0.3.36's AMX path for Q4_0/Q8_0 dies of SIGILL (tilezero on an unconfigured tile,
+   in ggml_backend_amx_mul_mat at one token) on our Sapphire Rapids guest; its AVX-512 code,
+   weight repacking included, is what runs;
+2. writes the weights of a few Qwen3-30B-A3B-shaped MoE layers once (bf16, seeded), makes a
+   GGUF model of them with llama.cpp's own gguf-py (architecture qwen3moe) and quantizes it
+   with llama.cpp's own quantizer (llama_model_quantize) to each format compared; a second
+   GGUF, the same model with experts 16 wide, gives llama.cpp's time without its experts;
+3. times, in alternating rounds, llama.cpp's whole model, the same with width-16 experts, and
+   ktforge's layers on the same weights (ktforge quantizes them itself), each in a process of
+   its own with the same thread count, and prints medians, ranges and ratios.
+
+llama.cpp's experts per layer = (model - model with width-16 experts) / layers: what is left
+is attention, norms, the router and the lm head, which the width-16 model runs too. Decode
+(T <= 16 tokens) appends to a 16-token context; prefill starts from an empty one. ktforge
+runs its layers back to back with a fresh uniform routing each call (llama.cpp routes by its
+random router). Each side's weight error against the bf16 weights is printed (llama.cpp's
+from gguf-py's own dequantization of the quantized file).
+
+    python scripts/llama_cpp_compare.py --pairs bf16:bf16,q8_0:int8,q4_0:int4 --tokens 1,4,512 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768  # Qwen3-30B-A3B's routed experts
+HEADS, KV_HEADS, HEAD_DIM, VOCAB, NARROW = 32, 4, 128, 1024, 16
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+GGUF_PY = "gguf==0.19.0"
+# llama.cpp's formats (llama_ftype values) and the bytes a weight takes in each, scales included
+LLAMA_FTYPES = {"bf16": 32, "q8_0": 7, "q4_0": 2}
+BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+DECODE_CONTEXT = 16
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ktforge"
+
+
+# ---- the weights ---------------------------------------------------------------------------
+
+
+def _weights_dir(work: Path, layers: int) -> Path:
+    return work / f"weights-{layers}l"
+
+
+def write_weights(work: Path, layers: int) -> Path:
+    """Layers' experts as bf16 bits (uint16 .npy), seeded: written once, read by both sides."""
+    import ml_dtypes
+
+    out = _weights_dir(work, layers)
+    if (out / "done").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for layer in range(layers):
+        for name, shape, fan_in in (
+            ("gate", (EXPERTS, INTER, HIDDEN), HIDDEN),
+            ("up", (EXPERTS, INTER, HIDDEN), HIDDEN),
+            ("down", (EXPERTS, HIDDEN, INTER), INTER),
+        ):
+            w = np.empty(shape, np.uint16)
+            for e in range(EXPERTS):  # an expert at a time: the float32 layer is never whole
+                values = rng.standard_normal(shape[1:], dtype=np.float32) / np.float32(np.sqrt(fan_in))
+                w[e] = values.astype(ml_dtypes.bfloat16).view(np.uint16)
+            np.save(out / f"{layer}.{name}.npy", w)
+    (out / "done").write_text("")
+    return out
+
+
+def load_layer(weights: Path, layer: int) -> tuple[Any, Any, Any]:
+    gate, up, down = (np.load(weights / f"{layer}.{p}.npy", mmap_mode="r") for p in ("gate", "up", "down"))
+    return gate, up, down
+
+
+# ---- llama.cpp's side (runs in its virtualenv) ---------------------------------------------
+
+
+def write_gguf(weights: Path, layers: int, path: Path, narrow: bool) -> None:
+    """A qwen3moe GGUF of these experts (or of 16-wide ones) with small random attention."""
+    import gguf
+
+    inter = NARROW if narrow else INTER
+    writer = gguf.GGUFWriter(str(path), "qwen3moe")
+    writer.add_block_count(layers)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(6144)
+    writer.add_expert_feed_forward_length(inter)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_rope_freq_base(1e6)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_expert_count(EXPERTS)
+    writer.add_expert_used_count(TOP_K)
+    writer.add_tokenizer_model("none")  # token ids go in directly: no vocabulary needed
+    writer.add_vocab_size(VOCAB)
+    writer.add_file_type(LLAMA_FTYPES["bf16"])
+    rng = np.random.default_rng(1)
+
+    def f32(*shape: int, scale: float = 0.02) -> Any:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32)
+
+    bf16 = gguf.GGMLQuantizationType.BF16
+    writer.add_tensor("token_embd.weight", f32(VOCAB, HIDDEN, scale=1.0))
+    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, np.float32))
+    writer.add_tensor("output.weight", f32(VOCAB, HIDDEN))
+    for layer in range(layers):
+        b = f"blk.{layer}."
+        writer.add_tensor(b + "attn_norm.weight", np.ones(HIDDEN, np.float32))
+        writer.add_tensor(b + "attn_q.weight", f32(HEADS * HEAD_DIM, HIDDEN))
+        writer.add_tensor(b + "attn_k.weight", f32(KV_HEADS * HEAD_DIM, HIDDEN))
+        writer.add_tensor(b + "attn_v.weight", f32(KV_HEADS * HEAD_DIM, HIDDEN))
+        writer.add_tensor(b + "attn_output.weight", f32(HIDDEN, HEADS * HEAD_DIM))
+        writer.add_tensor(b + "attn_q_norm.weight", np.ones(HEAD_DIM, np.float32))
+        writer.add_tensor(b + "attn_k_norm.weight", np.ones(HEAD_DIM, np.float32))
+        writer.add_tensor(b + "ffn_norm.weight", np.ones(HIDDEN, np.float32))
+        writer.add_tensor(b + "ffn_gate_inp.weight", f32(EXPERTS, HIDDEN, scale=1.0))
+        gate, up, down = load_layer(weights, layer)
+        if narrow:
+            gate, up, down = gate[:, :NARROW], up[:, :NARROW], down[:, :, :NARROW]
+        for name, w in (("ffn_gate_exps", gate), ("ffn_up_exps", up), ("ffn_down_exps", down)):
+            # numpy's [E, N, K] is ggml's {K, N, E}, the layout llama.cpp's experts take
+            writer.add_tensor(b + name + ".weight", np.ascontiguousarray(w).view(np.uint8), raw_dtype=bf16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def quantize_gguf(source: Path, target: Path, quant: str) -> None:
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPES[quant]
+    params.nthread = os.cpu_count() or 1
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params) != 0:
+        raise SystemExit(f"llama_model_quantize failed for {target}")
+
+
+def llama_weight_error(model: Path, weights: Path) -> float:
+    """Relative RMS error of expert 0's gate rows in the file, dequantized by gguf-py."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(model))
+    tensor = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate_exps.weight")
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # [E, I, H]
+    truth = _bf16_floats(load_layer(weights, 0)[0][0])
+    return _rel_rms(values[0], truth[: values.shape[1]])  # the 16-wide model holds the first rows
+
+
+def _bf16_floats(bits: Any) -> Any:
+    return (np.asarray(bits, np.uint32) << 16).view(np.float32)
+
+
+def _rel_rms(a: Any, b: Any) -> float:
+    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - b) ** 2) / np.mean(np.asarray(b, np.float64) ** 2)))
+
+
+class LlamaModel:
+    """One GGUF loaded for timing through llama.cpp's C API (via llama-cpp-python's bindings)."""
+
+    def __init__(self, path: Path, threads: int, max_tokens: int) -> None:
+        import ctypes
+
+        import llama_cpp
+
+        self.api, self.ctypes = llama_cpp, ctypes
+        llama_cpp.llama_backend_init()
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+        if not self.model:
+            raise SystemExit(f"llama.cpp could not load {path}")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = max_tokens + 512
+        params.n_batch = params.n_ubatch = max(max_tokens, DECODE_CONTEXT)
+        params.n_threads = params.n_threads_batch = threads
+        params.no_perf = True
+        self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        self.rng = np.random.default_rng(2)
+        self.position = 0
+
+    def _decode(self, count: int) -> None:
+        tokens = (self.ctypes.c_int32 * count)(*self.rng.integers(0, VOCAB, count).tolist())
+        if self.api.llama_decode(self.ctx, self.api.llama_batch_get_one(tokens, count)) != 0:
+            raise SystemExit("llama_decode failed")
+        self.api.llama_synchronize(self.ctx)
+        self.position += count
+
+    def _clear(self) -> None:
+        self.api.llama_memory_clear(self.api.llama_get_memory(self.ctx), True)
+        self.position = 0
+
+    def time_calls(self, tokens: int, calls: int) -> list[float]:
+        times = []
+        decode = tokens <= DECODE_CONTEXT
+        for _ in range(calls + 1):  # the first is a lead-in
+            if not decode or self.position == 0 or self.position + tokens > 512:
+                self._clear()
+                if decode:
+                    self._decode(DECODE_CONTEXT)
+            start = time.perf_counter()
+            self._decode(tokens)
+            times.append((time.perf_counter() - start) * 1e3)
+        return times[1:]
+
+
+# ---- ktforge's side ------------------------------------------------------------------------
+
+
+class KtforgeLayers:
+    def __init__(self, weights: Path, layers: int, method: str, threads: int) -> None:
+        import ktforge
+
+        self.layers = []
+        for layer in range(layers):
+            moe = ktforge.MoE(EXPERTS, TOP_K, HIDDEN, INTER, method=method, threads=threads, group_size=32)
+            gate, up, down = (np.ascontiguousarray(w) for w in load_layer(weights, layer))
+            moe.load_weights(*(w.view(_bf16()) for w in (gate, up, down)))
+            self.layers.append(moe)
+        self.method, self.weights = method, weights
+        self.rng = np.random.default_rng(3)
+
+    def accuracy(self) -> dict[str, float]:
+        """Layer 0 at 4 tokens against the float64 layer, and the weights' error, as llama's."""
+        from ktforge.formats.quantize import dequantize, quantize
+
+        gate, up, down = (_bf16_floats(w).astype(np.float64) for w in load_layer(self.weights, 0))
+        x = self.rng.standard_normal((4, HIDDEN)).astype(np.float32)
+        ids = np.stack([self.rng.permutation(EXPERTS)[:TOP_K] for _ in range(4)])
+        routing = self.rng.random((4, TOP_K)).astype(np.float32)
+        y = self.layers[0].forward(x, ids, routing)
+        ref = np.zeros((4, HIDDEN))
+        for t in range(4):
+            for j, e in enumerate(ids[t]):
+                g, u = gate[e] @ x[t], up[e] @ x[t]
+                ref[t] += routing[t, j] * (down[e] @ (g / (1 + np.exp(-g)) * u))
+        w = _bf16_floats(load_layer(self.weights, 0)[0][0])
+        rounded = w if self.method == "bf16" else dequantize(quantize(w, self.method, 32), self.method, HIDDEN)
+        layer_error = float(np.abs(y - ref).max() / np.abs(ref).max())
+        return {"layer_rel_err": layer_error, "weight_rel_rms": _rel_rms(rounded, w)}
+
+    def time_calls(self, tokens: int, calls: int) -> list[float]:
+        times = []
+        x = self.rng.standard_normal((tokens, HIDDEN)).astype(np.float32)
+        weights = self.rng.random((tokens, TOP_K)).astype(np.float32)
+        for _ in range(calls + 1):
+            ids = np.stack([self.rng.permutation(EXPERTS)[:TOP_K] for _ in range(tokens)])
+            start = time.perf_counter()
+            for moe in self.layers:  # back to back, as a model calls them
+                x = x + moe.forward(x, ids, weights) * np.float32(0.1)
+            times.append((time.perf_counter() - start) * 1e3 / len(self.layers))
+            x /= np.abs(x).max() + 1.0
+        return times[1:]
+
+
+def _bf16() -> Any:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+# ---- workers and the driver ----------------------------------------------------------------
+
+
+def serve(timer: Any, extra: dict[str, Any], out: TextIO) -> None:
+    """Reads 'tokens calls' lines, answers each with a JSON list of call times (ms)."""
+    out.write(json.dumps({"ready": True, **extra}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        tokens, calls = map(int, line.split())
+        out.write(json.dumps(timer.time_calls(tokens, calls)) + "\n")
+        out.flush()
+
+
+class Worker:
+    def __init__(self, command: list[str], log: Path) -> None:
+        with log.open("a") as stderr:  # llama.cpp's load messages
+            pipe = subprocess.PIPE
+            self.process = subprocess.Popen(command, stdin=pipe, stdout=pipe, stderr=stderr, text=True)
+        self.hello = self._read()
+
+    def _read(self) -> Any:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"worker {' '.join(self.process.args)} exited ({self.process.wait()}); see its log")  # type: ignore[arg-type]
+        return json.loads(line)
+
+    def time_calls(self, tokens: int, calls: int) -> list[float]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{tokens} {calls}\n")
+        self.process.stdin.flush()
+        return list(self._read())
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()
+        self.process.wait()
+
+
+def ensure_venv(venv: Path) -> Path:
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import llama_cpp, gguf"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    print(f"==> installing {LLAMA_CPP_PYTHON} (built for this CPU: ~15 min on 2 cores) into {venv}", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # see the top of this file
+    cmake_args = f"-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='{no_amx}' -DCMAKE_CXX_FLAGS='{no_amx}'"
+    env = {**os.environ, "CMAKE_ARGS": cmake_args, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1)}
+    pip = [str(python), "-m", "pip", "install", "-q", LLAMA_CPP_PYTHON, GGUF_PY, "numpy"]
+    subprocess.run(pip, check=True, env=env)
+    subprocess.run(check, check=True)
+    return python
+
+
+def prepare_models(python: Path, weights: Path, work: Path, layers: int, quant: str) -> dict[str, Path]:
+    models = {}
+    for narrow in (False, True):
+        label = "narrow" if narrow else "full"
+        target = work / f"model-{layers}l-{label}-{quant}.gguf"
+        if not target.is_file():
+            print(f"==> writing {target.name} (gguf-py, llama_model_quantize)", flush=True)
+            source = work / f"model-{layers}l-{label}-bf16-source.gguf"
+            if not source.is_file():
+                _worker_call(python, "write-gguf", weights, layers, source, narrow)
+            _worker_call(python, "quantize", source, target, quant)
+        models[label] = target
+    return models
+
+
+def _worker_call(python: Path, *args: Any) -> None:
+    subprocess.run([str(python), __file__, "--worker", *map(str, args)], check=True)
+
+
+def _median_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+def compare(args: argparse.Namespace) -> None:
+    work, layers = Path(args.work), args.layers
+    work.mkdir(parents=True, exist_ok=True)
+    python = ensure_venv(Path(args.venv))
+    weights = write_weights(work, layers)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    rows = []
+    for pair in args.pairs.split(","):
+        quant, method = pair.split(":")
+        models = prepare_models(python, weights, work, layers, quant)
+        common = ["--layers", str(layers), "--threads", str(args.threads), "--max-tokens", str(max(tokens))]
+        log = work / "workers.log"
+        llama = [str(python), __file__, "--worker", "llama"]
+        workers = {
+            "full": Worker([*llama, str(models["full"]), str(weights), *common], log),
+            "narrow": Worker([*llama, str(models["narrow"]), str(weights), *common], log),
+            "ktforge": Worker([sys.executable, __file__, "--worker", "ktforge", method, str(weights), *common], log),
+        }
+        print(
+            f"{quant} / {method}: weight error (rel. RMS) llama.cpp {workers['full'].hello['weight_rel_rms']:.4f}, "
+            f"ktforge {workers['ktforge'].hello['weight_rel_rms']:.4f}; ktforge's layer against float64 "
+            f"{workers['ktforge'].hello['layer_rel_err']:.4f}",
+            flush=True,
+        )
+        for t in tokens:
+            calls = args.calls if t <= DECODE_CONTEXT else max(3, args.calls // 10)
+            per_round: dict[str, list[float]] = {"llama": [], "ktforge": [], "ratio": []}
+            for _ in range(args.rounds):  # alternating: the machine's noise falls on both
+                full = statistics.median(workers["full"].time_calls(t, calls))
+                narrow = statistics.median(workers["narrow"].time_calls(t, calls))
+                ours = statistics.median(workers["ktforge"].time_calls(t, calls))
+                theirs = (full - narrow) / layers
+                per_round["llama"].append(theirs)
+                per_round["ktforge"].append(ours)
+                per_round["ratio"].append(theirs / ours)
+            rows.append((quant, method, t, per_round))
+            print(
+                f"  T={t}: experts per layer, llama.cpp {_median_range(per_round['llama'])} ms, ktforge "
+                f"{_median_range(per_round['ktforge'])} ms; llama.cpp / ktforge {_median_range(per_round['ratio'])}",
+                flush=True,
+            )
+        for w in workers.values():
+            w.close()
+    print(
+        f"\n| experts per layer ({args.rounds} rounds, {args.threads} threads) | tokens | llama.cpp ms | ktforge ms "
+        "| llama.cpp / ktforge |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for quant, method, t, r in rows:
+        bpw = BYTES_PER_WEIGHT[quant]
+        print(
+            f"| {quant.upper()} ({bpw:.4g} B/w) / {method} | {t} | {_median_range(r['llama'])} | "
+            f"{_median_range(r['ktforge'])} | {_median_range(r['ratio'])} |"
+        )
+
+
+def worker(argv: list[str]) -> None:
+    kind = argv[0]
+    if kind == "write-gguf":
+        write_gguf(Path(argv[1]), int(argv[2]), Path(argv[3]), argv[4] == "True")
+        return
+    if kind == "quantize":
+        quantize_gguf(Path(argv[1]), Path(argv[2]), argv[3])
+        return
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what")
+    parser.add_argument("weights")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--max-tokens", type=int)
+    a = parser.parse_args(argv[1:])
+    weights = Path(a.weights)
+    if kind == "llama":
+        model = LlamaModel(Path(a.what), a.threads, a.max_tokens)
+        serve(model, {"weight_rel_rms": llama_weight_error(Path(a.what), weights)}, sys.stdout)
+    else:
+        layers = KtforgeLayers(weights, a.layers, a.what, a.threads)
+        serve(layers, layers.accuracy(), sys.stdout)
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":  # a step or a timing process of the run
+        worker(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--venv", default=str(CACHE / "llama-cpp-noamx"), help="llama-cpp-python's virtualenv")
+    parser.add_argument("--work", default=str(CACHE / "llama-cpp-compare"), help="weights and GGUF files (GBs)")
+    parser.add_argument("--pairs", default="bf16:bf16,q8_0:int8,q4_0:int4", help="llama.cpp format:ktforge method")
+    parser.add_argument("--tokens", default="1,4,512")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=40, help="timed calls a round for decode (a tenth for prefill)")
+    compare(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
