@@ -4,7 +4,7 @@ llama.cpp is what CPU users run instead of ktforge. This script:
 1. installs llama-cpp-python from PyPI into a virtualenv of its own, built for this CPU
    (GGML_NATIVE=ON; about 15 minutes on 2 cores, done once; --venv says where). Without its
    AMX code: 0.3.36's AMX path for Q4_0/Q8_0 dies of SIGILL (tilezero on an unconfigured tile,
-   in ggml_backend_amx_mul_mat at one token) on our Sapphire Rapids guest; its AVX-512 code,
+   in ggml_backend_amx_mul_mat at one token) on our Emerald Rapids (AMX) guest; its AVX-512 code,
    weight repacking included, is what runs;
 2. writes the weights of a few Qwen3-30B-A3B-shaped MoE layers once (bf16, seeded), makes a
    GGUF model of them with llama.cpp's own gguf-py (architecture qwen3moe) and quantizes it
