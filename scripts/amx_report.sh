@@ -12,12 +12,12 @@ echo "== kt doctor (AMX gates)"
 "$PY" -m ktforge doctor --check amx.cpuid --check amx.xcr0 --check amx.kernel --check amx.permission \
   --check amx.execution || { echo "AMX is not usable here: see above"; exit 1; }
 
-echo "== kt build --backend amx"
-./install.sh build --backend amx
+echo "== kt build --recipe amx"
+./install.sh build --recipe amx
 
 echo "== the MoE suite on real tiles"
 "$PY" -m pip install -q -r tests/requirements.txt
-"$PY" -m pytest -q tests/test_moe_correctness.py tests/test_tile_model.py -p no:cacheprovider
+"$PY" -m pytest -q tests/kernels/test_moe_correctness.py tests/kernels/test_tile_model.py -p no:cacheprovider
 
 echo "== kt bench --backend amx,avx512"
 mkdir -p build
