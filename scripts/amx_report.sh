@@ -26,11 +26,13 @@ mkdir -p build
 "$PY" - <<'PY'
 import json
 d = json.load(open("build/amx_report.json"))
-print("peaks:", {b: {k: round(v) for k, v in p.items()} for b, p in d["peaks"].items()})
+for backend, by_threads in d["peaks"].items():  # backend -> threads -> peak -> value
+    for threads, peaks in by_threads.items():
+        print(f"peaks {backend} {threads} threads:", {k: round(v) for k, v in peaks.items()})
 rows = {}
 for r in d["results"]:
     rows.setdefault((r["method"], r["tokens"]), {})[r["backend"]] = r
-print(f"{'method':6} {'tokens':>6} {'amx ms':>9} {'avx512 ms':>10} {'amx/avx512':>10}  amx kernel")
+print(f"{'method':6} {'tokens':>6} {'amx ms':>9} {'avx512 ms':>10} {'avx512/amx':>10}  amx kernel")
 for (method, tokens), by in sorted(rows.items()):
     amx, avx = by.get("amx"), by.get("avx512")
     if amx and avx:

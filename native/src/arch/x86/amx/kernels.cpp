@@ -59,12 +59,15 @@ const KernelTable& simd() {
   return *best;
 }
 
-// Fewest tokens per expert for which the tiles are used; below it (decode) the AVX-512
-// kernels stream the weights better. Measured on a 2-core Sapphire Rapids guest (Qwen3
-// layer, `kt bench --backend amx`): with 4, bf16 at 8 tokens per expert took 59 ms against
-// 70 ms with 16; with 1, decode got 30% slower. To be re-measured on other AMX machines:
-// `kt bench --backend amx,avx512` (or scripts/amx_report.sh) prints both paths.
-constexpr int kAmxMinRows = 4;
+// Fewest tokens per expert for which the tiles are used; below it the AVX-512 kernels are
+// faster (a tile block computes 32 rows whatever the count). Measured on a 2-core Emerald
+// Rapids guest, 2026-12-01 (Qwen3 layer, uniform routing, `kt bench --backend amx,avx512`,
+// 3 runs; tiles from 4 tokens): at 8 tokens per expert the tiles took 1.02-1.18x AVX-512's
+// time for bf16 and 1.27-1.53x for int8; at 16, 0.51-0.64x for bf16 and 0.96-1.04x for int8.
+// (A Sapphire Rapids guest had measured 4 for bf16 against the AVX-512 kernels of then.)
+// To be re-measured on other AMX machines: scripts/amx_report.sh prints both paths.
+constexpr int kAmxBf16MinRows = 12;
+constexpr int kAmxInt8MinRows = 16;
 // int4 pays a tile flush per group (scales are per group), so tiles win later: measured on
 // the same machine (Qwen3 layer, tokens per expert 8 / 16 / 32 / 64 / 128: 0.66x / 0.82x /
 // 1.07x / 1.41x / 1.50x the AVX-512 int4 speed).
@@ -289,9 +292,11 @@ void amx_int4(const GemmArgs& g) {
   tile::release();
 }
 
-bool use_tiles(const GemmArgs& g) {
-  return g.m >= (g.w->element == Element::int4 ? kAmxInt4MinRows : kAmxMinRows) && amx_permission_errno() == 0;
+int min_rows(Element m) {
+  return m == Element::bf16 ? kAmxBf16MinRows : m == Element::int8 ? kAmxInt8MinRows : kAmxInt4MinRows;
 }
+
+bool use_tiles(const GemmArgs& g) { return g.m >= min_rows(g.w->element) && amx_permission_errno() == 0; }
 
 void gemm(const GemmArgs& g) {
   if (use_tiles(g)) return g.w->element == Element::int4 ? amx_int4(g) : amx_gemm(g);
@@ -303,8 +308,7 @@ std::string describe(Element m) {
   if (const int err = amx_permission_errno())
     return fallback + " (AMX permission refused: errno " + std::to_string(err) + ")";
   const std::string op = m == Element::bf16 ? "tdpbf16ps" : m == Element::int8 ? "tdpbusd" : "tdpbssd (nibbles unpacked to int8)";
-  const int min_rows = m == Element::int4 ? kAmxInt4MinRows : kAmxMinRows;
-  return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows) + " tokens per expert, else " +
+  return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +
          fallback;
 }
 
