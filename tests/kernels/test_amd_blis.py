@@ -104,8 +104,8 @@ def test_without_a_named_library_the_linked_one_or_the_one_found_here_runs(monke
         assert ktforge.MoE(4, 2, 64, 48, method="bf16", backend="amd-blis").info["aocl"]["library"] == linked["library"]
     elif found := host.usable_aocl():  # the test environment's aoclda, on a CPU whose GEMMs it computes right
         assert ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis").info["aocl"]["library"] == found
-    else:
-        with pytest.raises(ValueError, match="kt build --backend amd-blis"):
+    else:  # refused with the reason: no library found, or the one found (aoclda) is wrong on this CPU
+        with pytest.raises(ValueError, match=r"kt build --backend amd-blis|gives wrong results on this CPU"):
             ktforge.MoE(4, 2, 64, 48, method="int8", backend="amd-blis")
 
 
