@@ -61,7 +61,8 @@ def has(*features: str) -> bool:
 def usable_aocl() -> str | None:
     """The first AOCL-BLAS (with aocl_gemm) that the probes ran a correct GEMM through here:
     what a build that links none finds at run time without KTFORGE_BLIS_LIBRARY."""
-    return next((lib["path"] for lib in live_report()["blis"]["libraries"] if lib["usable"]), None)
+    selected: str | None = live_report()["blis"]["selected"]  # the report's first usable library
+    return selected
 
 
 def aocl_gemm_works() -> bool:

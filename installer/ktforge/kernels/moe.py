@@ -384,15 +384,13 @@ class MoE:
         if self.method == "bf16":
             self.load_weights(*arrays)
             return
-        bf16 = _bf16_dtype()
+        signed = self.method == "int4"  # int4's scales carry the sign of each group's largest value
         for index, name in ((1, "gate"), (3, "up"), (5, "down")):
             scale = arrays[index].astype(np.float32)
-            if self.method == "int8" and (not np.isfinite(scale).all() or (scale <= 0).any()):
-                raise ValueError(f"{name}.scale holds values that are not positive and finite")
-            if not np.isfinite(scale).all() or (scale == 0).any():  # int4's scales carry a sign
-                raise ValueError(f"{name}.scale holds values that are not finite and nonzero")
-            if arrays[index].dtype == bf16:  # int4's 16-bit scales reach the extension as their bits
-                arrays[index] = arrays[index].view(np.uint16)
+            if not (np.isfinite(scale) & ((scale != 0) if signed else (scale > 0))).all():
+                wanted = "nonzero" if signed else "positive"
+                raise ValueError(f"{name}.scale holds values that are not {wanted} and finite")
+            arrays[index] = _kernel_view(arrays[index], f"{name}.scale", copy=False)  # bf16 scales as their bits
         self._layer.load_quantized(*arrays)
         self._loaded = True
 
