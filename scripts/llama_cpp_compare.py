@@ -21,7 +21,7 @@ runs its layers back to back with a fresh uniform routing each call (llama.cpp r
 random router). Each side's weight error against the bf16 weights is printed (llama.cpp's
 from gguf-py's own dequantization of the quantized file).
 
-    python scripts/llama_cpp_compare.py --pairs bf16:bf16,q8_0:int8,q4_0:int4 --tokens 1,4,512 --rounds 5
+    python scripts/llama_cpp_compare.py --pairs bf16:bf16,q8_0:int8g,q8_0:int8,q4_0:int4 --tokens 1,4,512 --rounds 5
 """
 
 from __future__ import annotations
@@ -438,7 +438,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--venv", default=str(CACHE / "llama-cpp-noamx"), help="llama-cpp-python's virtualenv")
     parser.add_argument("--work", default=str(CACHE / "llama-cpp-compare"), help="weights and GGUF files (GBs)")
-    parser.add_argument("--pairs", default="bf16:bf16,q8_0:int8,q4_0:int4", help="llama.cpp format:ktforge method")
+    parser.add_argument(
+        "--pairs", default="bf16:bf16,q8_0:int8g,q8_0:int8,q4_0:int4", help="llama.cpp format:ktforge method"
+    )
     parser.add_argument("--tokens", default="1,4,512")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)

@@ -53,6 +53,41 @@ def quantize_groups(w: Array, group: int) -> tuple[Array, Array]:
     return q.reshape(n, kp), scale
 
 
+def quantize_int8_groups(w: Array, group: int) -> tuple[Array, Array]:
+    """int8g weights: [N, K] -> q [N, Kp] in [-127, 127], scale [N, G], K zero-padded to a
+    multiple of group. The scale: of the bf16 value nearest max|w| / 127 and its two bf16
+    neighbours, the one with the least sum of (q * scale - w)^2 over the group (the nearest on
+    ties); 1 for a group of zeros."""
+    n, k = w.shape
+    kp = -(-k // group) * group
+    padded = np.zeros((n, kp), dtype=F32)
+    padded[:, :k] = w
+    grouped = padded.reshape(n, kp // group, group)
+    exact = (np.abs(grouped).max(axis=-1) / F32(127)).astype(F32)
+    nonzero = exact >= np.finfo(F32).tiny
+    nearest = bf16_round(np.where(nonzero, exact, F32(1))).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.int64)
+
+    def codes(scale: Array) -> Array:
+        return np.clip(np.rint(grouped * (F32(1) / scale)[..., None]), -127, 127)
+
+    def error(scale: Array) -> Array:
+        d = (codes(scale) * scale[..., None]).astype(F32) - grouped
+        return (d.astype(np.float64) ** 2).sum(axis=-1)
+
+    def as_float(bits: Array) -> Array:
+        return (bits.astype(np.uint32) << np.uint32(16)).view(F32)
+
+    scale = as_float(nearest)
+    least = error(scale)
+    for step in (-1, 1):
+        bits = nearest + step
+        candidate = as_float(np.clip(bits, 0x0080, 0x7F7F))
+        e = error(candidate)
+        better = nonzero & (bits >= 0x0080) & (bits < 0x7F80) & (e < least)
+        scale, least = np.where(better, candidate, scale), np.where(better, e, least)
+    return codes(scale).astype(np.int64).reshape(n, kp), scale
+
+
 def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
     """x [M, K] float32 activations, w [N, K] float32 weights -> [M, N] float32."""
     if method == "bf16":
@@ -62,7 +97,7 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         wq, sw = quantize_rows(w, 127)
         acc = (xq @ wq.T).astype(F32)
         return (acc * (sw[None, :] * sx[:, None])).astype(F32)
-    wq, sw = quantize_groups(w, group)
+    wq, sw = quantize_int8_groups(w, group) if method == "int8g" else quantize_groups(w, group)
     kp = wq.shape[1]
     xp = np.zeros((x.shape[0], kp), dtype=np.int64)
     xp[:, : x.shape[1]] = xq

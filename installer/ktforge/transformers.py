@@ -42,8 +42,8 @@ NAME = "ktforge"
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    method: str = "bf16"  # bf16, int8 or int4
-    group_size: int = 128  # int4
+    method: str = "bf16"  # bf16, int8, int8g or int4
+    group_size: int = 128  # int8g and int4
     threads: int | None = None  # None: torch.get_num_threads()
     backend: str = "auto"
     release_torch_weights: bool = False  # drop transformers' copy once packed: one copy in memory

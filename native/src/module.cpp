@@ -91,8 +91,9 @@ class PyMoE {
     layer_.load(gate.data(), up.data(), down.data(), d);
   }
 
-  // int8: values int8 [rows..., K], scales float32 [rows...]; int4: values uint8 [rows..., Kg / 2],
-  // scales bfloat16 (as uint16) [rows..., Kg / group] with Kg = K rounded up to the group.
+  // int8: values int8 [rows..., K], scales float32 [rows...]; int8g: values int8 [rows..., K];
+  // int4: values uint8 [rows..., Kg / 2]; both with scales bfloat16 (as uint16)
+  // [rows..., Kg / group], Kg = K rounded up to the group.
   MoeLayer::QuantizedWeights quantized(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
                                        const char* name) {
     const auto& c = layer_.config();
@@ -106,9 +107,14 @@ class PyMoE {
       return {values.data(), values.shape(2), scales.data(), 4};
     } else {
       const py::ssize_t groups = (K + c.group - 1) / c.group;
-      if (!values.dtype().is(py::dtype::of<uint8_t>()))
-        throw std::invalid_argument(std::string(name) + " must be uint8 (two int4 values per byte)");
-      require(values, {E, N, groups * c.group / 2}, name);
+      if (element_of(c.method) == Element::int8g) {
+        if (!values.dtype().is(py::dtype::of<int8_t>())) throw std::invalid_argument(std::string(name) + " must be int8");
+        require(values, {E, N, K}, name);
+      } else {
+        if (!values.dtype().is(py::dtype::of<uint8_t>()))
+          throw std::invalid_argument(std::string(name) + " must be uint8 (two int4 values per byte)");
+        require(values, {E, N, groups * c.group / 2}, name);
+      }
       require(scales, {E, N, groups}, scale_name.c_str());
       if (!scales.dtype().is(py::dtype::of<uint16_t>()))
         throw std::invalid_argument(scale_name + " must be bfloat16 (passed as uint16)");
@@ -220,8 +226,9 @@ class PyMoE {
 }  // namespace
 
 // Weights [..., K] float32 -> the portable layout of ktforge.formats.quantize: int8 values and one
-// float32 scale per row, or int4 (K padded to the group) as q + 8 nibble pairs and a bfloat16
-// scale (its uint16 bits) per group.
+// float32 scale per row; int8g: int8 values and a bfloat16 scale (its uint16 bits) per group of
+// K padded to the group; int4 (K padded to the group): q + 8 nibble pairs and a bfloat16 scale
+// per group.
 py::tuple quantize_weights(const py::array& w, const std::string& method_name, int group,
                            const std::optional<py::array_t<float, py::array::c_style>>& fp8_scale, int bn, int bk) {
   const Method format = parse_method(method_name);
@@ -235,13 +242,14 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   const DType dtype = fp8 ? DType::f32 : dtype_of(w, "weights");
   if (fp8 != fp8_scale.has_value()) throw std::invalid_argument("FP8 (uint8) weights need their block scales, and only they");
   const py::ssize_t K = w.shape(w.ndim() - 1), rows = K ? w.size() / K : 0;
+  const bool int4 = method == Element::int4, int8_values = !int4;
   const py::ssize_t Kp = method == Element::int8 ? K : (K + group - 1) / group * group;
   const py::ssize_t groups = method == Element::int8 ? 1 : Kp / group;
   std::vector<py::ssize_t> q_shape(w.shape(), w.shape() + w.ndim()), s_shape(q_shape.begin(), q_shape.end() - 1);
-  q_shape.back() = method == Element::int8 ? K : Kp / 2;
-  if (method == Element::int4) s_shape.push_back(groups);
-  py::array q = method == Element::int8 ? py::array(py::array_t<int8_t>(q_shape)) : py::array(py::array_t<uint8_t>(q_shape));
-  py::array_t<float> scales(s_shape);  // int4: narrowed to bf16 bits (exact) on return
+  q_shape.back() = int8_values ? K : Kp / 2;
+  if (grouped(method)) s_shape.push_back(groups);
+  py::array q = int8_values ? py::array(py::array_t<int8_t>(q_shape)) : py::array(py::array_t<uint8_t>(q_shape));
+  py::array_t<float> scales(s_shape);  // grouped: narrowed to bf16 bits (exact) on return
   const auto* src = static_cast<const char*>(w.data());
   const std::size_t elem = fp8 ? 1 : dtype == DType::f32 ? 4 : 2;
   const float* block_scales = nullptr;
@@ -277,10 +285,12 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
         std::copy(in, in + K, row.begin());
         in = row.data();
       }
+      // int8g's row is quantized over Kp (whole groups) and keeps its first K values
       int8_t* q_dst = method == Element::int8 ? reinterpret_cast<int8_t*>(q_out) + r * q_row : values.data();
       if (!quantize_weight_row(method, group, in, static_cast<int>(Kp), q_dst, s_out + r * groups) && bad_row < 0)
         bad_row = r;
-      if (method == Element::int4) {
+      if (method == Element::int8g) std::copy(values.begin(), values.begin() + K, reinterpret_cast<int8_t*>(q_out) + r * q_row);
+      if (int4) {
         auto* bytes = reinterpret_cast<uint8_t*>(q_out) + r * q_row;
         for (py::ssize_t j = 0; j < q_row; ++j)
           bytes[j] = static_cast<uint8_t>((values[2 * j] + 8) | ((values[2 * j + 1] + 8) << 4));

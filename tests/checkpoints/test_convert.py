@@ -20,11 +20,16 @@ from ktforge.cli import commands as cli
 from ktforge.formats.quantize import Quantized, dequantize, quantize
 
 from .. import host
-from ..moe_reference import expected, float_reference, quantize_groups, quantize_rows
+from ..moe_reference import expected, float_reference, quantize_groups, quantize_int8_groups, quantize_rows
 from ..synthetic_checkpoints import expert_tensor, shard_of, write_checkpoint
 
 runner = CliRunner()
-TOLERANCE = {"bf16": 2e-2, "int8": 5e-2, "int4": 0.25}  # against the float64 layer (test_moe_correctness)
+TOLERANCE = {
+    "bf16": 2e-2,
+    "int8": 5e-2,
+    "int8g": 5e-2,
+    "int4": 0.25,
+}  # against the float64 layer (test_moe_correctness)
 
 
 def inputs(H: int, E: int, k: int, T: int = 37, seed: int = 3) -> tuple[Any, Any, Any]:
@@ -50,17 +55,22 @@ def per_value(group_scales: Any, group: int, K: int) -> Any:
     return np.repeat(np.asarray(group_scales, np.float32), group, -1)[..., :K]
 
 
-def assert_within_half_a_step(back: Any, w: Any, scale: Any, top: int, slack: float = 1e-7) -> None:
+def assert_within_half_a_step(
+    back: Any, w: Any, scale: Any, top: int, bottom: int | None = None, slack: float = 1e-7
+) -> None:
     """Within half a step of the value's scale, but for values that would round past the top
-    code (int4's 7: the opposite sign of their group's largest, about as large), which take
-    it, as Q4_0's do."""
+    code (int4's 7: the opposite sign of their group's largest, about as large; int8g's 127
+    where its scale is a bf16 step below max|w| / 127) or below the bottom one, which take it."""
     signed = np.broadcast_to(scale, w.shape)
-    clamped = w / signed > top + 0.5
+    steps = w / signed
+    low = -np.inf if bottom is None else bottom - 0.5
+    clamped = (steps > top + 0.5) | (steps < low)
     assert (np.abs(back - w)[~clamped] <= np.abs(signed[~clamped]) / 2 + slack).all()
-    assert (np.abs(back[clamped] - top * signed[clamped]) <= slack).all()
+    edge = np.where(steps > 0, top, -np.inf if bottom is None else bottom)
+    assert (np.abs(back[clamped] - (edge * signed)[clamped]) <= slack).all()
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int8g", "int4"])
 def test_quantize_matches_the_independent_definition(method: str) -> None:
     w = np.random.default_rng(0).standard_normal((2, 19, 70)).astype(np.float32)
     w[0, 3] = 0  # an all-zero row gets scale 1
@@ -70,6 +80,9 @@ def test_quantize_matches_the_independent_definition(method: str) -> None:
         if method == "int8":
             ref_q, ref_scale = quantize_rows(w[i], 127)
             assert np.array_equal(q.weight[i], ref_q) and np.array_equal(q.scale[i], ref_scale)
+        elif method == "int8g":
+            ref_q, ref_scale = quantize_int8_groups(w[i], 32)
+            assert np.array_equal(q.weight[i], ref_q[:, :70]) and np.array_equal(q.scale[i], ref_scale)
         else:
             ref_q, ref_scale = quantize_groups(w[i], 32)
             low, high = (q.weight[i] & 15).astype(int) - 8, (q.weight[i] >> 4).astype(int) - 8
@@ -79,6 +92,8 @@ def test_quantize_matches_the_independent_definition(method: str) -> None:
     assert back.shape == w.shape
     if method == "int8":
         assert_within_half_a_step(back, w, q.scale[..., None], 127)
+    elif method == "int8g":  # a scale below max|w| / 127 clamps the largest to 127 steps
+        assert_within_half_a_step(back, w, per_value(q.scale, 32, 70), 127, bottom=-127)
     else:
         assert_within_half_a_step(back, w, per_value(q.scale, 32, 70), 7)
 
@@ -109,7 +124,7 @@ def test_quantize_refuses_non_finite_weights() -> None:
         quantize(w, "int8")
 
 
-@pytest.mark.parametrize("method", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("method", ["bf16", "int8", "int8g", "int4"])
 @pytest.mark.parametrize("backend", host.runnable_backends())
 def test_load_quantized_gives_exactly_the_results_of_load_weights(method: str, backend: str) -> None:
     E, k, H, I = 5, 2, 88, 72
@@ -151,6 +166,7 @@ CASES = [
     ("qwen3_moe", "bf16", "int4"),
     ("deepseek_v3", "fp8", "int8"),
     ("deepseek_v3", "fp8", "int4"),
+    ("deepseek_v3", "fp8", "int8g"),
     ("deepseek_v3", "fp8", "bf16"),
     ("mixtral", "fp32", "int8"),
     ("mixtral", "fp16", "bf16"),
@@ -195,7 +211,7 @@ def test_output_is_standard_safetensors_with_the_manifest_checksums(tmp_path: Pa
         gate = Quantized(f.get_tensor("gate.weight"), f.get_tensor("gate.scale"))
     # the documented layout: dequantizing gives the checkpoint's weights within half a step
     assert gate.scale is not None
-    assert_within_half_a_step(dequantize(gate, "int4", 64), truth[2][0], per_value(gate.scale, 32, 64), 7, 1e-6)
+    assert_within_half_a_step(dequantize(gate, "int4", 64), truth[2][0], per_value(gate.scale, 32, 64), 7, slack=1e-6)
 
 
 def test_shared_experts_and_dense_layers_are_left_alone(tmp_path: Path) -> None:

@@ -48,9 +48,10 @@ def test_routing_draws_distinct_experts(kind: str) -> None:
 def test_cli_bench_json_on_a_tiny_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench.model, "models", lambda: {"tiny": TINY})
     args = ["--model", "tiny", "--tokens", "1,64", "--method", "bf16,int4", "--repeats", "1", "--threads", "1,2"]
-    result = CliRunner().invoke(cli.app, ["bench", *args, "--json"])
+    result = CliRunner().invoke(cli.app, ["bench", *args, "--group-size", "32", "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
+    assert document["group_size"] == 32
     [by_threads] = document["peaks"].values()  # the best backend this machine runs
     assert set(by_threads) == {"1", "2"}
     for peaks in by_threads.values():
@@ -136,6 +137,11 @@ def test_contenders_are_timed_interleaved_on_the_same_routing() -> None:
 def test_cli_bench_rejects_unknown_models() -> None:
     result = CliRunner().invoke(cli.app, ["bench", "--model", "gpt-5"])
     assert result.exit_code == 2 and "unknown model" in result.stderr
+
+
+def test_cli_bench_rejects_a_group_size_a_method_does_not_take() -> None:
+    result = CliRunner().invoke(cli.app, ["bench", "--method", "int8,int8g", "--group-size", "48"])
+    assert result.exit_code == 2 and "--group-size must be 32, 64 or 128, got 48" in result.stderr
 
 
 def test_cli_bench_names_a_backend_this_machine_cannot_run_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,14 +34,16 @@ def test_bytes_per_weight_count_the_scales() -> None:
     # 16-bit group scales: group 32 takes Q4_0's 18 bytes per 32 weights
     assert formats.by_name("int4").bytes_per_weight(32) == 0.5 + 2 / 32 == 18 / 32
     assert formats.by_name("int4").bytes_per_weight(128) == 0.5 + 2 / 128
+    assert formats.by_name("int8g").bytes_per_weight(32) == 1 + 2 / 32 == 34 / 32  # Q8_0's
 
 
+@pytest.mark.parametrize("method", ["int4", "int8g"])
 @pytest.mark.parametrize("group", [32, 128])
-def test_the_packed_layer_takes_the_tables_bytes_per_weight(group: int) -> None:
+def test_the_packed_layer_takes_the_tables_bytes_per_weight(method: str, group: int) -> None:
     E, H, I = 2, 256, 128  # whole 16-column blocks and groups: no padding
-    moe = ktforge.MoE(E, 1, H, I, method="int4", group_size=group)
+    moe = ktforge.MoE(E, 1, H, I, method=method, group_size=group)
     moe.load_weights(*make_layer(E, H, I))
-    expected = 3 * E * H * I * formats.by_name("int4").bytes_per_weight(group)  # values and scales, nothing else
+    expected = 3 * E * H * I * formats.by_name(method).bytes_per_weight(group)  # values and scales, nothing else
     assert moe.info["packed_bytes"] == expected
 
 
@@ -67,8 +69,30 @@ def test_int4_at_group_32_is_llama_cpps_q4_0_in_bytes_and_accuracy() -> None:
     assert (codes == their_codes).mean() > 0.99
 
 
+def test_int8g_at_group_32_is_llama_cpps_q8_0_in_bytes_and_accuracy() -> None:
+    """The same bytes a weight and grid as Q8_0, as gguf-py quantizes and dequantizes it, and
+    no less accurate: the scales are bf16 here (fp16 there), each the best of three around
+    max|w| / 127 (Q8_0 takes max|w| / 127). Per-row int8 (ktforge's int8) is the less accurate."""
+    import gguf
+
+    w = np.random.default_rng(5).standard_normal((64, 512)).astype(np.float32)
+    ours = quantize(w, "int8g", 32)
+    q8_0 = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+    assert q8_0.nbytes / w.size == formats.by_name("int8g").bytes_per_weight(32) == 34 / 32
+
+    def error(back: np.ndarray) -> float:
+        return float(np.sqrt(np.mean((back - w) ** 2) / np.mean(w**2)))
+
+    theirs = error(gguf.quants.dequantize(q8_0, gguf.GGMLQuantizationType.Q8_0))
+    assert 0.9 < error(dequantize(ours, "int8g", 512)) / theirs < 1.0  # measured: 0.966
+    assert error(dequantize(quantize(w, "int8"), "int8", 512)) > 1.3 * theirs
+    their_codes = q8_0.reshape(64, 16, 34)[..., 2:].view(np.int8).reshape(64, 512).astype(int)
+    # a scale up to 0.6% off Q8_0's moves a code by at most 2 of 127
+    assert np.abs(ours.weight - their_codes).max() <= 2 and (ours.weight == their_codes).mean() > 0.7
+
+
 def test_unknown_formats_and_groups_are_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="method must be one of bf16, int8, int4, got 'fp8'"):
+    with pytest.raises(ValueError, match="method must be one of bf16, int8, int8g, int4, got 'fp8'"):
         ktforge.MoE(4, 2, 64, 48, method="fp8")
     with pytest.raises(ValueError, match="group_size must be 32, 64 or 128, got 48"):
         formats.check_group("int4", 48)

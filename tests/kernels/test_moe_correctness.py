@@ -3,21 +3,22 @@
 Tolerances (relative to the largest output magnitude):
 - against `expected` (same quantization as the kernels): 2e-3 for every method; the
   backends agree with each other to 1e-5.
-- against the float64 layer: bf16 2e-2, int8 5e-2, int4 (group 32..128) 0.25.
+- against the float64 layer: bf16 2e-2, int8 and int8g 5e-2, int4 (group 32..128) 0.3.
 """
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import ktforge
-from ktforge.formats.quantize import Quantized
+from ktforge.formats.quantize import Quantized, dequantize
 
 from .. import host
 from ..moe_reference import SHAPES, expected, expected_int8, float_reference, make_layer, rel_err, routing
 
-METHODS = ("bf16", "int8", "int4")
+METHODS = ("bf16", "int8", "int8g", "int4")
 runnable_backends = host.runnable_backends
 
 
@@ -46,7 +47,7 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     gate, up, down = make_layer(E, H, I)
     ids, w = routing(T, E, k)
     x = np.random.default_rng(2).standard_normal((T, H)).astype(np.float32)
-    group = 32 if method == "int4" else 128
+    group = 32 if method in ("int4", "int8g") else 128
     moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group, threads=2)
     moe.load_weights(gate, up, down)
     y = moe.forward(x, ids, w)
@@ -54,7 +55,7 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     assert rel_err(y, expected(x, ids, w, gate, up, down, method, group)) < 2e-3
     # int4 at group 32: one group a row here; over 40 seeds of these shapes the largest error
     # relative to the largest output was 0.14 at the median and 0.33 at most (0.38 with 15 codes)
-    bound = {"bf16": 2e-2, "int8": 5e-2, "int4": 0.3}[method]
+    bound = {"bf16": 2e-2, "int8": 5e-2, "int8g": 5e-2, "int4": 0.3}[method]
     assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
 
 
@@ -92,6 +93,33 @@ def test_int4_at_the_largest_products_sums_exactly(sign: float, group: int) -> N
         moe = ktforge.MoE(E, k, H, I, method="int4", backend=backend, group_size=group)
         moe.load_weights(gate, up, down)
         assert rel_err(moe.forward(x, ids, w), expected(x, ids, w, gate, up, down, "int4", group)) < 1e-4, backend
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_int8g_at_the_largest_products_sums_exactly(sign: float) -> None:
+    # Codes at both ends (-128 and 127, as load_quantized takes them) against activations at
+    # +-127: the largest products of every backend's dot (AVX2 moves the weight's sign onto
+    # the activation, |-128| must stay exact; VNNI and the tiles add 128 to each weight).
+    E, k, H, I, T, group = 2, 1, 256, 128, 80, 32
+    rng = np.random.default_rng(11)
+    ends = np.array([-128, 127], np.int8)
+    quantized = [
+        Quantized(ends[rng.integers(0, 2, (E, N, K))], np.full((E, N, K // group), 0.01, ml_dtypes.bfloat16))
+        for N, K in ((I, H), (I, H), (H, I))
+    ]
+    x = np.full((T, H), sign, np.float32)
+    ids, w = np.arange(T).reshape(T, 1) % E, np.ones((T, 1), np.float32)
+    outs = {}
+    for backend in ALL_BACKENDS:  # 40 tokens per expert: the tile path of "amx-model" too
+        moe = ktforge.MoE(E, k, H, I, method="int8g", backend=backend, group_size=group)
+        moe.load_quantized(*quantized)
+        outs[backend] = moe.forward(x, ids, w)
+    # the reference backend's int32 sums are exact; a wrapped or saturated sum elsewhere is far off
+    for backend, out in outs.items():
+        assert rel_err(out, outs["reference"].astype(np.float64)) < 1e-5, backend
+    gate, up, down = (dequantize(q, "int8g", q.weight.shape[-1]) for q in quantized)
+    # x is +-1 (its quantization exact); the intermediate activations' int8 rounding remains
+    assert rel_err(outs["reference"], float_reference(x, ids, w, gate, up, down)) < 2e-2
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])

@@ -99,7 +99,7 @@ def test_bad_forward_inputs(moe: ktforge.MoE) -> None:
             moe.forward(x, ids, w.astype(dtype))
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int8g", "int4"])
 @pytest.mark.parametrize("tiny", [1e-40, 1e-44, 1.4e-45])  # subnormal: max|w| / 127 underflows or its inverse overflows
 def test_rows_of_subnormal_weights_quantize_to_zero_and_load(method: str, tiny: float) -> None:
     from ktforge.formats.quantize import quantize
@@ -107,10 +107,10 @@ def test_rows_of_subnormal_weights_quantize_to_zero_and_load(method: str, tiny: 
     gate = np.full((E, I, H), tiny, np.float32)
     gate[:, ::2, ::3] = 0.0  # zeros beside them: 0 * inf would be NaN
     up, down = gate.copy(), np.full((E, H, I), tiny, np.float32)
-    group = 32 if method == "int4" else 128
+    group = 32 if method != "int8" else 128
     q = quantize(gate, method, group)
     assert q.scale is not None and (q.scale == 1).all()
-    assert (q.weight == (0 if method == "int8" else 0x88)).all()
+    assert (q.weight == (0x88 if method == "int4" else 0)).all()
     for load in ("float", "quantized"):
         layer = ktforge.MoE(E, K, H, I, method=method, group_size=group)
         if load == "float":

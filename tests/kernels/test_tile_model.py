@@ -118,7 +118,7 @@ def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: 
         outs[backend] = moe.forward(x, ids, w)
         assert moe.info["name"] == backend
         if backend != simd_peer():
-            assert {"int8": "tdpbusd", "int4": "tdpbssd"}[method] in moe.info["kernel"]
+            assert {"int8": "tdpbusd", "int8g": "tdpbsud", "int4": "tdpbssd"}[method] in moe.info["kernel"]
     return outs
 
 
@@ -132,12 +132,13 @@ def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
         np.testing.assert_array_equal(outs["amx"], outs["amx-model"])
 
 
+@pytest.mark.parametrize("method", ["int4", "int8g"])
 @pytest.mark.parametrize("group", [32, 64, 128])
-def test_int4_on_tiles_is_bit_identical_to_avx512(group: int) -> None:
+def test_grouped_formats_on_tiles_are_bit_identical_to_avx512(method: str, group: int) -> None:
     import numpy as np
 
-    # 100 tokens per expert: above the int4 tile threshold
-    outs = _outputs_per_backend("int4", (3, 2, 200, 72, 150), seed=group, group=group)
+    # 100 tokens per expert: above the grouped formats' tile threshold
+    outs = _outputs_per_backend(method, (3, 2, 200, 72, 150), seed=group, group=group)
     # exact group sums on the tiles, then the AVX-512 kernel's order of scaling: same bits
     if simd_peer() == "avx512":
         for backend in set(outs) - {"avx512"}:

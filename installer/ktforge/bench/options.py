@@ -36,6 +36,7 @@ class BenchOptions:
     repeats: int
     peer: bool
     budget_gib: float | None
+    group_size: int = 128  # of the grouped methods (int8g, int4)
 
 
 def check_options(
@@ -47,6 +48,7 @@ def check_options(
     repeats: int,
     budget_gib: float | None,
     peer: bool = True,
+    group_size: int = 128,
 ) -> BenchOptions:
     """Every option value checked before anything is measured (the backends are the CLI's to
     choose, from what this build runs). Raises ValueError naming the option, the value and what
@@ -54,6 +56,8 @@ def check_options(
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"--method: {', '.join(bad) or 'none given'}; choose from {', '.join(METHODS)}")
+    for m in methods:
+        formats.check_group(m, group_size, "--group-size")
     bad = [r for r in routings if r not in ROUTINGS]
     if bad or not routings:
         raise ValueError(f"--routing: {', '.join(bad) or 'none given'}; choose from {', '.join(ROUTINGS)}")
@@ -82,6 +86,7 @@ def check_options(
         repeats,
         peer,
         budget_gib,
+        group_size,
     )
 
 

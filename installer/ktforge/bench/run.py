@@ -121,6 +121,7 @@ class Header:
     peak_method: str
     fixed_cost_us: dict[str, dict[str, float]]
     budget_bytes: int
+    group_size: int  # of the grouped methods
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def _header(state: _Run, budget: int) -> Header:
     for backend in state.options.backends:
         state.say(f"fixed cost per call of {backend}")
         fixed[backend] = {str(t): fixed_cost_us(backend, t) for t in threads}
-    return Header(threads, peaks_json(state.peaks), peak_method(max(threads)), fixed, budget)
+    return Header(threads, peaks_json(state.peaks), peak_method(max(threads)), fixed, budget, state.options.group_size)
 
 
 def _contenders(
@@ -209,7 +210,7 @@ def _contenders(
             method=method,
             backend=backend,
             threads=threads,
-            group_size=128,
+            group_size=state.options.group_size,
         )
         moe.load_weights(*weights)
         contenders.append(Contender(backend, moe.forward, moe))

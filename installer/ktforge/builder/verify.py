@@ -29,6 +29,7 @@ def results() -> list[Verified]:
 
     import ktforge
     import ktforge._native as native
+    from ktforge import formats
 
     rng = np.random.default_rng(0)
     gate = (rng.standard_normal((E, I, H)) / 8).astype(np.float32)
@@ -39,7 +40,7 @@ def results() -> list[Verified]:
     w = rng.random((T, K)).astype(np.float32)
     info = native.build_info()
     out: list[Verified] = []
-    for method in ("bf16", "int8", "int4"):
+    for method in formats.names():
         ref = ktforge.MoE(E, K, H, I, method=method, backend="reference", group_size=32)
         ref.load_weights(gate, up, down)
         expected = ref.forward(x, ids, w)

@@ -63,7 +63,7 @@ class Options:
     def as_dict(self) -> dict[str, Any]:
         return {
             "method": self.method,
-            "group_size": self.group_size if self.method == "int4" else None,
+            "group_size": self.group_size if formats.by_name(self.method).grouped else None,
             "input_type": self.input_type,
         }
 
@@ -310,7 +310,7 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
             break
     checkpoint = Checkpoint(input_dir, input_type)
     try:
-        options = Options(method, group_size if method == "int4" else 0, input_type)
+        options = Options(method, group_size if formats.by_name(method).grouped else 0, input_type)
         chosen = parse_layers(layers, checkpoint.moe_layers)
         header = {
             "format": FORMAT,

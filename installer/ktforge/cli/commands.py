@@ -190,7 +190,7 @@ def _csv(value: str) -> list[str]:
 @app.command()
 def bench(
     model: Annotated[str, typer.Option(help="Comma-separated models, or 'all'.")] = "qwen3-30b-a3b",
-    method: Annotated[str, typer.Option(help="Comma-separated methods: bf16,int8,int4.")] = "bf16,int8,int4",
+    method: Annotated[str, typer.Option(help="Comma-separated methods: bf16,int8,int8g,int4.")] = "bf16,int8,int4",
     backend: Annotated[
         str, typer.Option(help="Comma-separated backends, 'auto' or 'all' (every one that runs).")
     ] = "auto",
@@ -207,6 +207,7 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Timed runs per case (the median is reported).")] = 5,
     peer: Annotated[bool, typer.Option(help="Time a plain PyTorch bf16 loop beside each case.")] = True,
     max_weight_gib: Annotated[float | None, typer.Option(help="Memory for weights (default 45% of available).")] = None,
+    group_size: Annotated[int, typer.Option("--group-size", help="int8g and int4 group size: 32, 64 or 128.")] = 128,
     json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
 ) -> None:
     """Measure one MoE layer of real models against this machine's roofline (peaks measured in the same run)."""
@@ -223,7 +224,15 @@ def bench(
         raise typer.Exit(2)
     try:
         options = bench_mod.check_options(
-            names, _csv(method), _csv(tokens or ""), _csv(routing), _csv(threads or ""), repeats, max_weight_gib, peer
+            names,
+            _csv(method),
+            _csv(tokens or ""),
+            _csv(routing),
+            _csv(threads or ""),
+            repeats,
+            max_weight_gib,
+            peer,
+            group_size,
         )
         info = ktforge.build_info()  # the import guard: a bad KTFORGE_BACKEND or build record stops here
     except (ValueError, RuntimeError, ImportError) as exc:
@@ -286,8 +295,8 @@ def convert(
         Path, typer.Option("--input", help="Hugging Face checkpoint directory (config.json, *.safetensors).")
     ],
     output: Annotated[Path, typer.Option("--output", help="Directory for the converted layers and manifest.json.")],
-    quant: Annotated[str, typer.Option("--quant", help="int8, int4 or bf16.")] = "int8",
-    group_size: Annotated[int, typer.Option("--group-size", help="int4 group size: 32, 64 or 128.")] = 128,
+    quant: Annotated[str, typer.Option("--quant", help="int8, int8g, int4 or bf16.")] = "int8",
+    group_size: Annotated[int, typer.Option("--group-size", help="int8g and int4 group size: 32, 64 or 128.")] = 128,
     input_type: Annotated[str, typer.Option("--input-type", help="auto, bf16, fp16, fp32 or fp8.")] = "auto",
     layers: Annotated[
         str | None, typer.Option("--layers", help="MoE layers, e.g. 3 or 0-5 or 1,4,7-9 (default all).")
@@ -320,6 +329,7 @@ def _run_conversion(plan: Plan, output: Path, quant: str, group_size: int, threa
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+    from ktforge import formats
     from ktforge.checkpoints import convert as convert_mod
 
     todo = plan.todo
@@ -331,7 +341,7 @@ def _run_conversion(plan: Plan, output: Path, quant: str, group_size: int, threa
     arch = plan.checkpoint.arch.label
     typer.echo(
         f"kt convert: {arch}, {len(plan.layers)} MoE layer(s) x {plan.checkpoint.experts} experts -> {quant}"
-        + (f" (group {group_size})" if quant == "int4" else "")
+        + (f" (group {group_size})" if formats.by_name(quant).grouped else "")
         + (f"; {skipped} already done, resuming" if skipped else ""),
         err=True,
     )

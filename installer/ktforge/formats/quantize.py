@@ -12,6 +12,10 @@ Hugging Face checkpoints):
 - int8: ``weight`` int8 ``[..., N, K]``, symmetric per output row: ``scale`` float32
   ``[..., N]`` = max|w| / 127 (1 where that is below the smallest normal float: an all-zero or
   subnormal row, zero to float32 accuracy), ``q = clip(rint(w * (1 / scale)), ±127)``.
+- int8g: ``weight`` int8 ``[..., N, K]``, symmetric per (row, group) of K zero-padded to ``Kg``:
+  ``scale`` bfloat16 ``[..., N, Kg / group]`` = max|w| / 127 rounded to bfloat16 (1 for a
+  group of zeros), ``q = clip(rint(w * (1 / scale)), ±127)``: llama.cpp's Q8_0 at group 32,
+  with its 1.0625 bytes a weight.
 - int4: K zero-padded to ``Kg``, a multiple of ``group``; per (row, group), all 16 codes as
   llama.cpp's Q4_0 uses them: ``scale`` bfloat16 ``[..., N, Kg / group]`` = ``-m / 8`` for the
   group's first value ``m`` of the largest magnitude, rounded to bfloat16 (1 for a group of
@@ -96,10 +100,10 @@ def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quanti
 
 
 def _scale_dtype(scale: Array, element: str) -> Array:
-    """The extension returns int4's bfloat16 scales as their uint16 bits."""
+    """The extension returns the grouped elements' bfloat16 scales as their uint16 bits."""
     import ml_dtypes
 
-    return scale.view(ml_dtypes.bfloat16) if element == "int4" else scale
+    return scale.view(ml_dtypes.bfloat16) if element in ("int4", "int8g") else scale
 
 
 def dequantize(q: Quantized, method: str, K: int) -> Array:
@@ -110,6 +114,12 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     assert q.scale is not None
     if element == "int8":
         return q.weight.astype(np.float32) * q.scale[..., None]
+    if element == "int8g":
+        # the group is the size whose count over K the scales have (any, when there is one group)
+        groups = q.scale.shape[-1]
+        group = next(g for g in formats.by_name(method).group_sizes if -(-K // g) == groups)
+        per_value = np.repeat(q.scale.astype(np.float32), group, axis=-1)[..., :K]
+        return q.weight.astype(np.float32) * per_value
     low = (q.weight & 0x0F).astype(np.int8) - 8
     high = (q.weight >> 4).astype(np.int8) - 8
     values = np.stack([low, high], axis=-1).reshape(*q.weight.shape[:-1], -1).astype(np.float32)
@@ -127,4 +137,6 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
     if f.element == "int8":
         return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}
     groups = -(-K // group_size)
+    if f.element == "int8g":
+        return {"weight": ((N, K), weight), "scale": ((N, groups), scale or "F32")}
     return {"weight": ((N, groups * group_size // 2), weight), "scale": ((N, groups), scale or "F32")}

@@ -157,14 +157,15 @@ class MoE:
 
     Args:
         num_experts, top_k, hidden_size, intermediate_size: the layer's shape (E, k, H, I).
-        method: "bf16", "int8" (per-output-channel weights, per-token activations) or
-            "int4" (group-wise weights, ``group_size`` 32, 64 or 128).
+        method: "bf16", "int8" (per-output-channel weights, per-token activations), "int8g"
+            (int8 with a scale per group of ``group_size`` weights, 32, 64 or 128: group 32 is
+            llama.cpp's Q8_0) or "int4" (group-wise weights, ``group_size`` 32, 64 or 128).
         backend: "auto" (the best this CPU runs), "amx" (tiles for prefill, AVX-512 for decode),
             "avx512", "avx2", "reference", "amx-model" (the AMX kernels on a software tile
             unit: slow, for verification on CPUs without AMX), or "amd-blis":
             AOCL-BLAS's aocl_gemm for int8/bf16 experts with enough tokens (the threshold is
             measured at load against ktforge's kernels and shown in .info), ktforge's kernels
-            otherwise and for int4. Uses the library an amd-blis build linked, else
+            otherwise and for the grouped formats. Uses the library an amd-blis build linked, else
             KTFORGE_BLIS_LIBRARY, else the first AOCL-BLAS with the add-on found on this machine.
         threads: worker threads (default: the CPUs this process may use).
     """
@@ -272,7 +273,7 @@ class MoE:
                 f"{directory} was converted for {manifest['method']}, not {method}; convert again with "
                 f"--quant {method}, or load the original checkpoint"
             )
-        if group_size is not None and manifest["method"] == "int4" and group_size != stored_group:
+        if group_size is not None and formats.by_name(manifest["method"]).grouped and group_size != stored_group:
             raise ValueError(f"{directory} was converted with group size {stored_group}, not {group_size}")
         moe = cls(
             manifest["num_experts"],
@@ -320,7 +321,7 @@ class MoE:
                 threads=threads,
                 group_size=group,
             )
-            options = convert.Options(method, group if method == "int4" else 0, input_type)
+            options = convert.Options(method, group if formats.by_name(method).grouped else 0, input_type)
             tensors = convert.layer_tensors(
                 method, checkpoint.experts, checkpoint.hidden, checkpoint.intermediate, options.group_size
             )

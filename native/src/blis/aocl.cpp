@@ -174,7 +174,7 @@ aligned_vector<uint8_t> Aocl::reorder(const PackedMatrix& w) const {
     reorder_bf16_('r', 'n', 'B', b.data(), reinterpret_cast<int16_t*>(out.data()), K, N, N);
     return out;
   }
-  throw std::invalid_argument("the amd-blis backend runs int8 and bf16 through AOCL; int4 uses ktforge's kernels");
+  throw std::invalid_argument("the amd-blis backend runs int8 and bf16 through AOCL; the grouped formats use ktforge's kernels");
 }
 
 void Aocl::gemm_s8(int m, int n, int k, const int8_t* a, int64_t lda, const uint8_t* b, int32_t* c) const {

@@ -17,11 +17,12 @@ enum class DType { f32, bf16 };
 void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<const void*>& rows, DType dtype, int K);
 
 // The weight quantization, defined once: symmetric, per row (int8) or per group of `group`
-// values (int4). int8: scale = max|w| / 127, q in [-127, 127]. int4: scale = -m / 8 for the
-// group's first w of the largest magnitude m, rounded to bf16 (the packed group scales are
-// 16-bit), q in [-8, 7] (m's own code is -8). Scale 1 for all zeros; q = round-to-even of
-// w * (1 / scale), clamped. K must be a multiple of the group for int4. Writes K values to q
-// and one scale (int8) or K / group scales (int4, each exact in bf16); false if w holds NaN or inf.
+// values (int8g, int4). int8: scale = max|w| / 127, q in [-127, 127]. int8g: the same per
+// group (llama.cpp's Q8_0 at group 32), the scale rounded to bf16. int4: scale = -m / 8 for
+// the group's first w of the largest magnitude m, rounded to bf16, q in [-8, 7] (m's own code
+// is -8). Scale 1 for all zeros; q = round-to-even of w * (1 / scale), clamped. K must be a
+// multiple of the group for grouped elements. Writes K values to q and one scale (int8) or
+// K / group scales (each exact in bf16); false if w holds NaN or inf.
 bool quantize_weight_row(Element method, int group, const float* w, int K, int8_t* q, float* scales);
 
 // A row of K FP8 E4M3 codes (the "fn" variant: no infinities, 0x7F/0xFF are NaN), decoded
@@ -29,12 +30,13 @@ bool quantize_weight_row(Element method, int group, const float* w, int K, int8_
 bool decode_fp8_row(const uint8_t* codes, int64_t K, const float* block_scales, int64_t bk, float* out);
 
 // One already-quantized weight row in the portable layout of `kt convert` (values nullptr:
-// a zero row). int8: K int8 values and one scale. int4: round_up(K, group) / 2 bytes, two
-// values per byte (even k in the low nibble), each stored as q + 8 with q in [-8, 7], and
-// one bf16 scale per group (as its bits).
+// a zero row). int8: K int8 values and one scale. int8g: K int8 values and one bf16 scale per
+// group of round_up(K, group) (as its bits). int4: round_up(K, group) / 2 bytes, two values
+// per byte (even k in the low nibble), each stored as q + 8 with q in [-8, 7], and one bf16
+// scale per group.
 struct QuantizedRow {
   const void* values = nullptr;
-  const void* scales = nullptr;  // int8: a float; int4: uint16_t bf16 bits
+  const void* scales = nullptr;  // int8: a float; int8g, int4: uint16_t bf16 bits
 };
 
 // Packs quantized rows into the same layout pack_rows produces from the float weights they

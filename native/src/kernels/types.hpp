@@ -8,8 +8,10 @@
 //   int8: [N/16][K/4][16][4]  int8        one 64-byte line = 16 columns x 4 k
 //   int4: [N/16][K/8][16][4]  nibbles     byte (col, b): low = k 8q+b, high = k 8q+4+b,
 //                                         stored as w+8 in [0, 15]
-// N is padded to a multiple of 16 and K to the element's step (32, 64, or the int4 group
-// size) with zeros, so kernels have no tails. A 16-column block's panel is also exactly an
+//   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
+//                                         unsigned operand of u8 x s8 dot products)
+// N is padded to a multiple of 16 and K to the element's step (32, 64, or the group size of
+// a grouped element) with zeros, so kernels have no tails. A 16-column block's panel is also exactly an
 // AMX B tile stream: 16 rows of 64 bytes per 32 bf16 / 64 int8 values of K.
 #pragma once
 
@@ -25,11 +27,13 @@ namespace kt {
 // K is padded to whole AMX tiles (32 bf16 or 64 int8 values a row), so every backend reads
 // the same layout and the tile kernels have no K tail.
 inline int k_step(Element m, int group) { return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : group; }
+// Elements with a scale per group of K values (int4, int8g); the others have none or one a row.
+inline bool grouped(Element m) { return m == Element::int4 || m == Element::int8g; }
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 struct PackedMatrix {
   Element element = Element::bf16;
-  int group = 0;  // int4 group size
+  int group = 0;  // the group size of a grouped element, else 0
   int N = 0, K = 0, Np = 0, Kp = 0;
   // The packed values, value_bytes() of them: in `owned`, or in memory the matrix's owner
   // provides by setting `values` before packing (a layer puts all its experts in one
@@ -38,8 +42,9 @@ struct PackedMatrix {
   aligned_vector<uint8_t> owned;
   // int8: scale[n].
   aligned_vector<float> scale;
-  // int4: bf16 group_scale[block][group][16] (16 consecutive columns per group): 16-bit
-  // scales keep group 32 at 0.5625 bytes a weight, as Q4_0's; bf16 (not fp16) for its range.
+  // int4, int8g: bf16 group_scale[block][group][16] (16 consecutive columns per group): 16-bit
+  // scales keep group 32 at Q4_0's and Q8_0's bytes a weight (0.5625, 1.0625); bf16 (not
+  // fp16) for its range.
   aligned_vector<uint16_t> group_scale;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
   aligned_vector<int32_t> colsum;
@@ -59,7 +64,7 @@ struct PackedMatrix {
   std::size_t metadata_bytes() const { return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4; }
 
   static std::size_t block_bytes(Element m, int Kp) {
-    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : m == Element::int8 ? 16 : 8);
+    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : m == Element::int4 ? 8 : 16);
   }
   // The bytes of values an N x K matrix packs into.
   static std::size_t value_bytes(Element m, int group, int N, int K) {
@@ -81,7 +86,7 @@ struct Activations {
   aligned_vector<int8_t> q;       // [rows][Kp], values in [-127, 127]
   aligned_vector<uint8_t> q_u8;   // [rows][Kp], q + 128 (for u8 x s8 dot products)
   aligned_vector<float> scale;    // [rows]: x ~= q * scale
-  aligned_vector<int32_t> gsum;   // int4: [rows][Kp/group] sums of q per group
+  aligned_vector<int32_t> gsum;   // grouped elements: [rows][Kp/group] sums of q per group
 };
 
 // out[i][c] = sum_k act[rows[i]][k] * W[n0 + c][k], dequantized to float,
@@ -109,7 +114,7 @@ struct KernelTable {
   bool (*to_bf16_row)(const float* x, int K, int Kp, uint16_t* out);
   void (*combine)(const float* const* rows, const float* weights, int k, int n, float* out);
   // Machine peaks, for `kt bench`: runs `iterations` rounds of the instruction (sequence)
-  // behind a method (kind 0 fp32 FMA, 1 bf16 dot, 2 int8 dot, 3 int4 dot) and returns the
+  // behind a method (kind 0 fp32 FMA, 1 bf16 dot, 2 int8 dot (int8g's too), 3 int4 dot) and returns the
   // operations executed (0 if this backend has no such instruction); and a streaming read.
   double (*peak_ops)(int kind, int64_t iterations);
   uint64_t (*read_stream)(const uint8_t* data, std::size_t bytes);

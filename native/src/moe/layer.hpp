@@ -29,7 +29,7 @@ class MoeLayer {
   void load(const void* gate, const void* up, const void* down, DType dtype);
   // The same from weights already quantized for config().method, in the portable layout of
   // pack_quantized_rows: row r of a projection starts at values + r * row_bytes, its scales
-  // (int8: a float; int4: bf16 bits) at scales + r * row_scale_bytes.
+  // (int8: a float; int8g, int4: bf16 bits) at scales + r * row_scale_bytes.
   struct QuantizedWeights {
     const void* values;
     int64_t row_bytes;

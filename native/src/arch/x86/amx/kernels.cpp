@@ -72,6 +72,8 @@ constexpr int kAmxInt8MinRows = 16;
 // the same machine (Qwen3 layer, tokens per expert 8 / 16 / 32 / 64 / 128: 0.66x / 0.82x /
 // 1.07x / 1.41x / 1.50x the AVX-512 int4 speed).
 constexpr int kAmxInt4MinRows = 32;
+// int8g flushes per group too; taken from int4 until measured on an AMX machine.
+constexpr int kAmxInt8gMinRows = 32;
 
 // AMX tile data needs a per-process permission from Linux; asked for once. When refused,
 // the backend keeps working on its AVX-512 kernels (describe() says why).
@@ -224,20 +226,24 @@ inline void scale_out(const float* acc, float xs, float* out) {
 #endif
 }
 
-// int4 on tiles: a column-block pair is unpacked once per task into int8 B tiles (2 x 16 x Kp
-// bytes, L2-resident) that every 32-row block reuses; tdpbssd on the signed activations gives
-// each group's exact sums, which are scaled into float accumulators at the group's end in the
+// The grouped elements on tiles. int4: a column-block pair is unpacked once per task into int8
+// B tiles (2 x 16 x Kp bytes, L2-resident) that every 32-row block reuses, and tdpbssd on the
+// signed activations gives each group's exact sums. int8g: the panels are B tiles already;
+// tdpbsud (signed activations, unsigned codes w + 128) gives the sums plus 128 * sum_k x,
+// removed per group. Sums are scaled into float accumulators at the group's end in the
 // AVX-512 kernel's order (fma per group, then the token's scale): bit-identical results.
-void amx_int4(const GemmArgs& g) {
+void amx_grouped(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
+  const bool int8g = w.element == Element::int8g;
   const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
   const std::size_t row_bytes = static_cast<std::size_t>(kp);
   const int m_pad = (g.m + 31) / 32 * 32;
   const uint8_t* a = gather(g, reinterpret_cast<const uint8_t*>(act.q.data()), row_bytes, m_pad);
   auto& b = scratch().b;
-  b.resize(static_cast<std::size_t>(2) * kp * 16);
-  int8_t* b_blocks[2] = {b.data(), b.data() + static_cast<std::size_t>(kp) * 16};
+  if (!int8g) b.resize(static_cast<std::size_t>(2) * kp * 16);
+  int8_t* unpacked[2] = {b.data(), b.data() + static_cast<std::size_t>(kp) * 16};
+  const uint8_t* b_blocks[2] = {nullptr, nullptr};
   int32_t* c = scratch().c;
   float* acc = scratch().acc;
   auto& widened = scratch().scales;
@@ -248,14 +254,19 @@ void amx_int4(const GemmArgs& g) {
     const bool pair = blk + 1 < g.n1 / 16;
     const int halves = pair ? 2 : 1;
     for (int h = 0; h < halves; ++h) {
-      unpack_int4(w.block(blk + h), kp, b_blocks[h]);
+      if (int8g) {
+        b_blocks[h] = w.block(blk + h);
+      } else {
+        unpack_int4(w.block(blk + h), kp, unpacked[h]);
+        b_blocks[h] = reinterpret_cast<const uint8_t*>(unpacked[h]);
+      }
       const uint16_t* bits = w.block_scales(blk + h);
       for (int k = 0; k < G * 16; ++k) scales[h][k] = bf16_to_f32(bits[k]);  // widened once per task, exactly
     }
     // The next pair's panels stream into L2 while this pair computes: unpacking reads them
     // from there instead of waiting on memory.
     const int next_blocks = std::max(0, std::min(2, g.n1 / 16 - (blk + 2)));
-    const int panel_lines = kp / 8, lines_per_group = (panel_lines + G - 1) / G;
+    const int panel_lines = static_cast<int>(w.block_bytes() / 64), lines_per_group = (panel_lines + G - 1) / G;
     for (int i0 = 0; i0 < m_pad; i0 += 32) {
       const uint8_t* ai = a + static_cast<std::size_t>(i0) * row_bytes;
       const int rows = std::min(32, g.m - i0);
@@ -271,14 +282,25 @@ void amx_int4(const GemmArgs& g) {
           tile::load<4>(ai + ks * kbytes, static_cast<int64_t>(row_bytes));
           tile::load<5>(ai + 16 * row_bytes + ks * kbytes, static_cast<int64_t>(row_bytes));
           tile::load<6>(b_blocks[0] + ks * kbytes * 16, 64);
-          tile::dpbssd<0, 4, 6>(), tile::dpbssd<2, 5, 6>();
+          if (int8g)
+            tile::dpbsud<0, 4, 6>(), tile::dpbsud<2, 5, 6>();
+          else
+            tile::dpbssd<0, 4, 6>(), tile::dpbssd<2, 5, 6>();
           if (pair) {
             tile::load<7>(b_blocks[1] + ks * kbytes * 16, 64);
-            tile::dpbssd<1, 4, 7>(), tile::dpbssd<3, 5, 7>();
+            if (int8g)
+              tile::dpbsud<1, 4, 7>(), tile::dpbsud<3, 5, 7>();
+            else
+              tile::dpbssd<1, 4, 7>(), tile::dpbssd<3, 5, 7>();
           }
         }
         tile::store<0>(c, 128), tile::store<2>(c + 16 * 32, 128);
         if (pair) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
+        if (int8g)
+          for (int i = 0; i < rows; ++i) {
+            const int32_t offset = 128 * act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp];
+            for (int n = 0; n < 16 * halves; ++n) c[i * 32 + n] -= offset;
+          }
         for (int h = 0; h < halves; ++h)
           for (int i = 0; i < rows; ++i) fma_group(c + i * 32 + h * 16, scales[h] + grp * 16, acc + i * 32 + h * 16);
       }
@@ -293,13 +315,16 @@ void amx_int4(const GemmArgs& g) {
 }
 
 int min_rows(Element m) {
-  return m == Element::bf16 ? kAmxBf16MinRows : m == Element::int8 ? kAmxInt8MinRows : kAmxInt4MinRows;
+  return m == Element::bf16    ? kAmxBf16MinRows
+         : m == Element::int8  ? kAmxInt8MinRows
+         : m == Element::int8g ? kAmxInt8gMinRows
+                               : kAmxInt4MinRows;
 }
 
 bool use_tiles(const GemmArgs& g) { return g.m >= min_rows(g.w->element) && amx_permission_errno() == 0; }
 
 void gemm(const GemmArgs& g) {
-  if (use_tiles(g)) return g.w->element == Element::int4 ? amx_int4(g) : amx_gemm(g);
+  if (use_tiles(g)) return grouped(g.w->element) ? amx_grouped(g) : amx_gemm(g);
   simd().gemm(g);  // decode, or no permission
 }
 
@@ -307,7 +332,10 @@ std::string describe(Element m) {
   const std::string fallback = simd().describe(m);
   if (const int err = amx_permission_errno())
     return fallback + " (AMX permission refused: errno " + std::to_string(err) + ")";
-  const std::string op = m == Element::bf16 ? "tdpbf16ps" : m == Element::int8 ? "tdpbusd" : "tdpbssd (nibbles unpacked to int8)";
+  const std::string op = m == Element::bf16    ? "tdpbf16ps"
+                         : m == Element::int8  ? "tdpbusd"
+                         : m == Element::int8g ? "tdpbsud per group"
+                                               : "tdpbssd (nibbles unpacked to int8)";
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +
          fallback;
 }

@@ -4,7 +4,8 @@
 // the weight's sign moved onto the activation (|w| * sign(x, w)): |w| <= 128 fits a u8 (the
 // full int8 range, -128 included), |x| <= 127, so a pair sum (<= 32512) never saturates;
 // int4 nibbles (0..15) are the unsigned operand,
-// whose pair sums (<= 2 * 15 * 127) cannot saturate either.
+// whose pair sums (<= 2 * 15 * 127) cannot saturate either; int8g's codes (w + 128) are made
+// signed again and take int8's path, with a scale per group.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -195,6 +196,44 @@ struct Int4Tile {
   }
 };
 
+// int8g: the codes w + 128 back to w (xor 0x80), then int8's |w| * sign(x, w) products, summed
+// exactly per group and scaled at its end in the order of the other backends.
+template <int M, int NB>
+struct Int8gTile {
+  static void run(const int8_t* const* x, const float* xs, const uint8_t* panel, const uint16_t* g_scale, int groups,
+                  int group, float* out, int64_t ld) {
+    __m256 accf[M][2];
+    for (int i = 0; i < M; ++i) accf[i][0] = accf[i][1] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1), offset = _mm256_set1_epi8(static_cast<char>(0x80));
+    const int steps = group / 4;
+    for (int g = 0; g < groups; ++g) {
+      __m256i acc[M][2];
+      for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+      for (int p = g * steps; p < (g + 1) * steps; ++p) {
+        prefetch_panel(panel + p * 64);
+        __m256i b_abs[2], b[2];
+        for (int h = 0; h < 2; ++h) {
+          b[h] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32)), offset);
+          b_abs[h] = _mm256_abs_epi8(b[h]);
+        }
+        for (int i = 0; i < M; ++i) {
+          __m256i a = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
+          for (int h = 0; h < 2; ++h) {
+            __m256i pairs = _mm256_maddubs_epi16(b_abs[h], _mm256_sign_epi8(a, b[h]));
+            acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+      }
+      for (int i = 0; i < M; ++i)
+        for (int h = 0; h < 2; ++h)
+          accf[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][h]), load_scales(g_scale + g * 16 + h * 8), accf[i][h]);
+    }
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(accf[i][h], _mm256_set1_ps(xs[i])));
+  }
+};
+
 void gemm(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
   const Activations& act = *a.act;
@@ -220,6 +259,9 @@ void gemm(const GemmArgs& a) {
         dispatch<kRows, 1, Int8Tile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float*>(xs),
                                      reinterpret_cast<const int8_t*>(w.block(blk)), w.scale.data() + blk * 16,
                                      w.Kp / 4, out, a.ld_out);
+      else if (w.element == Element::int8g)
+        dispatch<kRows, 1, Int8gTile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float*>(xs),
+                                      w.block(blk), w.block_scales(blk), G, w.group, out, a.ld_out);
       else
         dispatch<kRows, 1, Int4Tile>(m, 1, static_cast<const int8_t* const*>(rows),
                                      static_cast<const int32_t* const*>(sums), static_cast<const float*>(xs),
@@ -231,8 +273,9 @@ void gemm(const GemmArgs& a) {
 
 std::string describe(Element m) {
   return m == Element::bf16 ? "avx2 fp32 fma (exact vdpbf16ps emulation)"
-         : m == Element::int8 ? "avx2 maddubs, sign on the weights"
-                             : "avx2 maddubs on unpacked nibbles";
+         : m == Element::int8  ? "avx2 maddubs, sign on the weights"
+         : m == Element::int8g ? "avx2 maddubs, sign on the weights, per group"
+                               : "avx2 maddubs on unpacked nibbles";
 }
 
 std::vector<std::string> features() { return compiled_features(); }

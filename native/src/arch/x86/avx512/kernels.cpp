@@ -196,6 +196,51 @@ __attribute__((noinline)) void int4_tile(const int8_t* const* x, const int32_t* 
     for (int j = 0; j < NB; ++j)
       _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(accf[i][j], _mm512_set1_ps(x_scale[i])));
 }
+
+// ---- int8g ------------------------------------------------------------------------------
+
+// 6 x 2: 12 int32 group sums, 12 float accumulators and 2 weight vectors stay in registers.
+constexpr int kInt8gRows = 6, kInt8gBlocks = 2, kInt8gDecodeBlocks = 4;
+
+// Weights are codes w+128 (the u8 operand), activations signed: a group's sum carries
+// 128 * sum_k x, removed at the group's end before its scale, as int4 removes 8 * sum_k x.
+template <int M, int NB>
+// noinline: register allocation in isolation keeps every accumulator in a register
+__attribute__((noinline)) void int8g_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale,
+                                          const uint8_t* const* panel, const uint16_t* const* g_scale, int groups,
+                                          int group, float* out, int64_t ld) {
+  __m512 accf[M][NB];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
+  const int steps = group / 4;
+  for (int g = 0; g < groups; ++g) {
+    __m512i acc[M][NB];
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_si512();
+    for (int s = 0; s < steps; ++s) {
+      const int p = g * steps + s;
+      __m512i b[NB];
+      for (int j = 0; j < NB; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kPrefetchLines) * 64), _MM_HINT_T0);
+        b[j] = _mm512_loadu_si512(panel[j] + p * 64);
+      }
+      for (int i = 0; i < M; ++i) {
+        __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
+        for (int j = 0; j < NB; ++j) acc[i][j] = dpbusd(acc[i][j], b[j], a);
+      }
+    }
+    for (int i = 0; i < M; ++i) {
+      __m512i offset = _mm512_set1_epi32(128 * gsum[i][g]);
+      for (int j = 0; j < NB; ++j) {
+        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
+        accf[i][j] = _mm512_fmadd_ps(v, load_scales(g_scale[j] + g * 16), accf[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j)
+      _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(accf[i][j], _mm512_set1_ps(x_scale[i])));
+}
 #endif
 
 // ---- drivers ----------------------------------------------------------------------------
@@ -316,25 +361,34 @@ struct Int4Tile {
   static void run(A... a) { int4_tile<M, NB>(a...); }
 };
 
-void gemm_int4(const GemmArgs& a) {
+template <int M, int NB>
+struct Int8gTile {
+  template <typename... A>
+  static void run(A... a) { int8g_tile<M, NB>(a...); }
+};
+
+// The grouped elements' driver: panels and their group scales, NB blocks at a time, over
+// chunks of Rows token rows (Decode x DecodeBlocks for a couple of rows: more panels at once,
+// for more memory streams in flight).
+template <template <int, int> class Tile, int Rows, int Blocks, int DecodeBlocks>
+void gemm_grouped(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
   const int G = w.groups();
-  // decode (a couple of rows): four panels at once, for more memory streams in flight
   const bool decode = a.m <= kDecodeRows;
-  const int blocks = decode ? kInt4DecodeBlocks : kInt4Blocks;
+  const int blocks = decode ? DecodeBlocks : Blocks;
   for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += blocks) {
     const int nb = std::min(blocks, a.n1 / 16 - b0);
-    const uint8_t* panel[kInt4DecodeBlocks];
-    const uint16_t* gs[kInt4DecodeBlocks];
+    const uint8_t* panel[std::max(Blocks, DecodeBlocks)];
+    const uint16_t* gs[std::max(Blocks, DecodeBlocks)];
     for (int j = 0; j < nb; ++j) {
       panel[j] = w.block(b0 + j);
       gs[j] = w.block_scales(b0 + j);
     }
-    for (int i0 = 0; i0 < a.m; i0 += kInt4Rows) {
-      const int m = std::min(kInt4Rows, a.m - i0);
-      const int8_t* x[kInt4Rows];
-      const int32_t* sums[kInt4Rows];
-      float xs[kInt4Rows];
+    for (int i0 = 0; i0 < a.m; i0 += Rows) {
+      const int m = std::min(Rows, a.m - i0);
+      const int8_t* x[Rows];
+      const int32_t* sums[Rows];
+      float xs[Rows];
       for (int i = 0; i < m; ++i) {
         int64_t r = a.rows[i0 + i];
         x[i] = a.act->q.data() + r * a.act->Kp;
@@ -343,19 +397,22 @@ void gemm_int4(const GemmArgs& a) {
       }
       float* out = a.out + i0 * a.ld_out + (b0 * 16 - a.n0);
       if (decode) {
-        dispatch<kDecodeRows, kInt4DecodeBlocks, Int4Tile>(
+        dispatch<kDecodeRows, DecodeBlocks, Tile>(
             m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
             static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel),
             static_cast<const uint16_t* const*>(gs), G, w.group, out, a.ld_out);
         continue;
       }
-      dispatch<kInt4Rows, kInt4Blocks, Int4Tile>(
+      dispatch<Rows, Blocks, Tile>(
           m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
           static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel), static_cast<const uint16_t* const*>(gs),
           G, w.group, out, a.ld_out);
     }
   }
 }
+
+void gemm_int4(const GemmArgs& a) { gemm_grouped<Int4Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks>(a); }
+void gemm_int8g(const GemmArgs& a) { gemm_grouped<Int8gTile, kInt8gRows, kInt8gBlocks, kInt8gDecodeBlocks>(a); }
 #endif
 
 void gemm(const GemmArgs& a) {
@@ -364,6 +421,7 @@ void gemm(const GemmArgs& a) {
 #ifdef __AVX512VNNI__
     case Element::int8: return gemm_int8(a);
     case Element::int4: return gemm_int4(a);
+    case Element::int8g: return gemm_int8g(a);
 #else
     // AVX-512 without VNNI (Skylake-SP): the AVX2 maddubs kernels are exact and close in speed.
 #ifdef KTFORGE_HAVE_AVX2
@@ -384,11 +442,13 @@ std::string describe(Element m) {
 #ifdef __AVX512VNNI__
   const char* int8 = "avx512 vpdpbusd";
   const char* int4 = "avx512 vpdpbusd on unpacked nibbles";
+  const char* int8g = "avx512 vpdpbusd per group";
 #else
   const char* int8 = "avx2 maddubs (no VNNI)";
   const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
+  const char* int8g = "avx2 maddubs per group (no VNNI)";
 #endif
-  return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : int4;
+  return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g : int4;
 }
 
 std::vector<std::string> features() { return compiled_features(); }
