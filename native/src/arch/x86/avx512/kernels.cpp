@@ -36,6 +36,9 @@ namespace {
 // Software prefetch distance, in 64-byte lines of each panel: enough bytes in flight to
 // cover memory latency when a few token rows make the kernel memory-bound (decode).
 constexpr int kPrefetchLines = 16;
+// The same into L2, further ahead: 8 KiB of each panel (int8's K block), which streams the
+// panels of a few-token call at the read bandwidth where 1 KiB into L1 did not.
+constexpr int kStreamAheadLines = 128;
 
 // ---- bf16 -------------------------------------------------------------------------------
 
@@ -170,7 +173,7 @@ __attribute__((noinline)) void int4_tile(const int8_t* const* x, const int32_t* 
       const int p = g * steps + s;
       __m512i lo[NB], hi[NB];
       for (int j = 0; j < NB; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kPrefetchLines) * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kStreamAheadLines) * 64), _MM_HINT_T1);
         __m512i v = _mm512_loadu_si512(panel[j] + p * 64);
         lo[j] = _mm512_and_si512(v, low);
         hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
@@ -199,8 +202,9 @@ __attribute__((noinline)) void int4_tile(const int8_t* const* x, const int32_t* 
 
 // ---- int8g ------------------------------------------------------------------------------
 
-// 6 x 2: 12 int32 group sums, 12 float accumulators and 2 weight vectors stay in registers.
-constexpr int kInt8gRows = 6, kInt8gBlocks = 2, kInt8gDecodeBlocks = 4;
+// 8 x 3 group sums and 3 weight vectors in registers; the float sums wait in `out` (L1) between
+// groups, so a wide tile does not spill its integer accumulators.
+constexpr int kInt8gRows = 8, kInt8gBlocks = 3, kInt8gDecodeBlocks = 8;
 
 // Weights are codes w+128 (the u8 operand), activations signed: a group's sum carries
 // 128 * sum_k x, removed at the group's end before its scale, as int4 removes 8 * sum_k x.
@@ -209,19 +213,21 @@ template <int M, int NB>
 __attribute__((noinline)) void int8g_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale,
                                           const uint8_t* const* panel, const uint16_t* const* g_scale, int groups,
                                           int group, float* out, int64_t ld) {
-  __m512 accf[M][NB];
   for (int i = 0; i < M; ++i)
-    for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(out + i * ld + j * 16, _mm512_setzero_ps());
   const int steps = group / 4;
   for (int g = 0; g < groups; ++g) {
+    // each sum starts at -128 * sum_k x instead of 0: the offset costs no instruction
     __m512i acc[M][NB];
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_si512();
+    for (int i = 0; i < M; ++i) {
+      const __m512i start = _mm512_set1_epi32(-128 * gsum[i][g]);
+      for (int j = 0; j < NB; ++j) acc[i][j] = start;
+    }
     for (int s = 0; s < steps; ++s) {
       const int p = g * steps + s;
       __m512i b[NB];
       for (int j = 0; j < NB; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kPrefetchLines) * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kStreamAheadLines) * 64), _MM_HINT_T1);
         b[j] = _mm512_loadu_si512(panel[j] + p * 64);
       }
       for (int i = 0; i < M; ++i) {
@@ -229,17 +235,19 @@ __attribute__((noinline)) void int8g_tile(const int8_t* const* x, const int32_t*
         for (int j = 0; j < NB; ++j) acc[i][j] = dpbusd(acc[i][j], b[j], a);
       }
     }
-    for (int i = 0; i < M; ++i) {
-      __m512i offset = _mm512_set1_epi32(128 * gsum[i][g]);
-      for (int j = 0; j < NB; ++j) {
-        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
-        accf[i][j] = _mm512_fmadd_ps(v, load_scales(g_scale[j] + g * 16), accf[i][j]);
+    for (int j = 0; j < NB; ++j) {
+      // the scales are a stream of their own, 32 bytes a group: one line ahead
+      _mm_prefetch(reinterpret_cast<const char*>(g_scale[j] + (g + 2) * 16), _MM_HINT_T0);
+      const __m512 scale = load_scales(g_scale[j] + g * 16);
+      for (int i = 0; i < M; ++i) {
+        float* o = out + i * ld + j * 16;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][j]), scale, _mm512_loadu_ps(o)));
       }
     }
   }
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j)
-      _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(accf[i][j], _mm512_set1_ps(x_scale[i])));
+      _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(_mm512_loadu_ps(out + i * ld + j * 16), _mm512_set1_ps(x_scale[i])));
 }
 #endif
 
