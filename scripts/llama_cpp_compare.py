@@ -46,6 +46,7 @@ GGUF_PY = "gguf==0.19.0"
 LLAMA_FTYPES = {"bf16": 32, "q8_0": 7, "q4_0": 2}
 BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 DECODE_CONTEXT = 16
+MODEL_VERSION = 2  # of the GGUF models written (2: attention output zero); in their file names
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ktforge"
 
 
@@ -125,7 +126,12 @@ def write_gguf(weights: Path, layers: int, path: Path, narrow: bool) -> None:
         writer.add_tensor(b + "attn_q.weight", f32(HEADS * HEAD_DIM, HIDDEN))
         writer.add_tensor(b + "attn_k.weight", f32(KV_HEADS * HEAD_DIM, HIDDEN))
         writer.add_tensor(b + "attn_v.weight", f32(KV_HEADS * HEAD_DIM, HIDDEN))
-        writer.add_tensor(b + "attn_output.weight", f32(HIDDEN, HEADS * HEAD_DIM))
+        # Zero: the attention still runs (its cost is in both models and cancels) but adds
+        # nothing to the residual, so each token's experts depend on that token alone, as in
+        # ktforge's uniform routing (an average over the context, the same for every new token,
+        # could only make them pick the same experts). Checked with llama.cpp's own top-k
+        # (an eval callback on ffn_moe_topk): 28-31 distinct experts at 4 tokens, uniform's 29.
+        writer.add_tensor(b + "attn_output.weight", np.zeros((HIDDEN, HEADS * HEAD_DIM), np.float32))
         writer.add_tensor(b + "attn_q_norm.weight", np.ones(HEAD_DIM, np.float32))
         writer.add_tensor(b + "attn_k_norm.weight", np.ones(HEAD_DIM, np.float32))
         writer.add_tensor(b + "ffn_norm.weight", np.ones(HIDDEN, np.float32))
@@ -190,12 +196,21 @@ class LlamaModel:
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        self.batch = llama_cpp.llama_batch_init(params.n_batch, 0, 1)
         self.rng = np.random.default_rng(2)
         self.position = 0
 
     def _decode(self, count: int) -> None:
-        tokens = (self.ctypes.c_int32 * count)(*self.rng.integers(0, VOCAB, count).tolist())
-        if self.api.llama_decode(self.ctx, self.api.llama_batch_get_one(tokens, count)) != 0:
+        # Every token's logits asked for: llama.cpp computes its last layer only for the tokens
+        # whose output is wanted (llama_batch_get_one's batch wants the last one), so that layer's
+        # experts would run on 1 token whatever the count. The lm head this adds (vocabulary
+        # 1024) is in the narrow model too and cancels.
+        batch = self.batch
+        batch.n_tokens = count
+        for i, token in enumerate(self.rng.integers(0, VOCAB, count).tolist()):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, self.position + i, 1, 1
+            batch.seq_id[i][0] = 0
+        if self.api.llama_decode(self.ctx, batch) != 0:
             raise SystemExit("llama_decode failed")
         self.api.llama_synchronize(self.ctx)
         self.position += count
@@ -332,10 +347,10 @@ def prepare_models(python: Path, weights: Path, work: Path, layers: int, quant: 
     models = {}
     for narrow in (False, True):
         label = "narrow" if narrow else "full"
-        target = work / f"model-{layers}l-{label}-{quant}.gguf"
+        target = work / f"model-v{MODEL_VERSION}-{layers}l-{label}-{quant}.gguf"
         if not target.is_file():
             print(f"==> writing {target.name} (gguf-py, llama_model_quantize)", flush=True)
-            source = work / f"model-{layers}l-{label}-bf16-source.gguf"
+            source = work / f"model-v{MODEL_VERSION}-{layers}l-{label}-bf16-source.gguf"
             if not source.is_file():
                 _worker_call(python, "write-gguf", weights, layers, source, narrow)
             _worker_call(python, "quantize", source, target, quant)
