@@ -1,6 +1,6 @@
 """Generate with a Hugging Face MoE checkpoint whose routed experts run on ktforge's kernels.
 
-    python examples/generate.py PATH [--prompt TEXT] [--max-new-tokens N] [--method bf16|int8|int4]
+    python examples/generate.py PATH [--prompt TEXT] [--max-new-tokens N] [--method bf16|int8|int8g|int4]
                                      [--converted DIR] [--eager]
 
 PATH: a local checkpoint directory (config.json, *.safetensors, tokenizer files). Prints the
@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import ktforge.checkpoints.convert
+import ktforge.formats
 import ktforge.transformers
 
 
@@ -28,7 +29,7 @@ def main() -> None:
     parser.add_argument("path")
     parser.add_argument("--prompt", default="The fastest way to run a mixture-of-experts model on a CPU is")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--method", default="bf16", choices=["bf16", "int8", "int4"])
+    parser.add_argument("--method", default="bf16", choices=list(ktforge.formats.names()))
     parser.add_argument("--converted", help="a `kt convert` output of PATH: the experts from there")
     parser.add_argument("--eager", action="store_true", help="transformers' own experts instead")
     args = parser.parse_args()

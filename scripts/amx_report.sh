@@ -21,7 +21,7 @@ echo "== the MoE suite on real tiles"
 
 echo "== kt bench --backend amx,avx512"
 mkdir -p build
-"$PY" -m ktforge bench --backend amx,avx512 --method bf16,int8,int4 --tokens 1,4,16,32,128,512 \
+"$PY" -m ktforge bench --backend amx,avx512 --method bf16,int8,int8g,int4 --group-size 32 --tokens 1,4,16,32,128,512 \
   --routing uniform --json > build/amx_report.json
 "$PY" - <<'PY'
 import json
