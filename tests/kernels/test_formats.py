@@ -47,6 +47,11 @@ def test_the_packed_layer_takes_the_tables_bytes_per_weight(method: str, group: 
     assert moe.info["packed_bytes"] == expected
 
 
+def rel_rms(back: np.ndarray, w: np.ndarray) -> float:
+    """The relative RMS error of dequantized weights."""
+    return float(np.sqrt(np.mean((back - w) ** 2) / np.mean(w**2)))
+
+
 def test_int4_at_group_32_is_llama_cpps_q4_0_in_bytes_and_accuracy() -> None:
     """The same bytes a weight and the same 16-code grid as Q4_0, as gguf-py (llama.cpp's own
     Python package) quantizes and dequantizes it; only the scales' rounding differs (bf16 here,
@@ -58,11 +63,8 @@ def test_int4_at_group_32_is_llama_cpps_q4_0_in_bytes_and_accuracy() -> None:
     q4_0 = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
     assert q4_0.nbytes / w.size == formats.by_name("int4").bytes_per_weight(32) == 18 / 32
 
-    def error(back: np.ndarray) -> float:
-        return float(np.sqrt(np.mean((back - w) ** 2) / np.mean(w**2)))
-
-    theirs = error(gguf.quants.dequantize(q4_0, gguf.GGMLQuantizationType.Q4_0))
-    assert abs(error(dequantize(ours, "int4", 512)) / theirs - 1) < 0.01
+    theirs = rel_rms(gguf.quants.dequantize(q4_0, gguf.GGMLQuantizationType.Q4_0), w)
+    assert abs(rel_rms(dequantize(ours, "int4", 512), w) / theirs - 1) < 0.01
     codes = np.stack([ours.weight & 15, ours.weight >> 4], -1).reshape(64, 512)  # q + 8, as Q4_0's
     their_codes = q4_0.reshape(64, 16, 18)[..., 2:]
     their_codes = np.concatenate([their_codes & 15, their_codes >> 4], -1).reshape(64, 512)
@@ -80,12 +82,9 @@ def test_int8g_at_group_32_is_llama_cpps_q8_0_in_bytes_and_accuracy() -> None:
     q8_0 = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
     assert q8_0.nbytes / w.size == formats.by_name("int8g").bytes_per_weight(32) == 34 / 32
 
-    def error(back: np.ndarray) -> float:
-        return float(np.sqrt(np.mean((back - w) ** 2) / np.mean(w**2)))
-
-    theirs = error(gguf.quants.dequantize(q8_0, gguf.GGMLQuantizationType.Q8_0))
-    assert 0.9 < error(dequantize(ours, "int8g", 512)) / theirs < 1.0  # measured: 0.966
-    assert error(dequantize(quantize(w, "int8"), "int8", 512)) > 1.3 * theirs
+    theirs = rel_rms(gguf.quants.dequantize(q8_0, gguf.GGMLQuantizationType.Q8_0), w)
+    assert 0.9 < rel_rms(dequantize(ours, "int8g", 512), w) / theirs < 1.0  # measured: 0.966
+    assert rel_rms(dequantize(quantize(w, "int8"), "int8", 512), w) > 1.3 * theirs
     their_codes = q8_0.reshape(64, 16, 34)[..., 2:].view(np.int8).reshape(64, 512).astype(int)
     # a scale up to 0.6% off Q8_0's moves a code by at most 2 of 127
     assert np.abs(ours.weight - their_codes).max() <= 2 and (ours.weight == their_codes).mean() > 0.7

@@ -45,9 +45,10 @@ void gemm_int8(const GemmArgs& a) {
   }
 }
 
-// int8g: codes q + 128 in int8's order; the sum over a group is exact in int32 and scaled
-// at the group's end, as every backend does.
-void gemm_int8g(const GemmArgs& a) {
+// The grouped elements: each group's sum is exact in int32 and scaled at the group's end, as
+// every backend does. code(panel, k) reads value k of a column's panel.
+template <typename Code>
+void gemm_grouped(const GemmArgs& a, Code code) {
   const PackedMatrix& w = *a.w;
   const int G = w.groups(), group = w.group;
   for (int i = 0; i < a.m; ++i) {
@@ -58,7 +59,7 @@ void gemm_int8g(const GemmArgs& a) {
       float acc = 0.f;
       for (int g = 0; g < G; ++g) {
         int32_t s = 0;
-        for (int k = g * group; k < (g + 1) * group; ++k) s += (panel[(k / 4) * 64 + k % 4] - 128) * x[k];
+        for (int k = g * group; k < (g + 1) * group; ++k) s += code(panel, k) * x[k];
         acc += static_cast<float>(s) * bf16_to_f32(w.block_scales(n / 16)[g * 16 + n % 16]);
       }
       a.out[i * a.ld_out + (n - a.n0)] = acc * a.act->scale[r];
@@ -66,35 +67,21 @@ void gemm_int8g(const GemmArgs& a) {
   }
 }
 
-void gemm_int4(const GemmArgs& a) {
-  const PackedMatrix& w = *a.w;
-  const int G = w.groups(), group = w.group;
-  for (int i = 0; i < a.m; ++i) {
-    const int64_t r = a.rows[i];
-    const int8_t* x = a.act->q.data() + r * a.act->Kp;
-    for (int n = a.n0; n < a.n1; ++n) {
-      const uint8_t* panel = w.block(n / 16) + (n % 16) * 4;
-      float acc = 0.f;
-      for (int g = 0; g < G; ++g) {
-        int32_t s = 0;
-        for (int k = g * group; k < (g + 1) * group; ++k) {
-          uint8_t byte = panel[(k / 8) * 64 + k % 4];
-          int q = ((k % 8) >= 4 ? byte >> 4 : byte & 0x0F) - 8;
-          s += q * x[k];
-        }
-        acc += static_cast<float>(s) * bf16_to_f32(w.block_scales(n / 16)[g * 16 + n % 16]);
-      }
-      a.out[i * a.ld_out + (n - a.n0)] = acc * a.act->scale[r];
-    }
-  }
+// int4: nibbles q + 8, k = 8j + b in the low and 8j + 4 + b in the high half of byte b of line j
+int int4_code(const uint8_t* panel, int k) {
+  const uint8_t byte = panel[(k / 8) * 64 + k % 4];
+  return ((k % 8) >= 4 ? byte >> 4 : byte & 0x0F) - 8;
 }
+
+// int8g: bytes q + 128 in int8's order
+int int8g_code(const uint8_t* panel, int k) { return panel[(k / 4) * 64 + k % 4] - 128; }
 
 void gemm(const GemmArgs& a) {
   switch (a.w->element) {
     case Element::bf16: return gemm_bf16(a);
     case Element::int8: return gemm_int8(a);
-    case Element::int4: return gemm_int4(a);
-    case Element::int8g: return gemm_int8g(a);
+    case Element::int4: return gemm_grouped(a, int4_code);
+    case Element::int8g: return gemm_grouped(a, int8g_code);
   }
 }
 

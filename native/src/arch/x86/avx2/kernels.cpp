@@ -103,31 +103,35 @@ void gemm_bf16_block(const GemmArgs& a, int blk) {
   }
 }
 
+// One K step (4 values) of signed bytes b (the 16 columns' halves) against M activation rows:
+// pmaddubsw multiplies unsigned by signed bytes, so |weight| is the unsigned operand (128 fits
+// a u8: a weight of -128 is exact) and the weight's sign moves onto the activation
+// (|activation| <= 127, so negating it cannot overflow); a pair sums to at most
+// 2 * 128 * 127 = 32512, which never saturates.
+template <int M>
+inline void signed_bytes_step(const __m256i (&b)[2], const int8_t* const* x, int p, __m256i (&acc)[M][2]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i b_abs[2] = {_mm256_abs_epi8(b[0]), _mm256_abs_epi8(b[1])};
+  for (int i = 0; i < M; ++i) {
+    __m256i a = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
+    for (int h = 0; h < 2; ++h) {
+      __m256i pairs = _mm256_maddubs_epi16(b_abs[h], _mm256_sign_epi8(a, b[h]));
+      acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(pairs, ones));
+    }
+  }
+}
+
 template <int M, int NB>
 struct Int8Tile {
   static void run(const int8_t* const* x, const float* xs, const int8_t* panel, const float* ws, int kp4, float* out,
                   int64_t ld) {
     __m256i acc[M][2];
     for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int p = 0; p < kp4; ++p) {
       prefetch_panel(panel + p * 64);
-      // pmaddubsw multiplies unsigned by signed bytes: |weight| is the unsigned operand (128
-      // fits a u8: a weight of -128 is exact) and the weight's sign moves onto the activation
-      // (|activation| <= 127, so negating it cannot overflow); a pair sums to at most
-      // 2 * 128 * 127 = 32512, which never saturates.
-      __m256i b_abs[2], b[2];
-      for (int h = 0; h < 2; ++h) {
-        b[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
-        b_abs[h] = _mm256_abs_epi8(b[h]);
-      }
-      for (int i = 0; i < M; ++i) {
-        __m256i a = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
-        for (int h = 0; h < 2; ++h) {
-          __m256i pairs = _mm256_maddubs_epi16(b_abs[h], _mm256_sign_epi8(a, b[h]));
-          acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(pairs, ones));
-        }
-      }
+      const __m256i b[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64)),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + 32))};
+      signed_bytes_step<M>(b, x, p, acc);
     }
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h) {
@@ -204,25 +208,17 @@ struct Int8gTile {
                   int group, float* out, int64_t ld) {
     __m256 accf[M][2];
     for (int i = 0; i < M; ++i) accf[i][0] = accf[i][1] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1), offset = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
     const int steps = group / 4;
     for (int g = 0; g < groups; ++g) {
       __m256i acc[M][2];
       for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
       for (int p = g * steps; p < (g + 1) * steps; ++p) {
         prefetch_panel(panel + p * 64);
-        __m256i b_abs[2], b[2];
-        for (int h = 0; h < 2; ++h) {
-          b[h] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32)), offset);
-          b_abs[h] = _mm256_abs_epi8(b[h]);
-        }
-        for (int i = 0; i < M; ++i) {
-          __m256i a = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
-          for (int h = 0; h < 2; ++h) {
-            __m256i pairs = _mm256_maddubs_epi16(b_abs[h], _mm256_sign_epi8(a, b[h]));
-            acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(pairs, ones));
-          }
-        }
+        const __m256i b[2] = {
+            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64)), offset),
+            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + 32)), offset)};
+        signed_bytes_step<M>(b, x, p, acc);
       }
       for (int i = 0; i < M; ++i)
         for (int h = 0; h < 2; ++h)
