@@ -226,6 +226,33 @@ inline void scale_out(const float* acc, float xs, float* out) {
 #endif
 }
 
+// One group's exact sums of a 32-row block against one or two column blocks (`pair`), K steps
+// [ks0, ks0 + steps) of kbytes values, into c ([32][32] int32). Signed activations by unsigned
+// weights (int8g's codes, tdpbsud) or by signed ones (int4 unpacked, tdpbssd).
+template <bool UnsignedWeights>
+void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* b_blocks, bool pair, int ks0, int steps,
+                int kbytes, int32_t* c) {
+  tile::zero<0>(), tile::zero<1>(), tile::zero<2>(), tile::zero<3>();
+  for (int ks = ks0; ks < ks0 + steps; ++ks) {
+    tile::load<4>(ai + ks * kbytes, static_cast<int64_t>(row_bytes));
+    tile::load<5>(ai + 16 * row_bytes + ks * kbytes, static_cast<int64_t>(row_bytes));
+    tile::load<6>(b_blocks[0] + ks * kbytes * 16, 64);
+    if constexpr (UnsignedWeights)
+      tile::dpbsud<0, 4, 6>(), tile::dpbsud<2, 5, 6>();
+    else
+      tile::dpbssd<0, 4, 6>(), tile::dpbssd<2, 5, 6>();
+    if (pair) {
+      tile::load<7>(b_blocks[1] + ks * kbytes * 16, 64);
+      if constexpr (UnsignedWeights)
+        tile::dpbsud<1, 4, 7>(), tile::dpbsud<3, 5, 7>();
+      else
+        tile::dpbssd<1, 4, 7>(), tile::dpbssd<3, 5, 7>();
+    }
+  }
+  tile::store<0>(c, 128), tile::store<2>(c + 16 * 32, 128);
+  if (pair) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
+}
+
 // The grouped elements on tiles. int4: a column-block pair is unpacked once per task into int8
 // B tiles (2 x 16 x Kp bytes, L2-resident) that every 32-row block reuses, and tdpbssd on the
 // signed activations gives each group's exact sums. int8g: the panels are B tiles already;
@@ -276,26 +303,10 @@ void amx_grouped(const GemmArgs& g) {
           for (int h = 0; h < next_blocks; ++h)
             for (int l = grp * lines_per_group; l < std::min(panel_lines, (grp + 1) * lines_per_group); ++l)
               _mm_prefetch(reinterpret_cast<const char*>(w.block(blk + 2 + h) + l * 64), _MM_HINT_T1);
-        tile::zero<0>(), tile::zero<1>(), tile::zero<2>(), tile::zero<3>();
-        for (int s = 0; s < steps; ++s) {
-          const int ks = grp * steps + s;
-          tile::load<4>(ai + ks * kbytes, static_cast<int64_t>(row_bytes));
-          tile::load<5>(ai + 16 * row_bytes + ks * kbytes, static_cast<int64_t>(row_bytes));
-          tile::load<6>(b_blocks[0] + ks * kbytes * 16, 64);
-          if (int8g)
-            tile::dpbsud<0, 4, 6>(), tile::dpbsud<2, 5, 6>();
-          else
-            tile::dpbssd<0, 4, 6>(), tile::dpbssd<2, 5, 6>();
-          if (pair) {
-            tile::load<7>(b_blocks[1] + ks * kbytes * 16, 64);
-            if (int8g)
-              tile::dpbsud<1, 4, 7>(), tile::dpbsud<3, 5, 7>();
-            else
-              tile::dpbssd<1, 4, 7>(), tile::dpbssd<3, 5, 7>();
-          }
-        }
-        tile::store<0>(c, 128), tile::store<2>(c + 16 * 32, 128);
-        if (pair) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
+        if (int8g)
+          group_sums<true>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
+        else
+          group_sums<false>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
         if (int8g)
           for (int i = 0; i < rows; ++i) {
             const int32_t offset = 128 * act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp];
