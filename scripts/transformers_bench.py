@@ -9,7 +9,9 @@ the speed-ups.
 With --experts-share a third copy runs experts that cost nothing (they return zeros), so the
 experts' share of a decode step is the step minus that step: the script prints it for both
 implementations, their ratio, and ktforge's share per layer against one ktforge layer of the
-same shapes called alone (a decode call, 1 token).
+same shapes called alone (a decode call, 1 token). It also times each of ktforge's experts calls
+inside the model (a wrapper around its experts function), which has none of the subtraction's
+noise but leaves out what the calls cost the torch ops after them (threads handed over).
 
     OMP_WAIT_POLICY=PASSIVE python scripts/transformers_bench.py [--layers 2] [--prefill 512]
         [--decode 16] [--repeats 3] [--baseline grouped_mm|eager|batched_mm] [--experts-share]
@@ -28,10 +30,19 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import ktforge.transformers
 
 ZERO = "zero-cost"  # experts that return zeros: the rest of the step, for --experts-share
+DECODE_CALLS: list[float] = []  # seconds of each 1-token ktforge experts call inside the model
 
 
 def _zero_experts(module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
     return torch.zeros_like(hidden_states)
+
+
+def _timed_ktforge(module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    start = time.perf_counter()
+    out = ktforge.transformers.experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    if hidden_states.shape[0] == 1:
+        DECODE_CALLS.append(time.perf_counter() - start)
+    return out
 
 
 def _alone_ms(method: str, repeats: int = 200) -> float:
@@ -105,6 +116,7 @@ def main() -> None:
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
         ALL_EXPERTS_FUNCTIONS.register(ZERO, _zero_experts)
+        ALL_EXPERTS_FUNCTIONS.register(ktforge.transformers.NAME, _timed_ktforge)  # the same, timed
         contenders[ZERO] = model(args.layers, ZERO)
     prompt = torch.randint(0, 4096, (1, args.prefill), generator=torch.Generator().manual_seed(1))
     for m in contenders.values():
@@ -138,6 +150,11 @@ def main() -> None:
             f"ktforge {share['ktforge']:.2f} ms"
             f" ({share[args.baseline] / share['ktforge']:.2f}x); ktforge per layer {per_layer:.2f} ms vs "
             f"{alone:.2f} ms alone ({per_layer / alone:.2f}x)"
+        )
+        inside = statistics.median(DECODE_CALLS) * 1e3
+        print(
+            f"  ktforge's experts calls timed inside the model: median {inside:.2f} ms over {len(DECODE_CALLS)} "
+            f"1-token calls ({inside / alone:.2f}x alone)"
         )
 
 
