@@ -78,7 +78,7 @@ def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quanti
     if isinstance(w, Fp8Blocks):
         if element != "bf16":
             q, scale = _native.quantize_weights(w.codes, method, group_size, w.scale, *w.block)
-            return Quantized(q, _scale_dtype(scale, element))
+            return Quantized(q, _scale_dtype(scale, method))
         w = w.to_float32()
     bf16 = np.dtype(ml_dtypes.bfloat16)
     w = np.asarray(w)
@@ -96,14 +96,15 @@ def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quanti
         )
         return Quantized(rounded.view(bf16), None)
     q, scale = _native.quantize_weights(w.view(np.uint16) if w.dtype == bf16 else w, method, group_size)
-    return Quantized(q, _scale_dtype(scale, element))
+    return Quantized(q, _scale_dtype(scale, method))
 
 
-def _scale_dtype(scale: Array, element: str) -> Array:
-    """The extension returns the grouped elements' bfloat16 scales as their uint16 bits."""
+def _scale_dtype(scale: Array, method: str) -> Array:
+    """The extension returns bfloat16 scales (the format table's scale type) as their uint16 bits."""
     import ml_dtypes
 
-    return scale.view(ml_dtypes.bfloat16) if element in ("int4", "int8g") else scale
+    part = formats.by_name(method).scale
+    return scale.view(ml_dtypes.bfloat16) if part is not None and part.type == "bf16" else scale
 
 
 def dequantize(q: Quantized, method: str, K: int) -> Array:

@@ -206,7 +206,7 @@ __attribute__((noinline)) void int4_tile(const int8_t* const* x, const int32_t* 
 constexpr int kInt8gRows = 8, kInt8gBlocks = 3, kInt8gDecodeBlocks = 8;
 
 // Weights are codes w+128 (the u8 operand), activations signed: a group's sum carries
-// 128 * sum_k x, removed at the group's end before its scale, as int4 removes 8 * sum_k x.
+// 128 * sum_k x, which each sum starts without (at -128 * sum_k x).
 template <int M, int NB>
 // noinline: register allocation in isolation keeps every accumulator in a register
 __attribute__((noinline)) void int8g_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale,
@@ -216,7 +216,7 @@ __attribute__((noinline)) void int8g_tile(const int8_t* const* x, const int32_t*
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(out + i * ld + j * 16, _mm512_setzero_ps());
   const int steps = group / 4;
   for (int g = 0; g < groups; ++g) {
-    // each sum starts at -128 * sum_k x instead of 0: the offset costs no instruction
+    // starting at -128 * sum_k x instead of 0, the offset costs no instruction
     __m512i acc[M][NB];
     for (int i = 0; i < M; ++i) {
       const __m512i start = _mm512_set1_epi32(-128 * gsum[i][g]);
