@@ -88,10 +88,34 @@ def quantize_int8_groups(w: Array, group: int) -> tuple[Array, Array]:
     return codes(scale).astype(np.int64).reshape(n, kp), scale
 
 
+def quantize_fp8_blocks(w: Array, group: int = 128) -> tuple[Array, Array]:
+    """fp8 weights as MoE.load_weights packs them: [N, K] -> E4M3 codes [N, K] (ml_dtypes'
+    float8_e4m3fn, round to nearest even) and float32 scales [ceil(N / 16), ceil(K / group)],
+    one per 16-row block and group of K: max|w| / 448 (1 for a block of zeros)."""
+    n, k = w.shape
+    gn, gk = -(-n // 16), -(-k // group)
+    padded = np.zeros((gn * 16, gk * group), dtype=F32)
+    padded[:n, :k] = w
+    max_abs = np.abs(padded.reshape(gn, 16, gk, group)).max(axis=(1, 3))
+    scale = np.where(max_abs >= np.finfo(F32).tiny, max_abs / F32(448), F32(1)).astype(F32)
+    per_value = np.repeat(np.repeat(scale, 16, axis=0), group, axis=1)[:n, :k]
+    return (np.asarray(w, F32) / per_value).astype(ml_dtypes.float8_e4m3fn), scale
+
+
+def dequantize_fp8_blocks(codes: Array, scale: Array, rows: int, group: int) -> Array:
+    """float64 weights of E4M3 codes [N, K] with scales per ``rows`` x ``group`` block."""
+    n, k = codes.shape
+    per_value = np.repeat(np.repeat(scale.astype(np.float64), rows, axis=0), group, axis=1)[:n, :k]
+    return codes.astype(np.float64) * per_value
+
+
 def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
     """x [M, K] float32 activations, w [N, K] float32 weights -> [M, N] float32."""
     if method == "bf16":
         return (bf16_round(x).astype(np.float64) @ bf16_round(w).astype(np.float64).T).astype(F32)
+    if method == "fp8":  # exact fp32 activations
+        wd = dequantize_fp8_blocks(*quantize_fp8_blocks(w, group), 16, group)
+        return (np.asarray(x, np.float64) @ wd.T).astype(F32)
     xq, sx = quantize_rows(x, 127)
     if method == "int8":
         wq, sw = quantize_rows(w, 127)

@@ -93,12 +93,22 @@ class PyMoE {
 
   // int8: values int8 [rows..., K], scales float32 [rows...]; int8g: values int8 [rows..., K];
   // int4: values uint8 [rows..., Kg / 2]; both with scales bfloat16 (as uint16)
-  // [rows..., Kg / group], Kg = K rounded up to the group.
+  // [rows..., Kg / group], Kg = K rounded up to the group. fp8: E4M3 codes uint8 [rows..., K],
+  // scales float32 [rows..., Kg / group] (a checkpoint's block or channel scales, one per row).
   MoeLayer::QuantizedWeights quantized(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
                                        const char* name) {
     const auto& c = layer_.config();
     const py::ssize_t E = c.experts;
     const std::string scale_name = std::string(name) + "_scale";
+    if (element_of(c.method) == Element::fp8) {
+      const py::ssize_t groups = (K + c.group - 1) / c.group;
+      if (!values.dtype().is(py::dtype::of<uint8_t>()))
+        throw std::invalid_argument(std::string(name) + " must be uint8 (FP8 E4M3 codes)");
+      require(values, {E, N, K}, name);
+      require(scales, {E, N, groups}, scale_name.c_str());
+      if (!scales.dtype().is(py::dtype::of<float>())) throw std::invalid_argument(scale_name + " must be float32");
+      return {values.data(), values.shape(2), scales.data(), groups * 4};
+    }
     if (element_of(c.method) == Element::int8) {
       if (!values.dtype().is(py::dtype::of<int8_t>())) throw std::invalid_argument(std::string(name) + " must be int8");
       require(values, {E, N, K}, name);
@@ -234,6 +244,9 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   const Method format = parse_method(method_name);
   const Element method = element_of(format);
   if (method == Element::bf16) throw std::invalid_argument("bf16 weights are rounded, not quantized");
+  if (method == Element::fp8)
+    throw std::invalid_argument("fp8 weights are served from FP8 checkpoints as they are (or packed by load_weights), "
+                                "not quantized to a portable layout");
   if (!takes_group(format, group)) throw std::invalid_argument("group_size must be " + group_sizes_text(format));
   if (w.ndim() < 1) throw std::invalid_argument("weights need at least one dimension");
   if (!(w.flags() & py::array::c_style)) throw std::invalid_argument("weights must be C-contiguous");

@@ -3,7 +3,8 @@
 Tolerances (relative to the largest output magnitude):
 - against `expected` (same quantization as the kernels): 2e-3 for every method; the
   backends agree with each other to 1e-5.
-- against the float64 layer: bf16 2e-2, int8 and int8g 5e-2, int4 (group 32..128) 0.3.
+- against the float64 layer: bf16 2e-2, int8 and int8g 5e-2, int4 (group 32..128) 0.3, fp8
+  (3 mantissa bits) 0.1.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ktforge.formats.quantize import Quantized, dequantize
 from .. import host
 from ..moe_reference import SHAPES, expected, expected_int8, float_reference, make_layer, rel_err, routing
 
-METHODS = ("bf16", "int8", "int8g", "int4")
+METHODS = ("bf16", "int8", "int8g", "int4", "fp8")
 runnable_backends = host.runnable_backends
 
 
@@ -47,7 +48,7 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     gate, up, down = make_layer(E, H, I)
     ids, w = routing(T, E, k)
     x = np.random.default_rng(2).standard_normal((T, H)).astype(np.float32)
-    group = 32 if method in ("int4", "int8g") else 128
+    group = 32 if method in ("int4", "int8g", "fp8") else 128
     moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group, threads=2)
     moe.load_weights(gate, up, down)
     y = moe.forward(x, ids, w)
@@ -55,7 +56,7 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     assert rel_err(y, expected(x, ids, w, gate, up, down, method, group)) < 2e-3
     # int4 at group 32: one group a row here; over 40 seeds of these shapes the largest error
     # relative to the largest output was 0.14 at the median and 0.33 at most (0.38 with 15 codes)
-    bound = {"bf16": 2e-2, "int8": 5e-2, "int8g": 5e-2, "int4": 0.3}[method]
+    bound = {"bf16": 2e-2, "int8": 5e-2, "int8g": 5e-2, "int4": 0.3, "fp8": 0.1}[method]
     assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
 
 

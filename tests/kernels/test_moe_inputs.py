@@ -44,7 +44,7 @@ def inputs(T: int = 3):  # type: ignore[no-untyped-def]
     [
         ({"num_experts": 0}, "num_experts must be a positive integer"),
         ({"top_k": 5}, "top_k (5) cannot exceed num_experts (4)"),
-        ({"method": "fp8"}, "method must be one of"),
+        ({"method": "fp6"}, "method must be one of"),
         ({"backend": "cuda"}, "backend must be one of"),
         ({"method": "int4", "group_size": 48}, "group_size must be 32, 64 or 128"),
         ({"threads": 0}, "threads must be a positive integer"),

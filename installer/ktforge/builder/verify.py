@@ -41,13 +41,14 @@ def results() -> list[Verified]:
     info = native.build_info()
     out: list[Verified] = []
     for method in formats.names():
-        ref = ktforge.MoE(E, K, H, I, method=method, backend="reference", group_size=32)
+        group = min(formats.by_name(method).group_sizes, default=32)  # the smallest: the most group ends
+        ref = ktforge.MoE(E, K, H, I, method=method, backend="reference", group_size=group)
         ref.load_weights(gate, up, down)
         expected = ref.forward(x, ids, w)
         for backend in info["backends"]:
             if backend["name"] == "reference" or not backend["runs_here"]:
                 continue
-            moe = ktforge.MoE(E, K, H, I, method=method, backend=backend["name"], group_size=32)
+            moe = ktforge.MoE(E, K, H, I, method=method, backend=backend["name"], group_size=group)
             moe.load_weights(gate, up, down)
             err = float(np.abs(moe.forward(x, ids, w) - expected).max() / np.abs(expected).max())
             kernel = moe.info["kernel"]

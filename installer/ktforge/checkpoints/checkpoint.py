@@ -28,6 +28,7 @@ Array = np.ndarray[Any, Any]
 PROJECTIONS = ("gate", "up", "down")
 INPUT_TYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32", "fp8": "F8_E4M3"}
 INDEX_NAME = "model.safetensors.index.json"
+FP8_SCALE_SUFFIXES = ("_scale_inv", "_scale")
 
 
 class CheckpointError(ValueError):
@@ -118,13 +119,19 @@ class Checkpoint:
         self.moe_layers = self._moe_layers()
 
     def _fp8_block(self, config_path: Path) -> tuple[int, int]:
-        """DeepSeek-V3's FP8 block size (quantization_config.weight_block_size), checked."""
+        """The FP8 block size, checked: DeepSeek-V3's quantization_config.weight_block_size, or
+        compressed-tensors' block_structure of its weights (channel and tensor scales are told
+        by their shapes)."""
         quantization = self.config.get("quantization_config")
         if quantization is None:
             return (128, 128)
         if not isinstance(quantization, dict):
             raise CheckpointError(f"{config_path}: quantization_config must be an object, got {quantization!r}")
-        block = quantization.get("weight_block_size", [128, 128])
+        groups = quantization.get("config_groups")
+        groups = groups.values() if isinstance(groups, dict) else ()
+        weights = [g.get("weights") for g in groups if isinstance(g, dict)]
+        structures = [w["block_structure"] for w in weights if isinstance(w, dict) and w.get("block_structure")]
+        block = quantization.get("weight_block_size", structures[0] if structures else [128, 128])
         if (
             not isinstance(block, list)
             or len(block) != 2
@@ -228,7 +235,7 @@ class Checkpoint:
         """Where a projection's tensors are: its weight and, for FP8, its block scales."""
         name = self.arch.tensor_name(layer, expert, projection)
         found = []
-        for tensor in (name, name + "_scale_inv"):
+        for tensor in (name, *(name + suffix for suffix in FP8_SCALE_SUFFIXES)):
             shard = self.weight_map.get(tensor)
             if shard is not None and tensor in self._open(shard).tensors:
                 found.append((self._open(shard), tensor))
@@ -271,10 +278,23 @@ class Checkpoint:
             raise CheckpointError(f"{where} is {dtype}; expected bf16, fp16, fp32 or fp8 (F8_E4M3) weights")
         return w if dtype in ("BF16", "F32") else w.astype(np.float32)
 
+    def stored_fp8(self, layer: int) -> bool:
+        """Whether the layer's experts are stored as FP8 E4M3 (its first expert's gate tells)."""
+        name = self.arch.tensor_name(layer, 0, "gate")
+        f, _ = self._tensor(name, f"layer {layer}, expert 0, gate")
+        return f.info(name).dtype == "F8_E4M3"
+
     def _fp8_blocks(self, name: str, where: str, w: Array) -> Fp8Blocks:
-        scale_name = name + "_scale_inv"
+        # DeepSeek-V3 and transformers' FP8 name the multiplier weight_scale_inv; compressed-tensors weight_scale
+        scale_name = next(
+            (name + s for s in FP8_SCALE_SUFFIXES if name + s in self.weight_map), name + FP8_SCALE_SUFFIXES[0]
+        )
         _, scale = self._tensor(scale_name, f"the block scales of {name}")
         (bn, bk), (N, K) = self.fp8_block, w.shape
+        if scale.shape == (N, 1):  # one scale per output channel
+            bn, bk = 1, K
+        elif scale.size == 1:  # one for the tensor
+            bn, bk, scale = N, K, scale.reshape(1, 1)
         blocks = (-(-N // bn), -(-K // bk))
         if scale.shape != blocks:
             raise CheckpointError(

@@ -295,6 +295,11 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
     """Checks everything that can be checked before writing; finds what an earlier run finished."""
     if method not in METHODS:
         raise ConversionError(f"--quant must be one of {', '.join(METHODS)}, got {method!r}")
+    if formats.by_name(method).element == "fp8":
+        raise ConversionError(
+            "--quant fp8: an FP8 checkpoint needs no conversion, MoE.from_pretrained(checkpoint, layer) serves its "
+            "experts as they are; kt convert writes the smaller formats (int8, int8g, int4) or bf16"
+        )
     try:
         formats.check_group(method, group_size, option="--group-size")
     except ValueError as error:

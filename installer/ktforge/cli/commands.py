@@ -190,7 +190,7 @@ def _csv(value: str) -> list[str]:
 @app.command()
 def bench(
     model: Annotated[str, typer.Option(help="Comma-separated models, or 'all'.")] = "qwen3-30b-a3b",
-    method: Annotated[str, typer.Option(help="Comma-separated methods: bf16,int8,int8g,int4.")] = "bf16,int8,int4",
+    method: Annotated[str, typer.Option(help="Comma-separated methods: bf16,int8,int8g,int4,fp8.")] = "bf16,int8,int4",
     backend: Annotated[
         str, typer.Option(help="Comma-separated backends, 'auto' or 'all' (every one that runs).")
     ] = "auto",
@@ -207,7 +207,9 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Timed runs per case (the median is reported).")] = 5,
     peer: Annotated[bool, typer.Option(help="Time a plain PyTorch bf16 loop beside each case.")] = True,
     max_weight_gib: Annotated[float | None, typer.Option(help="Memory for weights (default 45% of available).")] = None,
-    group_size: Annotated[int, typer.Option("--group-size", help="int8g and int4 group size: 32, 64 or 128.")] = 128,
+    group_size: Annotated[
+        int, typer.Option("--group-size", help="int8g, int4 and fp8 group size: 32, 64 or 128.")
+    ] = 128,
     json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
 ) -> None:
     """Measure one MoE layer of real models against this machine's roofline (peaks measured in the same run)."""

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "formats.json"
-ELEMENTS = ("bf16", "int8", "int4", "int8g")  # the packed value families the SIMD kernels compute
+ELEMENTS = ("bf16", "int8", "int4", "int8g", "fp8")  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 
 
 @dataclass(frozen=True)
 class Scale:
     type: str  # f32
-    per: str  # row or group
+    per: str  # row, group or block (a 16-row block's group of K)
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,8 @@ class Format:
         return bool(self.group_sizes)
 
     def bytes_per_weight(self, group_size: int = 0) -> float:
-        """Bytes a weight takes, its scale's (and zero point's) share included; per-row
-        metadata counts as nothing (one value per K weights)."""
+        """Bytes a weight takes, its scale's (and zero point's) share included; per-row and
+        per-block metadata count as nothing (one value per K, or per 16 x group, weights)."""
         extra = 0.0
         for part in (self.scale, self.zero_point):
             if part is not None and part.per == "group":

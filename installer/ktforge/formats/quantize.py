@@ -22,6 +22,9 @@ Hugging Face checkpoints):
   zeros); ``q = clip(rint(w * (1 / scale)), -8, 7)`` (``m``'s code is -8), stored as ``q + 8``,
   two per byte, even k in the low nibble: ``weight`` uint8 ``[..., N, Kg / 2]``. 16-bit
   scales make group 32 take 0.5625 bytes a weight and steps of max|w| / 8, both Q4_0's.
+- fp8: a checkpoint's own FP8 E4M3 codes, ``weight`` float8_e4m3fn ``[..., N, K]``, and its
+  scales as float32 ``[..., N, Kg / group]``, one per row and group of K (a 128 x 128 block's
+  scale repeated over its rows, a channel's over its groups): a repack, not a quantization.
 """
 
 from __future__ import annotations
@@ -64,6 +67,24 @@ class Fp8Blocks:
 
         return _native.dequantize_fp8(self.codes, self.scale, *self.block)
 
+    def per_row(self, group: int) -> Quantized:
+        """fp8's portable layout, losslessly: the codes, and each row's scale for each group of
+        ``group`` values of K (block scales repeated over their rows; a channel's scale over
+        its groups). The blocks must hold whole groups: K-blocks of ``group``, or one over K."""
+        import ml_dtypes
+
+        (bn, bk), (N, K) = self.block, self.codes.shape
+        groups = -(-K // group)
+        if bk == group or (bk >= K and self.scale.shape[1] == 1):
+            per_group = self.scale if bk == group else np.repeat(self.scale, groups, axis=1)
+        else:
+            raise ValueError(
+                f"FP8 blocks of {bn}x{bk} do not hold whole groups of {group} values of K (fp8's group_size); "
+                "load them with method= another format (int8, int8g, int4, bf16) to re-quantize"
+            )
+        scale = np.ascontiguousarray(np.repeat(per_group, bn, axis=0)[:N], dtype=np.float32)
+        return Quantized(self.codes.view(ml_dtypes.float8_e4m3fn), scale)
+
 
 def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quantized:
     """Quantizes weights ``[..., N, K]`` given as float32 or bfloat16 (others are widened to
@@ -75,6 +96,13 @@ def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quanti
 
     element = formats.by_name(method).element
     formats.check_group(method, group_size)
+    if element == "fp8":
+        if not isinstance(w, Fp8Blocks):
+            raise ValueError(
+                "fp8 takes the FP8 weights of a checkpoint as they are; float weights are packed to fp8 by "
+                "MoE.load_weights (kt convert writes int8, int8g, int4 or bf16)"
+            )
+        return w.per_row(group_size)
     if isinstance(w, Fp8Blocks):
         if element != "bf16":
             q, scale = _native.quantize_weights(w.codes, method, group_size, w.scale, *w.block)
@@ -115,7 +143,7 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     assert q.scale is not None
     if element == "int8":
         return q.weight.astype(np.float32) * q.scale[..., None]
-    if element == "int8g":
+    if element in ("int8g", "fp8"):
         # the group is the size whose count over K the scales have (any, when there is one group)
         groups = q.scale.shape[-1]
         group = next(g for g in formats.by_name(method).group_sizes if -(-K // g) == groups)
@@ -138,6 +166,6 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
     if f.element == "int8":
         return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}
     groups = -(-K // group_size)
-    if f.element == "int8g":
+    if f.element in ("int8g", "fp8"):
         return {"weight": ((N, K), weight), "scale": ((N, groups), scale or "F32")}
     return {"weight": ((N, groups * group_size // 2), weight), "scale": ((N, groups), scale or "F32")}

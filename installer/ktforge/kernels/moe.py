@@ -159,7 +159,9 @@ class MoE:
         num_experts, top_k, hidden_size, intermediate_size: the layer's shape (E, k, H, I).
         method: "bf16", "int8" (per-output-channel weights, per-token activations), "int8g"
             (int8 with a scale per group of ``group_size`` weights, 32, 64 or 128: group 32 is
-            llama.cpp's Q8_0) or "int4" (group-wise weights, ``group_size`` 32, 64 or 128).
+            llama.cpp's Q8_0), "int4" (group-wise weights, ``group_size`` 32, 64 or 128) or
+            "fp8" (FP8 E4M3 with a float32 scale per 16 rows and ``group_size`` values of K, or a
+            checkpoint's own 128 x 128 block, channel or tensor scales; fp32 activations).
         backend: "auto" (the best this CPU runs), "amx" (tiles for prefill, AVX-512 for decode),
             "avx512", "avx2", "reference", "amx-model" (the AMX kernels on a software tile
             unit: slow, for verification on CPUs without AMX), or "amd-blis":
@@ -242,16 +244,18 @@ class MoE:
 
         ``path`` is either a ``kt convert`` output (the method and group size are the
         conversion's; checksums are verified unless ``verify=False``) or an original Hugging
-        Face checkpoint (Qwen3-MoE, DeepSeek-V3, Mixtral; bf16/fp16/fp32, or FP8 with block
-        scales), quantized here for ``method`` (default bf16) exactly as ``kt convert`` would:
-        both give the same results. ``layer`` is the model's layer index.
+        Face checkpoint (Qwen3-MoE, DeepSeek-V3, Mixtral; bf16/fp16/fp32, or FP8 with block,
+        channel or tensor scales), quantized here for ``method`` exactly as ``kt convert``
+        would: both give the same results. Without ``method``, FP8 experts are served as they
+        are stored ("fp8": the file's codes and scales, repacked, not re-quantized) and others as
+        bf16. ``layer`` is the model's layer index.
         """
         from ktforge.checkpoints import convert
 
         directory = Path(path)
         if (directory / convert.MANIFEST).is_file() or (directory / convert.STATE).is_file():
             return cls._from_conversion(directory, layer, method, backend, threads, group_size, verify)
-        return cls._from_checkpoint(directory, layer, method or "bf16", backend, threads, group_size or 128, input_type)
+        return cls._from_checkpoint(directory, layer, method, backend, threads, group_size, input_type)
 
     @classmethod
     def _from_conversion(
@@ -293,13 +297,14 @@ class MoE:
         cls,
         directory: Path,
         layer: int,
-        method: str,
+        method: str | None,
         backend: str,
         threads: int | None,
-        group: int,
+        group_size: int | None,
         input_type: str,
     ) -> MoE:
-        """A Hugging Face checkpoint's layer, quantized here exactly as ``kt convert`` would."""
+        """A Hugging Face checkpoint's layer, quantized here exactly as ``kt convert`` would, or,
+        with no method given, FP8 experts as they are stored (else bf16)."""
         from contextlib import closing
 
         from ktforge.checkpoints import convert
@@ -311,6 +316,11 @@ class MoE:
                     f"{directory}: layer {layer} holds no routed experts; MoE layers are "
                     f"{convert.format_layers(checkpoint.moe_layers)}"
                 )
+            method = method or ("fp8" if checkpoint.stored_fp8(layer) else "bf16")
+            # fp8 keeps the file's scales: its groups are the checkpoint's blocks along K
+            block_k = checkpoint.fp8_block[1]
+            native_group = block_k if method == "fp8" and block_k in formats.by_name("fp8").group_sizes else 128
+            group = group_size or native_group
             moe = cls(
                 checkpoint.experts,
                 checkpoint.top_k,
@@ -385,12 +395,18 @@ class MoE:
         if self.method == "bf16":
             self.load_weights(*arrays)
             return
-        signed = self.method == "int4"  # int4's scales carry the sign of each group's largest value
+        # int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of
+        # zeros may have any scale
+        wanted = {"int4": "nonzero and finite", "fp8": "finite"}.get(self.method, "positive and finite")
         for index, name in ((1, "gate"), (3, "up"), (5, "down")):
             scale = arrays[index].astype(np.float32)
-            if not (np.isfinite(scale) & ((scale != 0) if signed else (scale > 0))).all():
-                wanted = "nonzero" if signed else "positive"
-                raise ValueError(f"{name}.scale holds values that are not {wanted} and finite")
+            ok = np.isfinite(scale)
+            if self.method != "fp8":
+                ok &= (scale != 0) if self.method == "int4" else (scale > 0)
+            if not ok.all():
+                raise ValueError(f"{name}.scale holds values that are not {wanted}")
+            if self.method == "fp8":
+                arrays[index - 1] = arrays[index - 1].view(np.uint8)  # E4M3 codes as their bytes
             arrays[index] = _kernel_view(arrays[index], f"{name}.scale", copy=False)  # bf16 scales as their bits
         self._layer.load_quantized(*arrays)
         self._loaded = True

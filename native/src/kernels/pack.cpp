@@ -6,6 +6,7 @@
 #include <string>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 
@@ -43,6 +44,9 @@ void begin_quantized(PackedMatrix& out) {
   if (out.element == Element::int8) {
     out.scale.assign(out.Np, 1.f);
     out.colsum.assign(out.Np, 0);
+  } else if (out.element == Element::fp8) {
+    out.scale.assign(out.Np, 1.f);
+    out.block_scale.assign(static_cast<std::size_t>(out.blocks()) * out.groups(), 1.f);
   } else {
     out.group_scale.assign(static_cast<std::size_t>(out.Np) * out.groups(), kBf16One);
   }
@@ -96,6 +100,97 @@ float fp8_e4m3_to_f32(uint8_t bits) {
   else
     magnitude = std::ldexp(1.f + mantissa / 8.f, exponent - 7);
   return sign ? -magnitude : magnitude;
+}
+
+// FP8 E4M3 code of a finite float: round to nearest even, saturated at +-448 (the largest code;
+// 0x7F is NaN). Steps of 2^(E - 3) in binade E, 2^-9 below 2^-6 (the subnormals).
+uint8_t f32_to_fp8_e4m3(float v) {
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const float a = std::fabs(v);
+  if (a == 0.f) return sign;
+  if (a > 448.f) return sign | 0x7E;
+  int e;
+  std::frexp(a, &e);
+  const int binade = std::max(e - 1, -6);
+  const int steps = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - binade)));  // 0..16; 16 carries
+  return static_cast<uint8_t>(sign | (((binade + 7) << 3) + steps - 8));
+}
+
+bool fp8_nan(uint8_t code) { return (code & 0x7F) == 0x7F; }
+
+// Row scales that are all 1 (block-scaled weights) are not kept: 4 bytes a row, 0.5-1.5% of
+// a small projection's bytes.
+void drop_unit_row_scales(PackedMatrix& out) {
+  if (std::all_of(out.scale.begin(), out.scale.end(), [](float s) { return s == 1.f; })) out.scale.clear();
+}
+
+void put_fp8_row(PackedMatrix& out, int n, const uint8_t* codes) {
+  uint8_t* panel = out.values + static_cast<std::size_t>(n / 16) * out.block_bytes();
+  for (int k = 0; k < out.K; ++k) panel[k * 16 + n % 16] = codes[k];
+}
+
+// ktforge's own FP8 quantization (load_weights): per 16-row block and group of K, scale =
+// max|w| / 448 (1 for a block of zeros), code = E4M3 of w / scale.
+void pack_fp8_floats(PackedMatrix& out, const std::function<float(int, int)>& value) {
+  begin_quantized(out);
+  const int G = out.groups();
+  std::vector<uint8_t> codes(out.K);
+  for (int b = 0; b < out.blocks(); ++b)
+    for (int g = 0; g < G; ++g) {
+      float max_abs = 0.f;
+      for (int n = b * 16; n < b * 16 + 16; ++n)
+        for (int k = g * out.group; k < std::min(out.K, (g + 1) * out.group); ++k)
+          max_abs = std::max(max_abs, std::fabs(value(n, k)));
+      const float scale = max_abs >= std::numeric_limits<float>::min() ? max_abs / 448.f : 1.f;
+      out.block_scale[static_cast<std::size_t>(b) * G + g] = scale;
+      uint8_t* panel = out.values + static_cast<std::size_t>(b) * out.block_bytes();
+      for (int n = 0; n < 16; ++n)
+        for (int k = g * out.group; k < std::min(out.K, (g + 1) * out.group); ++k)
+          panel[k * 16 + n] = f32_to_fp8_e4m3(value(b * 16 + n, k) / scale);
+    }
+  drop_unit_row_scales(out);
+}
+
+// A checkpoint's FP8 rows: K codes and one float scale per group of the row. Within a 16-row
+// block the scales must be one per group (block scales) or one per row (channel scales): both
+// are kept exactly, as block_scale or as scale[n]. Zero rows (padding) take any scale.
+void pack_fp8_rows(PackedMatrix& out, const std::vector<QuantizedRow>& rows) {
+  begin_quantized(out);
+  const int G = out.groups(), N = static_cast<int>(rows.size());
+  auto scales = [&](int n) { return static_cast<const float*>(rows[n].scales); };
+  for (int n = 0; n < N; ++n) {
+    if (!rows[n].values) continue;
+    const auto* codes = static_cast<const uint8_t*>(rows[n].values);
+    for (int k = 0; k < out.K; ++k)
+      if (fp8_nan(codes[k]))
+        throw std::invalid_argument("FP8 weights hold a NaN code (row " + std::to_string(n) + ", column " + std::to_string(k) + ")");
+    for (int g = 0; g < G; ++g)
+      if (!std::isfinite(scales(n)[g]) || std::fabs(scales(n)[g]) >= 0x1p64f)
+        throw std::invalid_argument("FP8 scale of row " + std::to_string(n) + " is not finite or beyond 2^64");
+    put_fp8_row(out, n, codes);
+  }
+  for (int b = 0; b * 16 < N; ++b) {
+    int first = -1;
+    bool per_block = true, per_row = true;
+    for (int n = b * 16; n < std::min(N, b * 16 + 16); ++n) {
+      if (!rows[n].values) continue;
+      if (first < 0) first = n;
+      for (int g = 0; g < G; ++g) {
+        per_block &= scales(n)[g] == scales(first)[g];
+        per_row &= scales(n)[g] == scales(n)[0];
+      }
+    }
+    if (first < 0) continue;
+    if (!per_block && !per_row)
+      throw std::invalid_argument("FP8 scales of rows " + std::to_string(b * 16) + "-" + std::to_string(b * 16 + 15) +
+                                  " vary both along K and between rows: neither block scales (whole 16-row blocks) "
+                                  "nor channel scales");
+    for (int n = b * 16; n < std::min(N, b * 16 + 16); ++n)
+      if (rows[n].values && !per_block) out.scale[n] = scales(n)[0];
+    if (per_block)
+      for (int g = 0; g < G; ++g) out.block_scale[static_cast<std::size_t>(b) * G + g] = scales(first)[g];
+  }
+  drop_unit_row_scales(out);
 }
 
 }  // namespace
@@ -191,6 +286,7 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
     return load(rows[n], dtype, k);
   };
 
+  if (method == Element::fp8) return pack_fp8_floats(out, value);
   if (method == Element::bf16) {
     auto* dst = reinterpret_cast<uint16_t*>(out.values);
     for (int n = 0; n < out.Np; ++n)
@@ -223,6 +319,7 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
 void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std::vector<QuantizedRow>& rows, int K) {
   const int N = static_cast<int>(rows.size());
   shape(out, method, group, N, K);
+  if (method == Element::fp8) return pack_fp8_rows(out, rows);
   begin_quantized(out);
   std::vector<int8_t> q(out.Kp);
   const std::vector<uint16_t> unit(out.groups() + 1, kBf16One);
@@ -258,11 +355,14 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
     if (act.bf16.size() < total) act.bf16.resize(total);
     act.f32_ld = Kp + 16;
     if (widen && act.f32.size() < static_cast<std::size_t>(rows * act.f32_ld)) act.f32.resize(rows * act.f32_ld);
+  } else if (method == Element::fp8) {
+    act.f32_ld = Kp + 16;
+    if (act.f32.size() < static_cast<std::size_t>(rows * act.f32_ld)) act.f32.resize(rows * act.f32_ld);
   } else {
     if (act.q.size() < total) act.q.resize(total);
     if (act.q_u8.size() < total) act.q_u8.resize(total);
     if (act.scale.size() < static_cast<std::size_t>(rows)) act.scale.resize(rows);
-    if (grouped(method)) {
+    if (group_sums(method)) {
       std::size_t g = static_cast<std::size_t>(rows) * (Kp / group);
       if (act.gsum.size() < g) act.gsum.resize(g);
     }
@@ -293,12 +393,19 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
       for (int k = 0; k < K; ++k) widened[k] = bf16_to_f32(src[k]);
       row = widened.data();
     }
-    bool finite;
-    if (method == Element::bf16) {
+    bool finite = true;
+    if (method == Element::fp8) {  // exact fp32, scaled by a power of two (see kFp8ActivationScale)
+      float* dst = act.f32.data() + r * act.f32_ld;
+      for (int k = 0; k < K; ++k) {
+        dst[k] = row[k] * kFp8ActivationScale;
+        finite &= std::fabs(dst[k]) <= std::numeric_limits<float>::max();
+      }
+      std::fill(dst + K, dst + Kp, 0.f);
+    } else if (method == Element::bf16) {
       finite = ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
       if (widen) widen_row(r);
     } else {
-      int32_t* gsum = grouped(method) ? act.gsum.data() + r * (Kp / group) : nullptr;
+      int32_t* gsum = group_sums(method) ? act.gsum.data() + r * (Kp / group) : nullptr;
       finite = ops.quantize_row(row, K, Kp, group, act.q.data() + r * Kp, act.q_u8.data() + r * Kp,
                                 act.scale.data() + r, gsum);
     }
@@ -309,7 +416,8 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
   else
     for (int64_t r = 0; r < rows; ++r) convert_row(r, 0);
   if (bad_row >= 0)
-    throw std::invalid_argument(std::string(what) + " contains NaN or infinite values (row " +
+    throw std::invalid_argument(std::string(what) + " contains NaN or infinite values" +
+                                (method == Element::fp8 ? " (or of magnitude 2^64 or more)" : "") + " (row " +
                                 std::to_string(bad_row.load()) + ")");
 }
 

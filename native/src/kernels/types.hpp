@@ -10,6 +10,8 @@
 //                                         stored as w+8 in [0, 15]
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
 //                                         unsigned operand of u8 x s8 dot products)
+//   fp8:  [N/16][K][16]       E4M3 codes  one 64-byte line = 16 columns x 4 k: a k's 16
+//                                         columns widen to one fp32 vector
 // N is padded to a multiple of 16 and K to the element's step (32, 64, or the group size of
 // a grouped element) with zeros, so kernels have no tails. A 16-column block's panel is also exactly an
 // AMX B tile stream: 16 rows of 64 bytes per 32 bf16 / 64 int8 values of K.
@@ -27,8 +29,26 @@ namespace kt {
 // K is padded to whole AMX tiles (32 bf16 or 64 int8 values a row), so every backend reads
 // the same layout and the tile kernels have no K tail.
 inline int k_step(Element m, int group) { return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : group; }
-// Elements with a scale per group of K values (int4, int8g); the others have none or one a row.
-inline bool grouped(Element m) { return m == Element::int4 || m == Element::int8g; }
+// Elements with a scale per group of K values (int4, int8g, fp8); the others have none or one a row.
+inline bool grouped(Element m) { return m == Element::int4 || m == Element::int8g || m == Element::fp8; }
+// Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
+inline bool int8_activations(Element m) { return m == Element::int8 || m == Element::int4 || m == Element::int8g; }
+inline bool group_sums(Element m) { return m == Element::int4 || m == Element::int8g; }
+
+// FP8 E4M3 in the kernels. A code's bits moved into a float's (sign to bit 31, exponent and
+// mantissa to bits 26..20) are its value times 2^-120, exactly, subnormals included: two integer
+// instructions, no table. The activations are stored times 2^64 (exact), so each product is the
+// true one times 2^-56, far above fp32's underflow for every product that matters, and a group's
+// sum is scaled by its block scale times 2^56.
+constexpr float kFp8ActivationScale = 0x1p64f;
+constexpr float kFp8SumScale = 0x1p56f;
+constexpr uint32_t kFp8BitsMask = 0x87F00000u;  // of (sign-extended code) << 20
+inline float fp8_code_times_2_120(uint8_t code) {
+  const uint32_t bits = (static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(code))) << 20) & kFp8BitsMask;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 struct PackedMatrix {
@@ -40,7 +60,7 @@ struct PackedMatrix {
   // huge-page buffer). Not copyable: `values` may point into `owned`.
   uint8_t* values = nullptr;
   aligned_vector<uint8_t> owned;
-  // int8: scale[n].
+  // int8, fp8: scale[n].
   aligned_vector<float> scale;
   // int4, int8g: bf16 group_scale[block][group][16] (16 consecutive columns per group): 16-bit
   // scales keep group 32 at Q4_0's and Q8_0's bytes a weight (0.5625, 1.0625); bf16 (not
@@ -48,6 +68,10 @@ struct PackedMatrix {
   aligned_vector<uint16_t> group_scale;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
   aligned_vector<int32_t> colsum;
+  // fp8: float32 block_scale[block][group], one scale for a 16-column block's group of K (a
+  // checkpoint's 128 x 128 blocks hold whole 16-column blocks); with `scale` per row (empty
+  // where every row's is 1; a checkpoint's channel scales), w[n][k] = code * block_scale * scale[n].
+  aligned_vector<float> block_scale;
 
   PackedMatrix() = default;
   PackedMatrix(PackedMatrix&&) = default;  // a vector's move keeps its buffer: `values` stays valid
@@ -61,7 +85,12 @@ struct PackedMatrix {
   std::size_t value_bytes() const { return static_cast<std::size_t>(blocks()) * block_bytes(); }
   const uint8_t* block(int b) const { return values + b * block_bytes(); }
   const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
-  std::size_t metadata_bytes() const { return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4; }
+  std::size_t metadata_bytes() const {
+    return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4 + block_scale.size() * 4;
+  }
+  const float* fp8_block_scales(int b) const { return block_scale.data() + static_cast<std::size_t>(b) * groups(); }
+  // fp8: block b's 16 row scales, or nullptr where all are 1
+  const float* fp8_row_scales(int b) const { return scale.empty() ? nullptr : scale.data() + b * 16; }
 
   static std::size_t block_bytes(Element m, int Kp) {
     return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : m == Element::int4 ? 8 : 16);
@@ -79,7 +108,7 @@ struct Activations {
   int64_t rows = 0;
   int Kp = 0;
   aligned_vector<uint16_t> bf16;  // [rows][Kp]
-  // [rows][f32_ld]: the bf16 values widened, for kernels that ask. The row stride is Kp + 16:
+  // [rows][f32_ld]: the bf16 values widened, for kernels that ask; fp8: x * kFp8ActivationScale. The row stride is Kp + 16:
   // rows a power of two apart would share the same L1 sets (a tile reads 5 rows at one offset).
   aligned_vector<float> f32;
   int64_t f32_ld = 0;

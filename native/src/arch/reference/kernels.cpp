@@ -76,8 +76,30 @@ int int4_code(const uint8_t* panel, int k) {
 // int8g: bytes q + 128 in int8's order
 int int8g_code(const uint8_t* panel, int k) { return panel[(k / 4) * 64 + k % 4] - 128; }
 
+// fp8: per group, the sum of code * 2^-120 times x * 2^64 over the group (fp32, in k order, as
+// the SIMD kernels), times block scale * 2^56; the row's scale at the end.
+void gemm_fp8(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const int G = w.groups(), group = w.group;
+  for (int i = 0; i < a.m; ++i) {
+    const float* x = a.act->f32.data() + a.rows[i] * a.act->f32_ld;
+    for (int n = a.n0; n < a.n1; ++n) {
+      const uint8_t* panel = w.block(n / 16) + n % 16;
+      float acc = 0.f;
+      for (int g = 0; g < G; ++g) {
+        float s = 0.f;
+        for (int k = g * group; k < (g + 1) * group; ++k) s += fp8_code_times_2_120(panel[k * 16]) * x[k];
+        acc += s * (w.fp8_block_scales(n / 16)[g] * kFp8SumScale);
+      }
+      const float* row_scale = w.fp8_row_scales(n / 16);
+      a.out[i * a.ld_out + (n - a.n0)] = row_scale ? acc * row_scale[n % 16] : acc;
+    }
+  }
+}
+
 void gemm(const GemmArgs& a) {
   switch (a.w->element) {
+    case Element::fp8: return gemm_fp8(a);
     case Element::bf16: return gemm_bf16(a);
     case Element::int8: return gemm_int8(a);
     case Element::int4: return gemm_grouped(a, int4_code);
@@ -86,7 +108,10 @@ void gemm(const GemmArgs& a) {
 }
 
 std::string describe(Element m) {
-  return m == Element::bf16 ? "scalar fp32 dot of bf16" : m == Element::int8 ? "scalar int32 dot" : "scalar int32 dot per group";
+  return m == Element::bf16   ? "scalar fp32 dot of bf16"
+         : m == Element::int8 ? "scalar int32 dot"
+         : m == Element::fp8  ? "scalar fp32 dot of fp8 per block"
+                              : "scalar int32 dot per group";
 }
 
 std::vector<std::string> features() { return compiled_features(); }

@@ -325,8 +325,12 @@ void amx_grouped(const GemmArgs& g) {
   tile::release();
 }
 
+// fp8 has no tile kernel yet: its GEMMs run on the SIMD backend at every token count.
+constexpr int kAmxNever = 1 << 30;
+
 int min_rows(Element m) {
-  return m == Element::bf16    ? kAmxBf16MinRows
+  return m == Element::fp8     ? kAmxNever
+         : m == Element::bf16  ? kAmxBf16MinRows
          : m == Element::int8  ? kAmxInt8MinRows
          : m == Element::int8g ? kAmxInt8gMinRows
                                : kAmxInt4MinRows;
@@ -341,6 +345,7 @@ void gemm(const GemmArgs& g) {
 
 std::string describe(Element m) {
   const std::string fallback = simd().describe(m);
+  if (m == Element::fp8) return fallback + " (no tile kernel for fp8)";
   if (const int err = amx_permission_errno())
     return fallback + " (AMX permission refused: errno " + std::to_string(err) + ")";
   const std::string op = m == Element::bf16    ? "tdpbf16ps"

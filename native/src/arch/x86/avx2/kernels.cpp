@@ -230,6 +230,64 @@ struct Int8gTile {
   }
 };
 
+// fp8: a k's 16 codes as two vectors of 8 floats times 2^-120 (see kFp8BitsMask), fp32 FMA with
+// x times 2^64. Two sums per accumulator (even and odd k), so one row keeps 4 FMA chains in
+// flight; 3 rows x 2 halves x 2 = 12 accumulators, + 2 weight vectors + 1 broadcast. The scaled
+// group sums wait in `out`.
+constexpr int kFp8Rows = 3;
+
+template <int M, int NB>
+struct Fp8Tile {
+  static void run(const float* const* x, const uint8_t* panel, const float* b_scale, const float* row_scale, int groups,
+                  int group, float* out, int64_t ld) {
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * ld + h * 8, _mm256_setzero_ps());
+    const __m256i mask = _mm256_set1_epi32(static_cast<int>(kFp8BitsMask));
+    for (int g = 0; g < groups; ++g) {
+      __m256 acc[M][2][2];
+      for (int i = 0; i < M; ++i)
+        for (int h = 0; h < 2; ++h) acc[i][h][0] = acc[i][h][1] = _mm256_setzero_ps();
+      for (int k = g * group; k < (g + 1) * group; k += 2) {
+        if (k % 4 == 0) prefetch_panel(panel + k * 16);
+        for (int parity = 0; parity < 2; ++parity) {
+          const uint8_t* codes = panel + (k + parity) * 16;
+          __m256 b[2];
+          for (int h = 0; h < 2; ++h) {
+            const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * h)));
+            b[h] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), mask));
+          }
+          for (int i = 0; i < M; ++i) {
+            const __m256 xa = _mm256_set1_ps(x[i][k + parity]);
+            for (int h = 0; h < 2; ++h) acc[i][h][parity] = _mm256_fmadd_ps(xa, b[h], acc[i][h][parity]);
+          }
+        }
+      }
+      const __m256 scale = _mm256_set1_ps(b_scale[g] * kFp8SumScale);
+      for (int i = 0; i < M; ++i)
+        for (int h = 0; h < 2; ++h) {
+          float* o = out + i * ld + h * 8;
+          _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_add_ps(acc[i][h][0], acc[i][h][1]), scale, _mm256_loadu_ps(o)));
+        }
+    }
+    if (row_scale == nullptr) return;  // every row's is 1
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(_mm256_loadu_ps(out + i * ld + h * 8), _mm256_loadu_ps(row_scale + h * 8)));
+  }
+};
+
+void gemm_fp8_block(const GemmArgs& a, int blk) {
+  const PackedMatrix& w = *a.w;
+  for (int i0 = 0; i0 < a.m; i0 += kFp8Rows) {
+    const int m = std::min(kFp8Rows, a.m - i0);
+    const float* x[kFp8Rows];
+    for (int i = 0; i < m; ++i) x[i] = a.act->f32.data() + a.rows[i0 + i] * a.act->f32_ld;
+    dispatch<kFp8Rows, 1, Fp8Tile>(m, 1, static_cast<const float* const*>(x), w.block(blk), w.fp8_block_scales(blk),
+                                   w.fp8_row_scales(blk), w.groups(), w.group,
+                                   a.out + i0 * a.ld_out + (blk * 16 - a.n0), a.ld_out);
+  }
+}
+
 void gemm(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
   const Activations& act = *a.act;
@@ -237,6 +295,10 @@ void gemm(const GemmArgs& a) {
   for (int blk = a.n0 / 16; blk < a.n1 / 16; ++blk) {
     if (w.element == Element::bf16) {
       gemm_bf16_block(a, blk);
+      continue;
+    }
+    if (w.element == Element::fp8) {
+      gemm_fp8_block(a, blk);
       continue;
     }
     for (int i0 = 0; i0 < a.m; i0 += kRows) {
@@ -269,6 +331,7 @@ void gemm(const GemmArgs& a) {
 
 std::string describe(Element m) {
   return m == Element::bf16 ? "avx2 fp32 fma (exact vdpbf16ps emulation)"
+         : m == Element::fp8   ? "avx2 fp32 fma on fp8 decoded in registers"
          : m == Element::int8  ? "avx2 maddubs, sign on the weights"
          : m == Element::int8g ? "avx2 maddubs, sign on the weights, per group"
                                : "avx2 maddubs on unpacked nibbles";

@@ -295,6 +295,15 @@ void gemm_bf16(const GemmArgs& a) {
   }
 }
 
+}  // namespace
+}  // namespace kt
+
+// fp8_tile and gemm_fp8, in this file's unnamed namespace (they use kStreamAheadLines and kDecodeRows)
+#include "arch/x86/avx512/fp8.hpp"
+
+namespace kt {
+namespace {
+
 #ifdef __AVX512VNNI__
 template <int M, int NB>
 struct Int8Tile {
@@ -425,6 +434,7 @@ void gemm_int8g(const GemmArgs& a) { gemm_grouped<Int8gTile, kInt8gRows, kInt8gB
 void gemm(const GemmArgs& a) {
   switch (a.w->element) {
     case Element::bf16: return gemm_bf16(a);
+    case Element::fp8: return gemm_fp8(a);
 #ifdef __AVX512VNNI__
     case Element::int8: return gemm_int8(a);
     case Element::int4: return gemm_int4(a);
@@ -455,6 +465,7 @@ std::string describe(Element m) {
   const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
   const char* int8g = "avx2 maddubs per group (no VNNI)";
 #endif
+  if (m == Element::fp8) return "avx512 fp32 fma on fp8 decoded in registers";
   return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g : int4;
 }
 

@@ -1,0 +1,121 @@
+"""Tiny FP8 checkpoints as the real tools write them, with each tool's own dequantization.
+
+- ``block``: DeepSeek-V3's and transformers' fine-grained FP8 (Qwen3-*-FP8, MiniMax-M2): torch's
+  ``float8_e4m3fn`` cast of w / scale, with ``weight_scale_inv`` per 128 x 128 block and
+  ``quantization_config = {"quant_method": "fp8", "weight_block_size": [128, 128]}``. Its
+  dequantization: torch's float8 to float32, times the block's scale.
+- ``ct-channel``, ``ct-block``, ``ct-tensor``: compressed-tensors' ``float-quantized`` format
+  (GLM FP8 releases, llm-compressor's FP8 schemes): scales from the library's
+  ``calculate_qparams`` and codes from its ``FloatQuantizationCompressor``, which also
+  dequantizes (``decompress``); ``weight_scale`` per channel ``[N, 1]``, per 128 x 128 block, or
+  one for the tensor; ``quantization_config`` from the library's ``QuantizationConfig``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .synthetic_checkpoints import NAMING, _config
+
+Array = np.ndarray[Any, Any]
+STYLES = ("block", "ct-channel", "ct-block", "ct-tensor")
+
+
+def _torch_block(w: Any) -> tuple[dict[str, Any], Array]:
+    import torch
+
+    N, K = w.shape
+    gn, gk = -(-N // 128), -(-K // 128)
+    padded = torch.zeros(gn * 128, gk * 128)
+    padded[:N, :K] = w
+    max_abs = padded.reshape(gn, 128, gk, 128).abs().amax(dim=(1, 3))
+    scale = torch.where(max_abs > 0, max_abs / 448.0, torch.ones_like(max_abs))
+    expanded = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K]
+    q = (w / expanded).to(torch.float8_e4m3fn)
+    return {"weight": q, "weight_scale_inv": scale}, (q.to(torch.float64) * expanded.double()).numpy()
+
+
+def _scheme(style: str) -> Any:
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    strategy = style.removeprefix("ct-")
+    extra = {"block_structure": [128, 128]} if strategy == "block" else {}
+    args = QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True, **extra)
+    return QuantizationScheme(targets=["Linear"], weights=args)
+
+
+def _compressed_tensors(w: Any, style: str) -> tuple[dict[str, Any], Array]:
+    import torch
+    import torch.nn.functional as F
+    from compressed_tensors.compressors import FloatQuantizationCompressor
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    scheme = _scheme(style)
+    N, K = w.shape
+    if style == "ct-channel":
+        low, high = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
+    elif style == "ct-block":
+        gn, gk = -(-N // 128), -(-K // 128)
+        blocks = F.pad(w, (0, gk * 128 - K, 0, gn * 128 - N)).reshape(gn, 128, gk, 128)
+        low, high = blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
+    else:
+        low, high = w.amin().reshape(1), w.amax().reshape(1)
+    scale, zero_point = calculate_qparams(low, high, scheme.weights)
+    state = {"weight": w, "weight_scale": scale, "weight_zero_point": zero_point}
+    compressed = FloatQuantizationCompressor.compress(state, scheme)
+    dense = FloatQuantizationCompressor.decompress(dict(compressed), scheme)["weight"]
+    assert compressed["weight"].dtype == torch.float8_e4m3fn
+    return dict(compressed), dense.to(torch.float64).numpy()
+
+
+def quantization_config(style: str) -> dict[str, Any]:
+    if style == "block":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    from compressed_tensors.quantization import QuantizationConfig
+
+    config = QuantizationConfig(config_groups={"group_0": _scheme(style)}, format="float-quantized")
+    return json.loads(config.model_dump_json(exclude_none=True))
+
+
+def write_fp8_checkpoint(
+    directory: Path,
+    style: str,
+    arch: str = "qwen3_moe",
+    *,
+    E: int = 4,
+    k: int = 2,
+    H: int = 256,
+    I: int = 128,
+    moe_layers: tuple[int, ...] = (1,),
+    seed: int = 0,
+) -> dict[int, tuple[Array, Array, Array]]:
+    """Writes the checkpoint (one shard); returns {layer: (gate, up, down)} as the tool
+    dequantizes them, float64."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    config = _config(arch, E, k, H, I, max(moe_layers) + 1, None) | {"quantization_config": quantization_config(style)}
+    (directory / "config.json").write_text(json.dumps(config))
+    pattern, names = NAMING[arch]
+    tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
+    dense: dict[int, tuple[Array, Array, Array]] = {}
+    for layer in moe_layers:
+        projections: list[list[Array]] = [[], [], []]
+        for e in range(E):
+            for j, p in enumerate(names):
+                shape = (H, I) if j == 2 else (I, H)
+                w = torch.randn(*shape, generator=generator) / shape[1] ** 0.5
+                parts, values = _torch_block(w) if style == "block" else _compressed_tensors(w, style)
+                name = pattern.format(L=layer, E=e, P=p)
+                for part, tensor in parts.items():
+                    tensors[name.removesuffix("weight") + part] = tensor.contiguous()
+                projections[j].append(values)
+        dense[layer] = tuple(np.stack(p) for p in projections)  # type: ignore[assignment]
+    save_file(tensors, str(directory / "model.safetensors"))
+    return dense
