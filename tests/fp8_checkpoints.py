@@ -119,3 +119,33 @@ def write_fp8_checkpoint(
         dense[layer] = tuple(np.stack(p) for p in projections)  # type: ignore[assignment]
     save_file(tensors, str(directory / "model.safetensors"))
     return dense
+
+
+# what an FP8 release quantizes: the linear layers of attention and of the routed experts (the
+# router, norms, embeddings and lm_head stay in their dtype)
+_FP8_LINEARS = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight", ".mlp.experts.")
+
+
+def fp8_copy(model_dir: Path, out_dir: Path) -> None:
+    """A saved transformers model as its fine-grained FP8 release (``block`` style): every linear
+    weight of attention and of the experts quantized by torch's float8 cast with 128 x 128 block
+    ``weight_scale_inv``, everything else as it was."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        if name.endswith(".weight") and tensor.ndim == 2 and any(part in name for part in _FP8_LINEARS):
+            parts, _ = _torch_block(tensor.float())
+            tensors[name], tensors[name + "_scale_inv"] = parts["weight"], parts["weight_scale_inv"]
+        else:
+            tensors[name] = tensor
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"] = quantization_config("block") | {"modules_to_not_convert": ["lm_head"]}
+    (out_dir / "config.json").write_text(json.dumps(config))
+    for extra in model_dir.iterdir():
+        if extra.name not in ("config.json", "model.safetensors"):
+            shutil.copy(extra, out_dir / extra.name)

@@ -203,8 +203,9 @@ def _pack(module: Any, top_k: int) -> ktforge.MoE:
     return layer
 
 
-def _install(module: Any, layer: ktforge.MoE) -> _Packed:
-    """Registers ``layer`` as ``module``'s experts (replacing what it had); call under _lock."""
+def _install(module: Any, layer: ktforge.MoE, release: bool | None = None) -> _Packed:
+    """Registers ``layer`` as ``module``'s experts (replacing what it had); call under _lock.
+    ``release``: free transformers' copy (None: as release_torch_weights says)."""
     handle = next(_ids)
     torch_op.register_layer(handle, layer)
     # the layer (packed weights, threads) lives as long as the module: a model deleted frees it
@@ -213,7 +214,7 @@ def _install(module: Any, layer: ktforge.MoE) -> _Packed:
     if old is not None:
         torch_op.unregister_layer(old.handle)
     _fallbacks.pop(module, None)
-    released = _settings.release_torch_weights
+    released = _settings.release_torch_weights if release is None else release
     if released:
         # transformers' copy is no longer read: keep the parameters' identity, free their storage
         module.gate_up_proj.data = module.gate_up_proj.data.new_empty(0)
@@ -285,39 +286,28 @@ def load_converted(model: Any, path: str | Path, *, verify: bool = True) -> list
     or a converted layer's module is one the kernels cannot compute."""
     import torch
 
-    from ktforge.checkpoints import convert
+    from ktforge.checkpoints import convert, fingerprint
 
     directory = Path(path)
     manifest = convert.read_manifest(directory)
     converted = {int(layer) for layer in manifest["layers"]}
-    modules = [
-        (name, module, int(match.group(1)))
-        for name, module in model.named_modules()
-        if hasattr(module, "gate_up_proj") and hasattr(module, "has_gate")
-        for match in [_LAYER_INDEX.search(name + ".")]
-        if match is not None and int(match.group(1)) in converted
-    ]
-    if not modules:
-        raise ValueError(
-            f"{directory}: none of its layers ({convert.format_layers(sorted(converted))}) is an experts module "
-            f"of this {type(model).__name__}"
-        )
-    layers: list[tuple[Any, ktforge.MoE]] = []
-    for name, module, index in modules:
-        reason = why_unsupported(module, layout_only=True)
-        if reason is not None:
-            raise ValueError(f"{name} cannot run on ktforge's kernels: {reason}")
-        shape = tuple(module.gate_up_proj.shape)
-        if getattr(module, "is_transposed", False):
-            shape = (shape[0], shape[2], shape[1])
-        expected = (manifest["num_experts"], 2 * manifest["intermediate_size"], manifest["hidden_size"])
-        if shape != expected:
-            raise ValueError(
-                f"{directory} is not a conversion of this model: {name} has experts x 2*intermediate x hidden "
-                f"{shape}, the conversion {expected}"
-            )
+    sizes = (manifest["num_experts"], 2 * manifest["intermediate_size"], manifest["hidden_size"])
+    layers: list[tuple[Any, ktforge.MoE, int]] = []
+    for name, module, index in _modules_of_layers(model, converted, directory, sizes, "a conversion"):
         if verify:
-            _check_fingerprint(directory, manifest["layers"][str(index)], name, module)
+            entry = manifest["layers"][str(index)]
+            recorded = entry.get("fingerprint")
+            if recorded is None:
+                raise ValueError(
+                    f"{directory}: layer {entry['file']} records no fingerprint of its source weights (converted "
+                    "by an older ktforge), so it cannot be checked against this model; convert again, or pass "
+                    "verify=False"
+                )
+            if not fingerprint.valid(recorded):
+                raise ValueError(
+                    f"{directory}/manifest.json: damaged (the fingerprint of {entry['file']}); convert again"
+                )
+            _check_fingerprint(directory, recorded, name, module, "convert this model")
         layer = ktforge.MoE.from_pretrained(
             directory,
             index,
@@ -325,25 +315,102 @@ def load_converted(model: Any, path: str | Path, *, verify: bool = True) -> list
             threads=_settings.threads or torch.get_num_threads(),
             verify=verify,
         )
-        layers.append((module, layer))
-    with _lock:  # every layer read and checked before any module changes
-        for module, layer in layers:
-            _install(module, layer)
+        layers.append((module, layer, index))
+    return _install_loaded(model, layers)
+
+
+def load_checkpoint(model: Any, path: str | Path) -> list[int]:
+    """Run ``model``'s routed experts from the files of the checkpoint it was loaded from, in
+    their own format: FP8 experts as they are stored (method "fp8": the file's codes and
+    scales, where transformers, on a CPU, dequantizes them to bf16), others packed for the
+    method of :func:`configure`. Transformers' copy of each loaded module's experts is then
+    freed, so one copy stays in memory (the eager experts and ``state_dict`` refuse, as with
+    ``release_torch_weights``). Switches the model to ``experts_implementation="ktforge"``.
+
+    The checkpoint must hold this model's weights: sketches of sampled rows of its experts
+    are compared with the module's own (up to bf16 rounding). Returns the layers loaded;
+    raises ValueError naming what differs."""
+    import numpy as np
+    import torch
+
+    from ktforge.checkpoints import fingerprint
+    from ktforge.checkpoints.checkpoint import Checkpoint
+
+    directory = Path(path)
+    layers: list[tuple[Any, ktforge.MoE, int]] = []
+    with Checkpoint(directory) as checkpoint:
+        sizes = (checkpoint.experts, 2 * checkpoint.intermediate, checkpoint.hidden)
+        for name, module, index in _modules_of_layers(
+            model, set(checkpoint.moe_layers), directory, sizes, "the checkpoint"
+        ):
+
+            def rows_of(expert: int, projection: str, index: int = index) -> Any:
+                w = checkpoint.expert(index, expert, projection)
+                full = w.to_float32() if hasattr(w, "to_float32") else w
+                return np.asarray(full[fingerprint.sampled(full.shape[0])], dtype=np.float32)
+
+            _check_fingerprint(
+                directory, fingerprint.record(checkpoint.experts, rows_of), name, module, "load that checkpoint"
+            )
+            native = checkpoint.stored_fp8(index)
+            layer = ktforge.MoE.from_pretrained(
+                directory,
+                index,
+                method=None if native else _settings.method,
+                group_size=None if native else _settings.group_size,
+                backend=_settings.backend,
+                threads=_settings.threads or torch.get_num_threads(),
+            )
+            layers.append((module, layer, index))
+    return _install_loaded(model, layers, release=True)
+
+
+def _modules_of_layers(
+    model: Any, layers: set[int], directory: Path, sizes: tuple[int, int, int], source: str
+) -> list[tuple[str, Any, int]]:
+    """The experts modules of ``model`` at ``layers`` (``model.layers.N...``), each checked to be one
+    the kernels compute and of ``sizes`` (experts, 2 x intermediate, hidden)."""
+    from ktforge.checkpoints import convert
+
+    modules = [
+        (name, module, int(match.group(1)))
+        for name, module in model.named_modules()
+        if hasattr(module, "gate_up_proj") and hasattr(module, "has_gate")
+        for match in [_LAYER_INDEX.search(name + ".")]
+        if match is not None and int(match.group(1)) in layers
+    ]
+    if not modules:
+        raise ValueError(
+            f"{directory}: none of its layers ({convert.format_layers(sorted(layers))}) is an experts module "
+            f"of this {type(model).__name__}"
+        )
+    for name, module, _ in modules:
+        reason = why_unsupported(module, layout_only=True)
+        if reason is not None:
+            raise ValueError(f"{name} cannot run on ktforge's kernels: {reason}")
+        shape = tuple(module.gate_up_proj.shape)
+        if getattr(module, "is_transposed", False):
+            shape = (shape[0], shape[2], shape[1])
+        if shape != sizes:
+            raise ValueError(
+                f"{directory} is not {source} of this model: {name} has experts x 2*intermediate x hidden "
+                f"{shape}, the files {sizes}"
+            )
+    return modules
+
+
+def _install_loaded(model: Any, layers: list[tuple[Any, ktforge.MoE, int]], release: bool | None = None) -> list[int]:
+    """Installs every (module, layer, index) once all are read and checked; the layers' indices."""
+    with _lock:
+        for module, layer, _ in layers:
+            _install(module, layer, release)
     model.set_experts_implementation(NAME)
-    return sorted({index for _, _, index in modules})
+    return sorted({index for _, _, index in layers})
 
 
-def _check_fingerprint(directory: Path, entry: dict[str, Any], name: str, module: Any) -> None:
+def _check_fingerprint(directory: Path, recorded: dict[str, Any], name: str, module: Any, remedy: str) -> None:
     from ktforge.checkpoints import fingerprint
 
-    recorded = entry.get("fingerprint")
-    if recorded is None:
-        raise ValueError(
-            f"{directory}: layer {entry['file']} records no fingerprint of its source weights (converted by an "
-            "older ktforge), so it cannot be checked against this model; convert again, or pass verify=False"
-        )
-    if not fingerprint.valid(recorded):
-        raise ValueError(f"{directory}/manifest.json: damaged (the fingerprint of {entry['file']}); convert again")
     projections = dict(zip(fingerprint.PROJECTIONS, _projections(module), strict=True))
 
     def rows_of(expert: int, projection: str) -> Any:
@@ -353,8 +420,8 @@ def _check_fingerprint(directory: Path, entry: dict[str, Any], name: str, module
     why = fingerprint.mismatch(recorded, projections["gate"].shape[0], rows_of)
     if why is not None:
         raise ValueError(
-            f"{directory} is not a conversion of this model's weights: {name}: {why} (another model of the "
-            "same sizes, or weights changed since; convert this model)"
+            f"{directory} does not hold this model's weights: {name}: {why} (another model of the same sizes, or "
+            f"weights changed since; {remedy})"
         )
 
 
