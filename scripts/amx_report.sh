@@ -17,15 +17,20 @@ echo "== kt build --recipe amx"
 
 echo "== the MoE suite on real tiles"
 "$PY" -m pip install -q -r tests/requirements.txt
-"$PY" -m pytest -q tests/kernels/test_moe_correctness.py tests/kernels/test_tile_model.py -p no:cacheprovider
+"$PY" -m pytest -q tests/kernels/test_moe_correctness.py tests/kernels/test_tile_model.py tests/kernels/test_fp8.py \
+  -p no:cacheprovider
 
 echo "== kt bench --backend amx,avx512"
 mkdir -p build
 "$PY" -m ktforge bench --backend amx,avx512 --method bf16,int8,int8g,int4 --group-size 32 --tokens 1,4,16,32,128,512 \
   --routing uniform --json > build/amx_report.json
+# fp8 at the group of the FP8 checkpoints (128 x 128 blocks)
+"$PY" -m ktforge bench --backend amx,avx512 --method fp8 --group-size 128 --tokens 1,4,16,32,128,512 \
+  --routing uniform --json > build/amx_report_fp8.json
 "$PY" - <<'PY'
 import json
 d = json.load(open("build/amx_report.json"))
+d["results"] += json.load(open("build/amx_report_fp8.json"))["results"]
 for backend, by_threads in d["peaks"].items():  # backend -> threads -> peak -> value
     for threads, peaks in by_threads.items():
         print(f"peaks {backend} {threads} threads:", {k: round(v) for k, v in peaks.items()})

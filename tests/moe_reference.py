@@ -8,6 +8,7 @@ quantization with the same rounding rules) so backends can be compared tightly;
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 import ml_dtypes
@@ -164,12 +165,27 @@ def expected_int8(x: Array, ids: Array, weights: Array, layer: dict[str, tuple[A
     return out.astype(F32)
 
 
-def float_reference(x: Array, ids: Array, weights: Array, gate: Array, up: Array, down: Array) -> Array:
+def float_reference(
+    x: Array,
+    ids: Array,
+    weights: Array,
+    gate: Array,
+    up: Array,
+    down: Array,
+    *,
+    bf16_experts: Container[int] = (),
+) -> Array:
+    """The float64 layer. For the experts in ``bf16_experts``, x and the intermediate activation
+    are rounded to bfloat16 first, as kernels on bf16 dot products take them (weights exact)."""
     x64 = np.asarray(x, dtype=np.float64)
     out = np.zeros((x.shape[0], down.shape[1]))
     for t in range(x.shape[0]):
         for j, e in enumerate(ids[t]):
-            a = silu(gate[e].astype(np.float64) @ x64[t]) * (up[e].astype(np.float64) @ x64[t])
+            bf16 = e in bf16_experts
+            xt = bf16_round(x[t]).astype(np.float64) if bf16 else x64[t]
+            a = silu(gate[e].astype(np.float64) @ xt) * (up[e].astype(np.float64) @ xt)
+            if bf16:
+                a = bf16_round(a.astype(F32)).astype(np.float64)
             out[t] += float(weights[t, j]) * (down[e].astype(np.float64) @ a)
     return out
 

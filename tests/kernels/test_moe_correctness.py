@@ -1,8 +1,9 @@
 """Every method on every backend this CPU runs, against the NumPy definition, on odd shapes.
 
 Tolerances (relative to the largest output magnitude):
-- against `expected` (same quantization as the kernels): 2e-3 for every method; the
-  backends agree with each other to 1e-5.
+- against `expected` (same quantization as the kernels): 2e-3 for every method (fp8: 5e-3, its
+  prefill rounds activations to bf16 where there are bf16 dot products, `expected` does not);
+  the backends agree with each other to 1e-5 (fp8: 5e-3, for the same reason).
 - against the float64 layer: bf16 2e-2, int8 and int8g 5e-2, int4 (group 32..128) 0.3, fp8
   (3 mantissa bits) 0.1.
 """
@@ -53,7 +54,7 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     moe.load_weights(gate, up, down)
     y = moe.forward(x, ids, w)
     assert y.shape == (T, H) and y.dtype == np.float32
-    assert rel_err(y, expected(x, ids, w, gate, up, down, method, group)) < 2e-3
+    assert rel_err(y, expected(x, ids, w, gate, up, down, method, group)) < (5e-3 if method == "fp8" else 2e-3)
     # int4 at group 32: one group a row here; over 40 seeds of these shapes the largest error
     # relative to the largest output was 0.14 at the median and 0.33 at most (0.38 with 15 codes)
     bound = {"bf16": 2e-2, "int8": 5e-2, "int8g": 5e-2, "int4": 0.3, "fp8": 0.1}[method]
@@ -75,7 +76,8 @@ def test_backends_agree_with_the_reference_backend(method: str) -> None:
         # the GEMMs follow the reference's order and rounding; what differs is silu's exp
         # (a polynomial in the SIMD backends) and fused multiply-adds in the combine
         # (hardware tdpbf16ps rounds fewer times than the SDM's pseudo-code: 1e-3 for "amx" bf16)
-        bound = 1e-3 if (backend == "amx" and method == "bf16") else 1e-5
+        # (fp8's prefill rounds activations to bf16 on the backends with bf16 dot products: 5e-3)
+        bound = 1e-3 if (backend == "amx" and method == "bf16") else 5e-3 if method == "fp8" else 1e-5
         assert rel_err(outs[backend], outs["reference"].astype(np.float64)) < bound
 
 

@@ -118,7 +118,9 @@ def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: 
         outs[backend] = moe.forward(x, ids, w)
         assert moe.info["name"] == backend
         if backend != simd_peer():
-            assert {"int8": "tdpbusd", "int8g": "tdpbsud", "int4": "tdpbssd"}[method] in moe.info["kernel"]
+            assert {"int8": "tdpbusd", "int8g": "tdpbsud", "int4": "tdpbssd", "fp8": "tdpbf16ps per group"}[method] in (
+                moe.info["kernel"]
+            )
     return outs
 
 
@@ -146,6 +148,41 @@ def test_grouped_formats_on_tiles_are_bit_identical_to_avx512(method: str, group
     else:  # AVX2 scales in another order: equal to rounding, and each within the model's bound
         scale = float(np.abs(outs["avx2"]).max())
         np.testing.assert_allclose(outs["amx-model"], outs["avx2"], rtol=0, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_fp8_on_tiles_is_the_layer_over_its_values(group: int) -> None:
+    import numpy as np
+
+    from ..moe_reference import float_reference, rel_err
+
+    # 100 tokens per expert: tiles (fp8 converted to bf16 B tiles, a flush per group of K)
+    outs = _outputs_per_backend("fp8", (3, 2, 200, 72, 150), seed=group, group=group)
+    # every path rounds the activations to bf16 here (AVX2: exact fp32): equal to rounding
+    scale = float(np.abs(outs["amx-model"]).max())
+    for backend in set(outs) - {"amx-model"}:
+        np.testing.assert_allclose(
+            outs["amx-model"], outs[backend], rtol=0, atol=(1e-4 if backend == "avx2" else 1e-5) * scale
+        )
+    # and the layer itself: the float64 MoE over the packed values with bf16 activations
+    E, k, H, I, T = 3, 2, 200, 72, 150
+    rng = np.random.default_rng(group)
+    g, u = (rng.standard_normal((E, I, H)).astype(np.float32) / 10 for _ in range(2))
+    d = rng.standard_normal((E, H, I)).astype(np.float32) / 8
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)])
+    w = rng.random((T, k)).astype(np.float32)
+    dense = [_fp8_values(p, group) for p in (g, u, d)]
+    assert rel_err(outs["amx-model"], float_reference(x, ids, w, *dense, bf16_experts=range(E))) < 1e-3
+
+
+def _fp8_values(w: Any, group: int) -> Any:
+    """float64 values of weights [E, N, K] as load_weights packs them to fp8 (the definition)."""
+    import numpy as np
+
+    from ..moe_reference import dequantize_fp8_blocks, quantize_fp8_blocks
+
+    return np.stack([dequantize_fp8_blocks(*quantize_fp8_blocks(w[e], group), 16, group) for e in range(w.shape[0])])
 
 
 def test_the_extension_contains_tile_instructions_exactly_when_it_has_the_amx_backend() -> None:

@@ -358,6 +358,7 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
   } else if (method == Element::fp8) {
     act.f32_ld = Kp + 16;
     if (act.f32.size() < static_cast<std::size_t>(rows * act.f32_ld)) act.f32.resize(rows * act.f32_ld);
+    if (act.bf16.size() < total) act.bf16.resize(total);
   } else {
     if (act.q.size() < total) act.q.resize(total);
     if (act.q_u8.size() < total) act.q_u8.resize(total);
@@ -394,13 +395,16 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
       row = widened.data();
     }
     bool finite = true;
-    if (method == Element::fp8) {  // exact fp32, scaled by a power of two (see kFp8ActivationScale)
+    if (method == Element::fp8) {
+      // exact fp32 scaled by a power of two (kFp8ActivationScale) for the fp32 kernels, and bf16
+      // for the bf16 dot products of prefill
       float* dst = act.f32.data() + r * act.f32_ld;
       for (int k = 0; k < K; ++k) {
         dst[k] = row[k] * kFp8ActivationScale;
         finite &= std::fabs(dst[k]) <= std::numeric_limits<float>::max();
       }
       std::fill(dst + K, dst + Kp, 0.f);
+      finite &= ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
     } else if (method == Element::bf16) {
       finite = ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
       if (widen) widen_row(r);

@@ -107,7 +107,7 @@ struct Activations {
   int group = 0;
   int64_t rows = 0;
   int Kp = 0;
-  aligned_vector<uint16_t> bf16;  // [rows][Kp]
+  aligned_vector<uint16_t> bf16;  // [rows][Kp] (fp8 too: its bf16 dot products)
   // [rows][f32_ld]: the bf16 values widened, for kernels that ask; fp8: x * kFp8ActivationScale. The row stride is Kp + 16:
   // rows a power of two apart would share the same L1 sets (a tile reads 5 rows at one offset).
   aligned_vector<float> f32;

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -226,10 +227,24 @@ inline void scale_out(const float* acc, float xs, float* out) {
 #endif
 }
 
-// One group's exact sums of a 32-row block against one or two column blocks (`pair`), K steps
-// [ks0, ks0 + steps) of kbytes values, into c ([32][32] int32). Signed activations by unsigned
-// weights (int8g's codes, tdpbsud) or by signed ones (int4 unpacked, tdpbssd).
-template <bool UnsignedWeights>
+// The tile products of a group's sums: signed activations by unsigned weights (int8g's codes,
+// tdpbsud), by signed ones (int4 unpacked, tdpbssd), or bf16 by bf16 (fp8 converted, tdpbf16ps).
+enum class GroupDot { unsigned_weights, signed_weights, bf16 };
+
+template <GroupDot Dot, int C, int A, int B>
+inline void group_dot() {
+  if constexpr (Dot == GroupDot::unsigned_weights)
+    tile::dpbsud<C, A, B>();
+  else if constexpr (Dot == GroupDot::signed_weights)
+    tile::dpbssd<C, A, B>();
+  else
+    tile::dpbf16ps<C, A, B>();
+}
+
+// One group's sums of a 32-row block against one or two column blocks (`pair`), K steps
+// [ks0, ks0 + steps) of kbytes bytes, into c ([32][32] int32, or float for bf16): exact for
+// the integer products.
+template <GroupDot Dot>
 void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* b_blocks, bool pair, int ks0, int steps,
                 int kbytes, int32_t* c) {
   tile::zero<0>(), tile::zero<1>(), tile::zero<2>(), tile::zero<3>();
@@ -237,16 +252,10 @@ void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* 
     tile::load<4>(ai + ks * kbytes, static_cast<int64_t>(row_bytes));
     tile::load<5>(ai + 16 * row_bytes + ks * kbytes, static_cast<int64_t>(row_bytes));
     tile::load<6>(b_blocks[0] + ks * kbytes * 16, 64);
-    if constexpr (UnsignedWeights)
-      tile::dpbsud<0, 4, 6>(), tile::dpbsud<2, 5, 6>();
-    else
-      tile::dpbssd<0, 4, 6>(), tile::dpbssd<2, 5, 6>();
+    group_dot<Dot, 0, 4, 6>(), group_dot<Dot, 2, 5, 6>();
     if (pair) {
       tile::load<7>(b_blocks[1] + ks * kbytes * 16, 64);
-      if constexpr (UnsignedWeights)
-        tile::dpbsud<1, 4, 7>(), tile::dpbsud<3, 5, 7>();
-      else
-        tile::dpbssd<1, 4, 7>(), tile::dpbssd<3, 5, 7>();
+      group_dot<Dot, 1, 4, 7>(), group_dot<Dot, 3, 5, 7>();
     }
   }
   tile::store<0>(c, 128), tile::store<2>(c + 16 * 32, 128);
@@ -304,9 +313,9 @@ void amx_grouped(const GemmArgs& g) {
             for (int l = grp * lines_per_group; l < std::min(panel_lines, (grp + 1) * lines_per_group); ++l)
               _mm_prefetch(reinterpret_cast<const char*>(w.block(blk + 2 + h) + l * 64), _MM_HINT_T1);
         if (int8g)
-          group_sums<true>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
+          group_sums<GroupDot::unsigned_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
         else
-          group_sums<false>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
+          group_sums<GroupDot::signed_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
         if (int8g)
           for (int i = 0; i < rows; ++i) {
             const int32_t offset = 128 * act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp];
@@ -325,11 +334,95 @@ void amx_grouped(const GemmArgs& g) {
   tile::release();
 }
 
-// fp8 has no tile kernel yet: its GEMMs run on the SIMD backend at every token count.
-constexpr int kAmxNever = 1 << 30;
+// fp8 panel rows ([Kp][16] E4M3 codes) -> bf16 B-tile rows ([Kp/2][16][2]): row p holds k = 2p
+// and 2p + 1 of each column, the values exactly (E4M3's 4 significant bits fit bf16's 8, so the
+// float's upper half is the bf16; the code's bits give the value times 2^-120, see types.hpp).
+void fp8_to_bf16_rows(const uint8_t* panel, int kp, uint16_t* out) {
+#ifndef KTFORGE_AMX_MODEL
+  const __m512i mask = _mm512_set1_epi32(static_cast<int>(kFp8BitsMask));
+  const __m512 unscale = _mm512_set1_ps(0x1p120f);
+  auto store = [&](__m128i codes, uint16_t* dst) {  // 16 codes (8 columns x k, k + 1) -> 16 bf16
+    const __m512i bits = _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(codes), 20), mask);
+    const __m512 value = _mm512_mul_ps(_mm512_castsi512_ps(bits), unscale);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(value), 16)));
+  };
+  for (int p = 0; p < kp / 2; ++p) {
+    const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + 2 * p * 16));
+    const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + (2 * p + 1) * 16));
+    store(_mm_unpacklo_epi8(r0, r1), out + p * 32);       // columns 0-7
+    store(_mm_unpackhi_epi8(r0, r1), out + p * 32 + 16);  // columns 8-15
+  }
+#else
+  for (int p = 0; p < kp / 2; ++p)
+    for (int c = 0; c < 16; ++c)
+      for (int q = 0; q < 2; ++q) {
+        const float value = fp8_code_times_2_120(panel[(2 * p + q) * 16 + c]) * 0x1p120f;
+        uint32_t bits;
+        std::memcpy(&bits, &value, 4);
+        out[p * 32 + c * 2 + q] = static_cast<uint16_t>(bits >> 16);
+      }
+#endif
+}
+
+// acc[16] += c[16] * s, fused
+inline void fma_scalar(const float* c, float s, float* acc) {
+#ifndef KTFORGE_AMX_MODEL
+  _mm512_storeu_ps(acc, _mm512_fmadd_ps(_mm512_loadu_ps(c), _mm512_set1_ps(s), _mm512_loadu_ps(acc)));
+#else
+  for (int n = 0; n < 16; ++n) acc[n] = std::fma(c[n], s, acc[n]);
+#endif
+}
+
+// fp8 on tiles: a column-block pair is converted once per task to bf16 B tiles (2 x 32 x Kp
+// bytes, L2-resident) that every 32-row block reuses; tdpbf16ps on the bf16 activations sums
+// each group of K, scaled into float accumulators at the group's end by the block's scale (one
+// per 16 columns), and the row scales (a checkpoint's channel scales) at the end.
+void amx_fp8(const GemmArgs& g) {
+  const PackedMatrix& w = *g.w;
+  const Activations& act = *g.act;
+  const int kp = act.Kp, G = w.groups(), steps = w.group / 32;  // a tile step: 32 bf16 of K
+  const std::size_t row_bytes = static_cast<std::size_t>(kp) * 2;
+  const int m_pad = (g.m + 31) / 32 * 32;
+  const uint8_t* a = gather(g, reinterpret_cast<const uint8_t*>(act.bf16.data()), row_bytes, m_pad);
+  auto& b = scratch().b;
+  b.resize(static_cast<std::size_t>(2) * kp * 32);
+  uint16_t* converted[2] = {reinterpret_cast<uint16_t*>(b.data()), reinterpret_cast<uint16_t*>(b.data()) + kp * 16};
+  const uint8_t* b_blocks[2] = {reinterpret_cast<const uint8_t*>(converted[0]), reinterpret_cast<const uint8_t*>(converted[1])};
+  float* c = reinterpret_cast<float*>(scratch().c);
+  float* acc = scratch().acc;
+  tile::configure(full_tiles());  // per call: see amx_gemm
+  for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
+    const bool pair = blk + 1 < g.n1 / 16;
+    const int halves = pair ? 2 : 1;
+    for (int h = 0; h < halves; ++h) fp8_to_bf16_rows(w.block(blk + h), kp, converted[h]);
+    for (int i0 = 0; i0 < m_pad; i0 += 32) {
+      const uint8_t* ai = a + static_cast<std::size_t>(i0) * row_bytes;
+      const int rows = std::min(32, g.m - i0);
+      std::fill(acc, acc + 32 * 32, 0.f);
+      for (int grp = 0; grp < G; ++grp) {
+        group_sums<GroupDot::bf16>(ai, row_bytes, b_blocks, pair, grp * steps, steps, 64, reinterpret_cast<int32_t*>(c));
+        for (int h = 0; h < halves; ++h)
+          for (int i = 0; i < rows; ++i)
+            fma_scalar(c + i * 32 + h * 16, w.fp8_block_scales(blk + h)[grp], acc + i * 32 + h * 16);
+      }
+      for (int i = 0; i < rows; ++i) {
+        float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
+        for (int h = 0; h < halves; ++h) {
+          const float* row_scale = w.fp8_row_scales(blk + h);
+          for (int n = 0; n < 16; ++n) out[h * 16 + n] = acc[i * 32 + h * 16 + n] * (row_scale ? row_scale[n] : 1.f);
+        }
+      }
+    }
+  }
+  tile::release();
+}
+
+// fp8 flushes per group too (its scales are per group of K); taken from int4 until measured on
+// an AMX machine.
+constexpr int kAmxFp8MinRows = 32;
 
 int min_rows(Element m) {
-  return m == Element::fp8     ? kAmxNever
+  return m == Element::fp8     ? kAmxFp8MinRows
          : m == Element::bf16  ? kAmxBf16MinRows
          : m == Element::int8  ? kAmxInt8MinRows
          : m == Element::int8g ? kAmxInt8gMinRows
@@ -339,16 +432,16 @@ int min_rows(Element m) {
 bool use_tiles(const GemmArgs& g) { return g.m >= min_rows(g.w->element) && amx_permission_errno() == 0; }
 
 void gemm(const GemmArgs& g) {
-  if (use_tiles(g)) return grouped(g.w->element) ? amx_grouped(g) : amx_gemm(g);
+  if (use_tiles(g)) return g.w->element == Element::fp8 ? amx_fp8(g) : grouped(g.w->element) ? amx_grouped(g) : amx_gemm(g);
   simd().gemm(g);  // decode, or no permission
 }
 
 std::string describe(Element m) {
   const std::string fallback = simd().describe(m);
-  if (m == Element::fp8) return fallback + " (no tile kernel for fp8)";
   if (const int err = amx_permission_errno())
     return fallback + " (AMX permission refused: errno " + std::to_string(err) + ")";
-  const std::string op = m == Element::bf16    ? "tdpbf16ps"
+  const std::string op = m == Element::fp8     ? "tdpbf16ps per group on fp8 converted to bf16"
+                         : m == Element::bf16  ? "tdpbf16ps"
                          : m == Element::int8  ? "tdpbusd"
                          : m == Element::int8g ? "tdpbsud per group"
                                                : "tdpbssd (nibbles unpacked to int8)";

@@ -465,7 +465,13 @@ std::string describe(Element m) {
   const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
   const char* int8g = "avx2 maddubs per group (no VNNI)";
 #endif
+#ifdef __AVX512BF16__
+  if (m == Element::fp8)
+    return "avx512 vdpbf16ps on fp8 converted to bf16 for >= " + std::to_string(kFp8Bf16MinRows) +
+           " tokens per expert, else fp32 fma on fp8 decoded in registers";
+#else
   if (m == Element::fp8) return "avx512 fp32 fma on fp8 decoded in registers";
+#endif
   return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g : int4;
 }
 
