@@ -23,6 +23,15 @@ class MoELayer:
         group_size: int,
         backend: str,
         threads: int,
+        swiglu_alpha: float = 1.0,
+        swiglu_limit: float = ...,
+        up_offset: float = 0.0,
+    ) -> None: ...
+    def load_biases(
+        self,
+        gate: np.ndarray[Any, Any] | None,
+        up: np.ndarray[Any, Any] | None,
+        down: np.ndarray[Any, Any] | None,
     ) -> None: ...
     def load_weights(
         self, gate: np.ndarray[Any, Any], up: np.ndarray[Any, Any], down: np.ndarray[Any, Any]

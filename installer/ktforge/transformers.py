@@ -105,6 +105,42 @@ def _known() -> str:
 
 KERNEL_DTYPES = ("float32", "bfloat16", "float16")  # float16 is widened to float32
 
+# The gating functions of transformers' experts classes that the kernels compute, by the class
+# that defines ``_apply_gate``: the activation's settings (ktforge.MoE's swiglu_alpha,
+# swiglu_limit, up_offset) read from the module, and whether it applies the module's act_fn
+# (which must then be SiLU). Each is one of: clamped SwiGLU (gate.clamp(max=limit),
+# up.clamp(-limit, limit), silu(gate) * up), or gpt-oss's (the same clamps, gate *
+# sigmoid(alpha * gate) * (up + 1)).
+_GATES: dict[str, tuple[Any, bool]] = {
+    "GptOssExperts": (lambda m: {"swiglu_alpha": m.alpha, "swiglu_limit": m.limit, "up_offset": 1.0}, False),
+    "OpenAIPrivacyFilterExperts": (
+        lambda m: {"swiglu_alpha": m.alpha, "swiglu_limit": m.limit, "up_offset": 1.0},
+        False,
+    ),
+    "MiniMaxM3VLExperts": (
+        lambda m: {"swiglu_alpha": m.swiglu_alpha, "swiglu_limit": m.swiglu_limit, "up_offset": 1.0},
+        False,
+    ),
+    "DeepseekV4Experts": (lambda m: {"swiglu_limit": m.limit}, True),
+    "Glm5NextTextExperts": (lambda m: {"swiglu_limit": m.swiglu_limit}, False),
+    "HYV4Experts": (lambda m: {"swiglu_limit": m.swiglu_limit}, False),
+}
+
+
+def _gate_of(module: Any) -> tuple[Any, bool] | None:
+    """The module's gating function as _GATES knows it (None: transformers' default one)."""
+    function = type(module)._apply_gate
+    owner = function.__qualname__.rsplit(".", 1)[0]
+    if owner in _GATES and function.__module__.startswith("transformers.models."):
+        return _GATES[owner]
+    return None
+
+
+def activation_of(module: Any) -> dict[str, Any]:
+    """The ktforge.MoE activation settings that compute this module's gating (``{}``: SwiGLU)."""
+    gate = _gate_of(module)
+    return {} if gate is None else {k: float(v) for k, v in gate[0](module).items()}
+
 
 def why_unsupported(module: Any, *, layout_only: bool = False) -> str | None:
     """Why the kernels cannot compute this experts module exactly (None: they can).
@@ -112,18 +148,24 @@ def why_unsupported(module: Any, *, layout_only: bool = False) -> str | None:
     import torch
     from transformers.integrations import moe as hf_moe
 
-    if getattr(module, "has_bias", False):
-        return "its experts have biases"
+    if getattr(module, "has_bias", False) and not all(
+        isinstance(getattr(module, name, None), torch.Tensor) and getattr(module, name).ndim == 2
+        for name in ("gate_up_proj_bias", "down_proj_bias")
+    ):
+        return "its experts have biases other than gate_up_proj_bias and down_proj_bias [E, N]"
     if not getattr(module, "has_gate", True):
         return "its experts have no gate (a plain activation, not gate * up)"
     if getattr(module, "has_post_expert_norm", False):
         return "it normalizes each expert's output"
     if getattr(module, "_is_expert_parallel", False):
         return "its experts are split across processes (expert parallelism)"
-    if type(module)._apply_gate is not hf_moe._default_apply_gate:
+    known = _gate_of(module)
+    if type(module)._apply_gate is not hf_moe._default_apply_gate and known is None:
         return f"it gates with its own function ({type(module).__name__}._apply_gate)"
     act = getattr(module, "act_fn", None)
-    if not (type(act).__name__ in ("SiLU", "SiLUActivation") or act is torch.nn.functional.silu):
+    if (known is None or known[1]) and not (
+        type(act).__name__ in ("SiLU", "SiLUActivation") or act is torch.nn.functional.silu
+    ):
         return f"its activation is {getattr(act, '__name__', type(act).__name__)}, not SiLU"
     for name in ("gate_up_proj", "down_proj"):
         weight = getattr(module, name, None)
@@ -165,7 +207,8 @@ class _Source:
 
 def _source(module: Any) -> _Source:
     params, state = [], []
-    for name in ("gate_up_proj", "down_proj"):
+    biases = ("gate_up_proj_bias", "down_proj_bias") if getattr(module, "has_bias", False) else ()
+    for name in ("gate_up_proj", "down_proj", *biases):
         p = getattr(module, name, None)
         try:
             version = p._version  # type: ignore[union-attr]
@@ -198,9 +241,24 @@ def _pack(module: Any, top_k: int) -> ktforge.MoE:
         group_size=s.group_size,
         backend=s.backend,
         threads=s.threads or torch.get_num_threads(),
+        **activation_of(module),
     )
     layer.load_weights(ready(gate), ready(up), ready(down))
+    _load_module_biases(module, layer)
     return layer
+
+
+def _load_module_biases(module: Any, layer: ktforge.MoE) -> None:
+    """The module's expert biases (gpt-oss) into the layer: gate and up split as the weights are."""
+    if not getattr(module, "has_bias", False):
+        return
+    gate_up = module.gate_up_proj_bias.detach().float()
+    inter = gate_up.shape[1] // 2
+    if getattr(module, "is_concatenated", True):
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    else:  # interleaved, as the weights
+        gate, up = gate_up[:, 0::2], gate_up[:, 1::2]
+    layer.load_biases(gate.contiguous(), up.contiguous(), module.down_proj_bias.detach().float().contiguous())
 
 
 def _install(module: Any, layer: ktforge.MoE, release: bool | None = None) -> _Packed:
@@ -314,7 +372,9 @@ def load_converted(model: Any, path: str | Path, *, verify: bool = True) -> list
             backend=_settings.backend,
             threads=_settings.threads or torch.get_num_threads(),
             verify=verify,
+            activation=activation_of(module),
         )
+        _load_module_biases(module, layer)
         layers.append((module, layer, index))
     return _install_loaded(model, layers)
 
@@ -360,7 +420,9 @@ def load_checkpoint(model: Any, path: str | Path) -> list[int]:
                 group_size=None if native else _settings.group_size,
                 backend=_settings.backend,
                 threads=_settings.threads or torch.get_num_threads(),
+                activation=activation_of(module),
             )
+            _load_module_biases(module, layer)
             layers.append((module, layer, index))
     return _install_loaded(model, layers, release=True)
 
@@ -486,66 +548,10 @@ def experts_forward(module: Any, hidden_states: Any, top_k_index: Any, top_k_wei
 def sweep() -> list[tuple[str, str, str | None]]:
     """Every experts class of transformers' models that uses the experts interface, built from
     its model type's default config on the meta device (no memory): (model type, class, why it
-    falls back or None)."""
-    import importlib
-    import importlib.util
-    import inspect
-    import pkgutil
+    falls back or None). In :mod:`ktforge.transformers_sweep`."""
+    from ktforge import transformers_sweep
 
-    import torch
-    import transformers.models
-    from transformers import AutoConfig
-
-    rows: list[tuple[str, str, str | None]] = []
-    for info in sorted(pkgutil.iter_modules(transformers.models.__path__), key=lambda m: m.name):
-        model_type = info.name
-        try:
-            source = importlib.util.find_spec(f"transformers.models.{model_type}.modeling_{model_type}")
-        except (ImportError, ValueError):
-            continue
-        if (
-            source is None
-            or source.origin is None
-            or "@use_experts_implementation" not in Path(source.origin).read_text()
-        ):
-            continue
-        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-        classes: list[Any] = [
-            c
-            for _, c in inspect.getmembers(module, inspect.isclass)
-            if c.__module__ == module.__name__
-            and hasattr(c, "_apply_gate")
-            and hasattr(getattr(c, "forward", None), "__wrapped__")
-        ]
-        try:
-            config = AutoConfig.for_model(model_type)
-        except (ValueError, KeyError) as exc:
-            rows += [(model_type, c.__name__, f"no default config ({str(exc)[:60]})") for c in classes]
-            continue
-        for cls in classes:
-            error = "no config"
-            for candidate in _configs(config):
-                try:
-                    with torch.device("meta"):
-                        experts = cls(candidate)
-                    rows.append((model_type, cls.__name__, why_unsupported(experts, layout_only=True)))
-                    break
-                except Exception as exc:  # a class that needs another sub-config: try the next
-                    error = f"{type(exc).__name__}: {str(exc)[:100]}"
-            else:
-                rows.append((model_type, cls.__name__, f"could not be built from its default config ({error})"))
-    return rows
-
-
-def _configs(config: Any, depth: int = 2) -> list[Any]:
-    """A config and its sub-configs (text, thinker, talker, ...), breadth first."""
-    from transformers import PretrainedConfig
-
-    found, frontier = [config], [config]
-    for _ in range(depth):
-        frontier = [v for c in frontier for v in vars(c).values() if isinstance(v, PretrainedConfig)]
-        found += frontier
-    return found
+    return transformers_sweep.sweep()
 
 
 def _register() -> None:

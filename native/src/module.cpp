@@ -75,8 +75,26 @@ py::dict backend_info(const KernelTable& t) {
 class PyMoE {
  public:
   PyMoE(int experts, int top_k, int hidden, int intermediate, const std::string& method, int group,
-        const std::string& backend, int threads)
-      : layer_(MoeConfig{experts, top_k, hidden, intermediate, parse_method(method), group}, backend, threads) {}
+        const std::string& backend, int threads, float alpha, float limit, float up_offset)
+      : layer_(MoeConfig{experts, top_k, hidden, intermediate, parse_method(method), group,
+                         GateActivation{alpha, limit, up_offset}},
+               backend, threads) {}
+
+  // gate, up: float32 [E, I]; down: float32 [E, H]; None: no bias
+  void load_biases(const std::optional<py::array_t<float, py::array::c_style>>& gate,
+                   const std::optional<py::array_t<float, py::array::c_style>>& up,
+                   const std::optional<py::array_t<float, py::array::c_style>>& down) {
+    const auto& c = layer_.config();
+    if (gate) require(*gate, {c.experts, c.intermediate}, "gate_bias");
+    if (up) require(*up, {c.experts, c.intermediate}, "up_bias");
+    if (down) require(*down, {c.experts, c.hidden}, "down_bias");
+    const float* g = gate ? gate->data() : nullptr;
+    const float* u = up ? up->data() : nullptr;
+    const float* d = down ? down->data() : nullptr;
+    py::gil_scoped_release release;
+    auto lock = layer_.lock_calls();
+    layer_.load_biases(g, u, d);
+  }
 
   void load(const py::array& gate, const py::array& up, const py::array& down) {
     const auto& c = layer_.config();
@@ -485,9 +503,11 @@ PYBIND11_MODULE(_native, m) {
   m.def("dequantize_fp8", &dequantize_fp8, py::arg("weights"), py::arg("scale"), py::arg("block_rows"),
         py::arg("block_cols"));
   py::class_<PyMoE>(m, "MoELayer")
-      .def(py::init<int, int, int, int, const std::string&, int, const std::string&, int>(), py::arg("num_experts"),
-           py::arg("top_k"), py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("method"),
-           py::arg("group_size"), py::arg("backend"), py::arg("threads"))
+      .def(py::init<int, int, int, int, const std::string&, int, const std::string&, int, float, float, float>(),
+           py::arg("num_experts"), py::arg("top_k"), py::arg("hidden_size"), py::arg("intermediate_size"),
+           py::arg("method"), py::arg("group_size"), py::arg("backend"), py::arg("threads"), py::arg("swiglu_alpha") = 1.f,
+           py::arg("swiglu_limit") = __builtin_inff(), py::arg("up_offset") = 0.f)
+      .def("load_biases", &PyMoE::load_biases, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("load_weights", &PyMoE::load, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("load_quantized", &PyMoE::load_quantized, py::arg("gate"), py::arg("gate_scale"), py::arg("up"),
            py::arg("up_scale"), py::arg("down"), py::arg("down_scale"))

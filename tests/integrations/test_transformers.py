@@ -244,13 +244,19 @@ def test_load_converted_takes_the_layers_converted_and_refuses_another_model(tmp
 
 
 def test_an_unsupported_layout_falls_back_with_one_warning_and_the_same_answer() -> None:
-    # GPT-OSS: biases and its own clamped gating, which the kernels do not compute
+    # GPT-OSS whose experts gate with a function of their own (not one the kernels know)
     config = AutoConfig.for_model(
         "gpt_oss",
         **{**SMALL, "intermediate_size": 32, "num_local_experts": 8, "num_experts_per_tok": 2, "head_dim": 16},
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+    def own_gate(self: Any, gate_up: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(gate_up[..., ::2]) * gate_up[..., 1::2]
+
+    for module in _experts_modules(model):
+        module.__class__ = type("TanhGateExperts", (type(module),), {"_apply_gate": own_gate})
     prompt = _prompt()
     with torch.inference_mode():
         model.set_experts_implementation("eager")
@@ -261,7 +267,8 @@ def test_an_unsupported_layout_falls_back_with_one_warning_and_the_same_answer()
             ours = model(prompt).logits
             model(prompt)  # the second call: no second warning
     messages = [str(w.message) for w in caught if "ktforge" in str(w.message)]
-    assert messages == ["ktforge: GptOssExperts runs transformers' eager experts: its experts have biases"] * 2
+    reason = "it gates with its own function (TanhGateExperts._apply_gate)"
+    assert messages == [f"ktforge: TanhGateExperts runs transformers' eager experts: {reason}"] * 2
     assert not any(kt_hf.handle_of(m) for m in _experts_modules(model))
     assert torch.equal(ours, eager)  # transformers' own code, so exactly its answer
 
@@ -286,7 +293,8 @@ def test_the_sweep_covers_every_architecture_of_the_interface(sweep: list[tuple[
     verdicts = {model_type: why for model_type, _, why in sweep}
     for supported in ("qwen3_moe", "deepseek_v3", "mixtral", "qwen2_moe", "olmoe", "glm4_moe", "lfm2_moe"):
         assert verdicts[supported] is None, (supported, verdicts[supported])
-    assert verdicts["gpt_oss"] == "its experts have biases"
+    for variant in ("gpt_oss", "deepseek_v4", "glm5_next", "hy_v4", "openai_privacy_filter"):  # SwiGLU variants
+        assert verdicts[variant] is None, (variant, verdicts[variant])
     assert verdicts["nemotron_h"] == "its experts have no gate (a plain activation, not gate * up)"
     assert sum(why is None for why in verdicts.values()) >= 40
 

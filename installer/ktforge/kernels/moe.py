@@ -170,6 +170,11 @@ class MoE:
             otherwise and for the grouped formats. Uses the library an amd-blis build linked, else
             KTFORGE_BLIS_LIBRARY, else the first AOCL-BLAS with the add-on found on this machine.
         threads: worker threads (default: the CPUs this process may use).
+        swiglu_alpha, swiglu_limit, up_offset: the gated activation,
+            ``(clamp(up, -limit, limit) + up_offset) * g * sigmoid(alpha * g)`` with
+            ``g = min(gate, limit)``: SwiGLU by default (alpha 1, no limit, offset 0); DeepSeek-V4
+            clamps (``swiglu_limit``); gpt-oss is ``swiglu_alpha=1.702, swiglu_limit=7.0,
+            up_offset=1.0``, with biases (:meth:`load_biases`).
     """
 
     def __init__(
@@ -183,7 +188,12 @@ class MoE:
         backend: str = "auto",
         threads: int | None = None,
         group_size: int = 128,
+        swiglu_alpha: float = 1.0,
+        swiglu_limit: float | None = None,
+        up_offset: float = 0.0,
     ) -> None:
+        import math
+
         import ktforge._native as _native
 
         for label, value in (
@@ -207,6 +217,20 @@ class MoE:
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
         if threads is not None and threads > MAX_THREADS:
             raise ValueError(f"threads must be at most {MAX_THREADS}, got {threads}")
+        for label, number, ok in (
+            ("swiglu_alpha", swiglu_alpha, "positive"),
+            ("swiglu_limit", 1.0 if swiglu_limit is None else swiglu_limit, "positive (or None)"),
+            ("up_offset", up_offset, "finite"),
+        ):
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+                raise ValueError(f"{label} must be a finite number, got {number!r}")
+            if ok != "finite" and number <= 0:
+                raise ValueError(f"{label} must be {ok}, got {number!r}")
+        self.activation = {
+            "swiglu_alpha": float(swiglu_alpha),
+            "swiglu_limit": swiglu_limit,
+            "up_offset": float(up_offset),
+        }
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.method = method
@@ -224,6 +248,9 @@ class MoE:
             group_size,
             backend,
             threads or 0,
+            float(swiglu_alpha),
+            math.inf if swiglu_limit is None else float(swiglu_limit),
+            float(up_offset),
         )
         self._loaded = False
 
@@ -239,6 +266,7 @@ class MoE:
         group_size: int | None = None,
         input_type: str = "auto",
         verify: bool = True,
+        activation: dict[str, Any] | None = None,
     ) -> MoE:
         """One MoE layer's routed experts from disk, ready to run.
 
@@ -248,14 +276,17 @@ class MoE:
         channel or tensor scales), quantized here for ``method`` exactly as ``kt convert``
         would: both give the same results. Without ``method``, FP8 experts are served as they
         are stored ("fp8": the file's codes and scales, repacked, not re-quantized) and others as
-        bf16. ``layer`` is the model's layer index.
+        bf16. ``layer`` is the model's layer index. ``activation``: the layer's gated activation
+        (``swiglu_alpha``, ``swiglu_limit``, ``up_offset``, as for the constructor; a checkpoint's
+        config does not say it), SwiGLU by default.
         """
         from ktforge.checkpoints import convert
 
         directory = Path(path)
+        gating = activation or {}
         if (directory / convert.MANIFEST).is_file() or (directory / convert.STATE).is_file():
-            return cls._from_conversion(directory, layer, method, backend, threads, group_size, verify)
-        return cls._from_checkpoint(directory, layer, method, backend, threads, group_size, input_type)
+            return cls._from_conversion(directory, layer, method, backend, threads, group_size, verify, gating)
+        return cls._from_checkpoint(directory, layer, method, backend, threads, group_size, input_type, gating)
 
     @classmethod
     def _from_conversion(
@@ -267,6 +298,7 @@ class MoE:
         threads: int | None,
         group_size: int | None,
         verify: bool,
+        activation: dict[str, Any],
     ) -> MoE:
         from ktforge.checkpoints import convert
 
@@ -288,6 +320,7 @@ class MoE:
             backend=backend,
             threads=threads,
             group_size=stored_group,
+            **activation,
         )
         moe.load_quantized(projections["gate"], projections["up"], projections["down"])
         return moe
@@ -302,6 +335,7 @@ class MoE:
         threads: int | None,
         group_size: int | None,
         input_type: str,
+        activation: dict[str, Any],
     ) -> MoE:
         """A Hugging Face checkpoint's layer, quantized here exactly as ``kt convert`` would, or,
         with no method given, FP8 experts as they are stored (else bf16)."""
@@ -330,6 +364,7 @@ class MoE:
                 backend=backend,
                 threads=threads,
                 group_size=group,
+                **activation,
             )
             options = convert.Options(method, group if formats.by_name(method).grouped else 0, input_type)
             tensors = convert.layer_tensors(
@@ -371,6 +406,27 @@ class MoE:
             _check_finite(array, name)
         self._layer.load_weights(arrays["gate"], arrays["up"], arrays["down"])
         self._loaded = True
+
+    def load_biases(self, gate: Any = None, up: Any = None, down: Any = None) -> None:
+        """Per-expert biases (gpt-oss): gate, up ``[E, I]`` and down ``[E, H]``, any real dtype
+        (kept as float32, whatever the weights' format); None for none. ``y[t] = sum_j w[t, j] *
+        (down_e(act(gate_e x + gate_bias_e, up_e x + up_bias_e)) + down_bias_e)``. Replaces biases
+        loaded before; ``load_biases()`` removes them."""
+        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
+        arrays: list[np.ndarray[Any, Any] | None] = []
+        for name, value, shape in (("gate", gate, (E, I)), ("up", up, (E, I)), ("down", down, (E, H))):
+            if value is None:
+                arrays.append(None)
+                continue
+            array = _as_numpy(value, f"{name}_bias")
+            if array.shape != shape:
+                raise ValueError(f"{name}_bias has shape {tuple(array.shape)}; expected {shape}")
+            if array.dtype.kind not in "fiu" and array.dtype != _bf16_dtype():
+                raise ValueError(f"{name}_bias must be real numbers, got {array.dtype}")
+            array = np.ascontiguousarray(array, dtype=np.float32)
+            _check_finite(array, f"{name}_bias")
+            arrays.append(array)
+        self._layer.load_biases(*arrays)
 
     def load_quantized(self, gate: Quantized, up: Quantized, down: Quantized) -> None:
         """Weights already quantized for this layer's method, in the portable layout of

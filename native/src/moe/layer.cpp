@@ -77,6 +77,9 @@ MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int thre
     throw std::invalid_argument("num_experts, top_k, hidden_size and intermediate_size must be positive");
   if (config.top_k > config.experts) throw std::invalid_argument("top_k cannot exceed num_experts");
   if (config.top_k > 64) throw std::invalid_argument("top_k above 64 is not supported");
+  const GateActivation& act = config.activation;
+  if (!(act.alpha > 0.f && std::isfinite(act.alpha)) || !(act.limit > 0.f) || !std::isfinite(act.up_offset))
+    throw std::invalid_argument("swiglu_alpha must be positive and finite, swiglu_limit positive (or None), up_offset finite");
   if (!takes_group(config.method, config.group))
     throw std::invalid_argument("group_size must be " + group_sizes_text(config.method));
   inter_padded_ = static_cast<int>(round_up(config.intermediate, 16));
@@ -176,12 +179,51 @@ void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const std::vecto
     providers_[t.provider]->gemm(ExpertGemm{&act_x_, token_of_pos.data() + t.r0, m, t.expert, Projection::gate_up,
                                             &gate_up_[t.expert], t.n0, t.n1, scratch.data(), cols, thread});
     // silu(gate) * up for each 16-column pair, into A's rows (expert-sorted positions)
+    const bool shaped = !config_.activation.plain() || !gate_bias_.empty();
     for (int i = 0; i < m; ++i) {
-      const float* s = scratch.data() + static_cast<int64_t>(i) * cols;
+      float* s = scratch.data() + static_cast<int64_t>(i) * cols;
       float* a = a_buf_.data() + (t.r0 + i) * inter_padded_ + t.n0 / 2;
-      for (int c = 0; c < cols; c += 32) kernels_->silu_mul(s + c, s + c + 16, a + c / 2, 16);
+      for (int c = 0; c < cols; c += 32) {
+        if (shaped) shape_gate_up(s + c, s + c + 16, t.expert, (t.n0 + c) / 2);
+        kernels_->silu_mul(s + c, s + c + 16, a + c / 2, 16);
+      }
     }
   }, &gate_up_task_counts_);
+}
+
+// Biases, then the clamp, alpha and offset of config_.activation, on 16 gate and 16 up values
+// (intermediate columns n..n+15 of expert e), so that silu_mul gives the activation:
+// silu(alpha * g) * (u + offset) / alpha = g * sigmoid(alpha * g) * (u + offset).
+void MoeLayer::shape_gate_up(float* gate, float* up, int expert, int n) const {
+  const GateActivation& act = config_.activation;
+  const int I = config_.intermediate;
+  const float inverse_alpha = 1.f / act.alpha;
+  for (int c = 0; c < 16 && n + c < I; ++c) {
+    float g = gate[c], u = up[c];
+    if (!gate_bias_.empty()) {
+      g += gate_bias_[static_cast<std::size_t>(expert) * I + n + c];
+      u += up_bias_[static_cast<std::size_t>(expert) * I + n + c];
+    }
+    g = std::min(g, act.limit);
+    u = std::min(std::max(u, -act.limit), act.limit);
+    gate[c] = act.alpha * g;
+    up[c] = act.alpha == 1.f ? u + act.up_offset : (u + act.up_offset) * inverse_alpha;
+  }
+}
+
+void MoeLayer::load_biases(const float* gate, const float* up, const float* down) {
+  const int E = config_.experts, H = config_.hidden, I = config_.intermediate;
+  const int Hp = static_cast<int>(round_up(H, 16));
+  gate_bias_.clear(), up_bias_.clear(), down_bias_.clear();
+  if (gate || up) {
+    gate_bias_.assign(static_cast<std::size_t>(E) * I, 0.f), up_bias_.assign(static_cast<std::size_t>(E) * I, 0.f);
+    if (gate) std::copy(gate, gate + static_cast<std::size_t>(E) * I, gate_bias_.begin());
+    if (up) std::copy(up, up + static_cast<std::size_t>(E) * I, up_bias_.begin());
+  }
+  if (down) {
+    down_bias_.assign(static_cast<std::size_t>(E) * Hp, 0.f);
+    for (int e = 0; e < E; ++e) std::copy(down + static_cast<std::size_t>(e) * H, down + static_cast<std::size_t>(e + 1) * H, down_bias_.begin() + static_cast<std::size_t>(e) * Hp);
+  }
 }
 
 void MoeLayer::run_down(const std::vector<int64_t>& offsets) {
@@ -198,6 +240,11 @@ void MoeLayer::run_down(const std::vector<int64_t>& offsets) {
     providers_[t.provider]->gemm(ExpertGemm{&act_a_, identity.data() + t.r0, static_cast<int>(t.r1 - t.r0), t.expert,
                                             Projection::down, &down_[t.expert], t.n0, t.n1,
                                             slot_out_.data() + t.r0 * Hp + t.n0, Hp, thread});
+    if (!down_bias_.empty()) {  // each slot's expert output plus its bias, before the routing weight
+      const float* bias = down_bias_.data() + static_cast<std::size_t>(t.expert) * Hp;
+      for (int64_t r = t.r0; r < t.r1; ++r)
+        for (int n = t.n0; n < t.n1; ++n) slot_out_[r * Hp + n] += bias[n];
+    }
   });
 }
 

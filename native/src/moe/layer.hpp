@@ -38,6 +38,9 @@ class MoeLayer {
   };
   void load_quantized(const QuantizedWeights& gate, const QuantizedWeights& up, const QuantizedWeights& down);
   bool loaded() const { return loaded_; }
+  // Per-expert biases, float32: gate, up [E, I], down [E, H]; nullptr for none (zero). Replaces
+  // the ones loaded before; kept in float32 whatever the weights' format.
+  void load_biases(const float* gate, const float* up, const float* down);
 
   // x: [T, H]; ids: [T, k] in [0, E); weights: [T, k]; y: [T, H].
   void forward(const void* x, DType x_dtype, int64_t tokens, const int64_t* ids, const float* weights, void* y,
@@ -72,6 +75,7 @@ class MoeLayer {
   void pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack);
   void run_gate_up(const std::vector<int64_t>& offsets, const std::vector<int32_t>& token_of_pos);
   void run_down(const std::vector<int64_t>& offsets);
+  void shape_gate_up(float* gate, float* up, int expert, int n) const;
   // The index of the provider that takes an expert with `rows` tokens.
   int provider_for(int64_t rows) const;
   // The pool this layer shares with the other layers of its thread count, in this process: a
@@ -92,6 +96,8 @@ class MoeLayer {
   HugePageBuffer weights_;  // the values of gate_up_ and down_
   std::vector<std::unique_ptr<Provider>> providers_;
   bool loaded_ = false;
+  // load_biases': [E][I] gate and up, [E][Hp] down (zero-padded), or empty
+  aligned_vector<float> gate_bias_, up_bias_, down_bias_;
   // forward() scratch, kept between calls
   Activations act_x_, act_a_;
   aligned_vector<float> a_buf_, slot_out_;

@@ -16,10 +16,22 @@
 
 namespace kt {
 
+// The gated activation between gate/up and down: (clamp(up, -limit, limit) + up_offset) *
+// g * sigmoid(alpha * g), g = min(gate, limit). SwiGLU is alpha 1, no limit, offset 0; DeepSeek-V4
+// clamps (limit); gpt-oss also has alpha 1.702 and offset 1. Biases (gpt-oss), when loaded, are
+// added to gate, up and down before it.
+struct GateActivation {
+  float alpha = 1.f;
+  float limit = __builtin_inff();
+  float up_offset = 0.f;
+  bool plain() const { return alpha == 1.f && limit == __builtin_inff() && up_offset == 0.f; }
+};
+
 struct MoeConfig {
   int experts = 0, top_k = 0, hidden = 0, intermediate = 0;
   Method method = Method::bf16;
   int group = 128;
+  GateActivation activation;
 };
 
 enum class Projection { gate_up, down };
