@@ -27,6 +27,29 @@ inline __m512 fp8_times_2_120(const uint8_t* codes) {
   return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(static_cast<int>(kFp8BitsMask))));
 }
 
+// out[i][j] += acc[i][j] * (block j's scale of group g) * factor: a group's sums, at its end
+template <int M, int NB>
+inline void add_group_sums(const __m512 (&acc)[M][NB], const float* const* b_scale, int g, float factor, float* out,
+                           int64_t ld) {
+  for (int j = 0; j < NB; ++j) {
+    const __m512 scale = _mm512_set1_ps(b_scale[j][g] * factor);
+    for (int i = 0; i < M; ++i) {
+      float* o = out + i * ld + j * 16;
+      _mm512_storeu_ps(o, _mm512_fmadd_ps(acc[i][j], scale, _mm512_loadu_ps(o)));
+    }
+  }
+}
+
+// out *= the NB blocks' row scales (16 each, consecutive); nullptr: all 1
+template <int M, int NB>
+inline void scale_rows(const float* row_scale, float* out, int64_t ld) {
+  if (row_scale == nullptr) return;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j)
+      _mm512_storeu_ps(out + i * ld + j * 16,
+                       _mm512_mul_ps(_mm512_loadu_ps(out + i * ld + j * 16), _mm512_loadu_ps(row_scale + j * 16)));
+}
+
 // x: rows times 2^64 (Activations::f32); b_scale[j]: block j's scale per group; row_scale: the
 // NB blocks' 16 row scales each, consecutive, or nullptr (all 1).
 template <int M, int NB>
@@ -52,19 +75,9 @@ __attribute__((noinline)) void fp8_tile(const float* const* x, const uint8_t* co
         }
       }
     }
-    for (int j = 0; j < NB; ++j) {
-      const __m512 scale = _mm512_set1_ps(b_scale[j][g] * kFp8SumScale);
-      for (int i = 0; i < M; ++i) {
-        float* o = out + i * ld + j * 16;
-        _mm512_storeu_ps(o, _mm512_fmadd_ps(acc[i][j], scale, _mm512_loadu_ps(o)));
-      }
-    }
+    add_group_sums<M, NB>(acc, b_scale, g, kFp8SumScale, out, ld);
   }
-  if (row_scale == nullptr) return;
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < NB; ++j)
-      _mm512_storeu_ps(out + i * ld + j * 16,
-                       _mm512_mul_ps(_mm512_loadu_ps(out + i * ld + j * 16), _mm512_loadu_ps(row_scale + j * 16)));
+  scale_rows<M, NB>(row_scale, out, ld);
 }
 
 template <int M, int NB>
@@ -118,19 +131,9 @@ __attribute__((noinline)) void fp8_bf16_tile(const uint16_t* const* x, const uin
         for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
       }
     }
-    for (int j = 0; j < NB; ++j) {
-      const __m512 scale = _mm512_set1_ps(b_scale[j][g]);
-      for (int i = 0; i < M; ++i) {
-        float* o = out + i * ld + j * 16;
-        _mm512_storeu_ps(o, _mm512_fmadd_ps(acc[i][j], scale, _mm512_loadu_ps(o)));
-      }
-    }
+    add_group_sums<M, NB>(acc, b_scale, g, 1.f, out, ld);
   }
-  if (row_scale == nullptr) return;
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < NB; ++j)
-      _mm512_storeu_ps(out + i * ld + j * 16,
-                       _mm512_mul_ps(_mm512_loadu_ps(out + i * ld + j * 16), _mm512_loadu_ps(row_scale + j * 16)));
+  scale_rows<M, NB>(row_scale, out, ld);
 }
 
 template <int M, int NB>
