@@ -66,7 +66,7 @@ TINY: dict[str, dict[str, Any]] = {
 }
 # Tolerance of the logits against transformers' eager experts, relative to their largest value:
 # the kernels round activations to each method's format (bf16: as the eager bf16 matmul does).
-TOLERANCE = {"bf16": 2e-2, "int8": 6e-2, "int8g": 6e-2, "int4": 0.25}
+TOLERANCE = {"bf16": 2e-2, "int8": 6e-2, "int8g": 6e-2, "int4": 0.25, "fp8": 6e-2}
 
 
 MARGIN = 0.5  # logits of |x| < 32 in bf16 are 1/8 apart: 4 steps of rounding
@@ -150,7 +150,7 @@ def test_greedy_generation_is_identical_in_bf16(model_type: str) -> None:
     assert modules and all(kt_hf.handle_of(m) for m in modules)
 
 
-@pytest.mark.parametrize("method", ["bf16", "int8", "int8g", "int4"])
+@pytest.mark.parametrize("method", ["bf16", "int8", "int8g", "int4", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3", "mixtral"])
 def test_logits_match_eager_within_the_method_s_tolerance(model_type: str, method: str, dtype: torch.dtype) -> None:
