@@ -105,18 +105,20 @@ def _known() -> str:
 
 KERNEL_DTYPES = ("float32", "bfloat16", "float16")  # float16 is widened to float32
 
+
 # The gating functions of transformers' experts classes that the kernels compute, by the class
 # that defines ``_apply_gate``: the activation's settings (ktforge.MoE's swiglu_alpha,
 # swiglu_limit, up_offset) read from the module, and whether it applies the module's act_fn
 # (which must then be SiLU). Each is one of: clamped SwiGLU (gate.clamp(max=limit),
 # up.clamp(-limit, limit), silu(gate) * up), or gpt-oss's (the same clamps, gate *
 # sigmoid(alpha * gate) * (up + 1)).
+def _gpt_oss_gate(module: Any) -> dict[str, Any]:
+    return {"swiglu_alpha": module.alpha, "swiglu_limit": module.limit, "up_offset": 1.0}
+
+
 _GATES: dict[str, tuple[Any, bool]] = {
-    "GptOssExperts": (lambda m: {"swiglu_alpha": m.alpha, "swiglu_limit": m.limit, "up_offset": 1.0}, False),
-    "OpenAIPrivacyFilterExperts": (
-        lambda m: {"swiglu_alpha": m.alpha, "swiglu_limit": m.limit, "up_offset": 1.0},
-        False,
-    ),
+    "GptOssExperts": (_gpt_oss_gate, False),
+    "OpenAIPrivacyFilterExperts": (_gpt_oss_gate, False),
     "MiniMaxM3VLExperts": (
         lambda m: {"swiglu_alpha": m.swiglu_alpha, "swiglu_limit": m.swiglu_limit, "up_offset": 1.0},
         False,
@@ -139,7 +141,8 @@ def _gate_of(module: Any) -> tuple[Any, bool] | None:
 def activation_of(module: Any) -> dict[str, Any]:
     """The ktforge.MoE activation settings that compute this module's gating (``{}``: SwiGLU)."""
     gate = _gate_of(module)
-    return {} if gate is None else {k: float(v) for k, v in gate[0](module).items()}
+    # a limit of None (a config without one): no clamp
+    return {} if gate is None else {k: float(v) for k, v in gate[0](module).items() if v is not None}
 
 
 def why_unsupported(module: Any, *, layout_only: bool = False) -> str | None:

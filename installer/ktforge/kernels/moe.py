@@ -226,11 +226,6 @@ class MoE:
                 raise ValueError(f"{label} must be a finite number, got {number!r}")
             if ok != "finite" and number <= 0:
                 raise ValueError(f"{label} must be {ok}, got {number!r}")
-        self.activation = {
-            "swiglu_alpha": float(swiglu_alpha),
-            "swiglu_limit": swiglu_limit,
-            "up_offset": float(up_offset),
-        }
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.method = method
