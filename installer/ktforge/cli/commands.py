@@ -171,7 +171,10 @@ def build(
         return
     typer.echo(planner.format_plan(plan))
     for r in result.get("verified", []):
-        typer.echo(f"  verified {r['backend']:7} {r['method']:5} {r['kernel']} (max rel. error {r['rel_err']:.1e})")
+        typer.echo(
+            f"  verified {r['backend']:7} {r['method']:5} T={r['tokens']:<3} {r['kernel']} "
+            f"(max rel. error {r['rel_err']:.1e})"
+        )
     if portable:
         typer.echo(
             f"built {wheel}: one wheel for every x86-64; `pip install {wheel.name}` anywhere, `kt doctor` there "
