@@ -102,6 +102,12 @@ def doctor(
         raise typer.Exit(EXIT_DOCTOR_FAILED) from exc
 
 
+def _verified_line(r: dict[str, Any]) -> str:
+    """One verified kernel: backend, method, token count, kernel, error against the reference."""
+    where = f"{r['backend']:7} {r['method']:5} T={r['tokens']:<3}"
+    return f"  verified {where} {r['kernel']} (max rel. error {r['rel_err']:.1e})"
+
+
 @app.command()
 def build(
     recipe: Annotated[
@@ -171,10 +177,7 @@ def build(
         return
     typer.echo(planner.format_plan(plan))
     for r in result.get("verified", []):
-        typer.echo(
-            f"  verified {r['backend']:7} {r['method']:5} T={r['tokens']:<3} {r['kernel']} "
-            f"(max rel. error {r['rel_err']:.1e})"
-        )
+        typer.echo(_verified_line(r))
     if portable:
         typer.echo(
             f"built {wheel}: one wheel for every x86-64; `pip install {wheel.name}` anywhere, `kt doctor` there "
