@@ -165,6 +165,24 @@ def expected_int8(x: Array, ids: Array, weights: Array, layer: dict[str, tuple[A
     return out.astype(F32)
 
 
+def int8_activations_reference(x: Array, ids: Array, weights: Array, gate: Array, up: Array, down: Array) -> Array:
+    """The layer over given dense weights (float64, any values: a checkpoint's own dequantization)
+    with each projection's input as int8-activation kernels take it, quantized per token
+    (``quantize_rows``, the intermediate activation computed in float32 first)."""
+
+    def matmul(a: Array, w: Array) -> Array:
+        q, scale = quantize_rows(a, 127)
+        return ((q.astype(np.float64) @ w.astype(np.float64).T) * scale[:, None]).astype(F32)
+
+    x = np.asarray(x, dtype=F32)
+    out = np.zeros((x.shape[0], down.shape[1]), dtype=np.float64)
+    for e in np.unique(ids):
+        tokens, slots = np.nonzero(ids == e)
+        a = (silu(matmul(x[tokens], gate[e])) * matmul(x[tokens], up[e])).astype(F32)
+        out[tokens] += weights[tokens, slots][:, None].astype(np.float64) * matmul(a, down[e])
+    return out.astype(F32)
+
+
 def float_reference(
     x: Array,
     ids: Array,

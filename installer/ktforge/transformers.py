@@ -384,9 +384,9 @@ def load_converted(model: Any, path: str | Path, *, verify: bool = True) -> list
 
 def load_checkpoint(model: Any, path: str | Path) -> list[int]:
     """Run ``model``'s routed experts from the files of the checkpoint it was loaded from, in
-    their own format: FP8 experts as they are stored (method "fp8": the file's codes and
-    scales, where transformers, on a CPU, dequantizes them to bf16), others packed for the
-    method of :func:`configure`. Transformers' copy of each loaded module's experts is then
+    their own format: FP8 and packed INT4 experts as they are stored (methods "fp8" and "int4":
+    the file's codes and scales, where transformers, on a CPU, dequantizes them to bf16), others
+    packed for the method of :func:`configure`. Transformers' copy of each loaded module's experts is then
     freed, so one copy stays in memory (the eager experts and ``state_dict`` refuse, as with
     ``release_torch_weights``). Switches the model to ``experts_implementation="ktforge"``.
 
@@ -415,7 +415,7 @@ def load_checkpoint(model: Any, path: str | Path) -> list[int]:
             _check_fingerprint(
                 directory, fingerprint.record(checkpoint.experts, rows_of), name, module, "load that checkpoint"
             )
-            native = checkpoint.stored_fp8(index)
+            native = checkpoint.stored_method(index) is not None
             layer = ktforge.MoE.from_pretrained(
                 directory,
                 index,

@@ -3,9 +3,11 @@
 ``Checkpoint(path)`` reads ``config.json``, the shard index (or the shards' own headers) and
 finds the layers holding routed experts by the naming of the architecture in
 ``data/checkpoint_architectures.toml``. ``expert(layer, e, projection)`` returns one expert's
-weights as float32 ``[N, K]`` in Hugging Face orientation, de-quantizing FP8 E4M3 weights with
-their ``weight_scale_inv`` block scales (DeepSeek-V3: 128 x 128 blocks, from
-``quantization_config.weight_block_size``). Every failure names the file and the tensor.
+weights ``[N, K]`` in Hugging Face orientation: float as stored, FP8 E4M3 with its scales
+(DeepSeek-V3's ``weight_scale_inv`` per 128 x 128 block, from
+``quantization_config.weight_block_size``; compressed-tensors' channel, block and tensor scales),
+or compressed-tensors' INT4 ``pack-quantized`` with its group scales. Every failure names the file
+and the tensor.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from ktforge.checkpoints import int4_packed
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
 from ktforge.files import UnsafePath, leaves_directory, member, open_regular, read_json
-from ktforge.formats.quantize import Fp8Blocks
+from ktforge.formats.quantize import Fp8Blocks, Int4Groups
 from ktforge.resources import data_path, load_toml
 
 Array = np.ndarray[Any, Any]
@@ -113,6 +116,11 @@ class Checkpoint:
                 f"{config_path}: {field} = {self.top_k} routes to more experts than there are ({self.experts})"
             )
         self.fp8_block = self._fp8_block(config_path)
+        quantization = self.config.get("quantization_config")
+        try:
+            self.int4 = int4_packed.scheme_of(quantization, str(config_path)) if quantization else None
+        except ValueError as error:
+            raise CheckpointError(str(error)) from None
         self._files: dict[str, SafetensorsFile] = {}
         self._lock = threading.Lock()  # experts are read from several threads
         self.weight_map = self._weight_map()
@@ -178,14 +186,17 @@ class Checkpoint:
             return self._files[shard]
 
     def _moe_layers(self) -> list[int]:
+        # a packed INT4 weight is stored as {name}_packed
+        packed = f"(?:{int4_packed.PACKED})?"
         pattern = re.escape(self.arch.tensor_name(0, 0, "gate")).replace(re.escape("layers.0."), r"layers\.(\d+)\.", 1)
+        pattern += packed
         layers = sorted({int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(pattern, name))})
         if not layers:
             example = self.arch.tensor_name(0, 0, "gate")
             raise CheckpointError(f"{self.path}: no routed expert tensors named like {example!r} ({self.arch.label})")
         # the config's expert count must match the files: fewer would silently drop experts
         template = self.arch.tensor.format(layer=layers[0], expert="EXPERT", projection=self.arch.projections["gate"])
-        expert_pattern = re.escape(template).replace("EXPERT", r"(\d+)", 1)
+        expert_pattern = re.escape(template).replace("EXPERT", r"(\d+)", 1) + packed
         stored = {int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(expert_pattern, name))}
         field = self._fields["experts"]
         if stored and max(stored) >= self.experts:
@@ -232,17 +243,19 @@ class Checkpoint:
         return (self.hidden, self.intermediate) if projection == "down" else (self.intermediate, self.hidden)
 
     def _stored(self, layer: int, expert: int, projection: str) -> list[tuple[SafetensorsFile, str]]:
-        """Where a projection's tensors are: its weight and, for FP8, its block scales."""
+        """Where a projection's tensors are: its weight and, quantized, its scales (and INT4's
+        shape and zero points)."""
         name = self.arch.tensor_name(layer, expert, projection)
         found = []
-        for tensor in (name, *(name + suffix for suffix in FP8_SCALE_SUFFIXES)):
+        suffixes = dict.fromkeys((*FP8_SCALE_SUFFIXES, *int4_packed.SUFFIXES))
+        for tensor in (name, *(name + suffix for suffix in suffixes)):
             shard = self.weight_map.get(tensor)
             if shard is not None and tensor in self._open(shard).tensors:
                 found.append((self._open(shard), tensor))
         return found
 
     def source_bytes(self, layer: int, expert: int, projection: str) -> int:
-        """Bytes a projection occupies in the checkpoint (with its FP8 block scales)."""
+        """Bytes a projection occupies in the checkpoint (with its scales)."""
         return sum(f.tensors[t].end - f.tensors[t].begin for f, t in self._stored(layer, expert, projection))
 
     def _tensor(self, name: str, why: str) -> tuple[SafetensorsFile, Array]:
@@ -257,12 +270,17 @@ class Checkpoint:
 
     def describe(self, layer: int, expert: int, projection: str) -> str:
         name = self.arch.tensor_name(layer, expert, projection)
+        if name not in self.weight_map and name + int4_packed.PACKED in self.weight_map:
+            name += int4_packed.PACKED
         return f"{self.path / self.weight_map.get(name, '?')}: tensor {name!r}"
 
-    def expert(self, layer: int, expert: int, projection: str) -> Array | Fp8Blocks:
+    def expert(self, layer: int, expert: int, projection: str) -> Array | Fp8Blocks | Int4Groups:
         """One expert's weights [N, K]: bfloat16 and float32 as stored, float16
-        widened to float32, FP8 with its block scales (ktforge.formats.quantize takes each of them)."""
+        widened to float32, FP8 with its block scales, INT4 with its group scales
+        (ktforge.formats.quantize takes each of them)."""
         name = self.arch.tensor_name(layer, expert, projection)
+        if name not in self.weight_map and name + int4_packed.PACKED in self.weight_map:
+            return self._int4_groups(name, projection, f"layer {layer}, expert {expert}, {projection}")
         f, w = self._tensor(name, f"layer {layer}, expert {expert}, {projection}")
         where = f"{f.path}: tensor {name!r}"
         dtype = f.info(name).dtype
@@ -278,11 +296,51 @@ class Checkpoint:
             raise CheckpointError(f"{where} is {dtype}; expected bf16, fp16, fp32 or fp8 (F8_E4M3) weights")
         return w if dtype in ("BF16", "F32") else w.astype(np.float32)
 
-    def stored_fp8(self, layer: int) -> bool:
-        """Whether the layer's experts are stored as FP8 E4M3 (its first expert's gate tells)."""
+    def stored_method(self, layer: int) -> str | None:
+        """The format whose kernels compute the layer's experts as they are stored: "fp8" (FP8
+        E4M3), "int4" (packed INT4), or None for float weights (its first expert's gate tells)."""
         name = self.arch.tensor_name(layer, 0, "gate")
+        if name not in self.weight_map and name + int4_packed.PACKED in self.weight_map:
+            return "int4"
         f, _ = self._tensor(name, f"layer {layer}, expert 0, gate")
-        return f.info(name).dtype == "F8_E4M3"
+        return "fp8" if f.info(name).dtype == "F8_E4M3" else None
+
+    def _int4_groups(self, name: str, projection: str, why: str) -> Int4Groups:
+        f, packed = self._tensor(name + int4_packed.PACKED, why)
+        where = f"{f.path}: tensor {name + int4_packed.PACKED!r}"
+        if self.int4 is None:
+            raise CheckpointError(f"{where}: packed weights, but config.json has no pack-quantized quantization_config")
+        if self.input_type != "auto":
+            raise CheckpointError(f"{where} is packed INT4, but the input type was given as {self.input_type}")
+        N, K = self.shape(projection)
+        _, shape = self._tensor(name + int4_packed.SHAPE, f"the shape of {name}")
+        if [int(v) for v in np.asarray(shape).reshape(-1)] != [N, K]:
+            raise CheckpointError(f"{where}: its {int4_packed.SHAPE} is {shape.tolist()}; config.json implies {[N, K]}")
+        if f.info(name + int4_packed.PACKED).dtype != "I32" or packed.shape != (N, -(-K // 8)):
+            raise CheckpointError(
+                f"{where} is {f.info(name + int4_packed.PACKED).dtype} {list(packed.shape)}; "
+                f"4-bit values of [{N}, {K}] pack into I32 {[N, -(-K // 8)]}"
+            )
+        group = self.int4.group or K
+        scale_file, scale = self._tensor(name + int4_packed.SCALE, f"the group scales of {name}")
+        groups = [N, -(-K // group)]
+        if list(scale.shape) != groups:
+            raise CheckpointError(
+                f"{where}: {int4_packed.SCALE} has shape {list(scale.shape)}; groups of {group} need {groups}"
+            )
+        dtype = scale_file.info(name + int4_packed.SCALE).dtype
+        if dtype not in ("BF16", "F16", "F32") or not np.isfinite(scale.astype(np.float32)).all():
+            raise CheckpointError(f"{where}: {int4_packed.SCALE} must hold finite floats, got {dtype}")
+        zero = None
+        if not self.int4.symmetric:
+            _, packed_zero = self._tensor(name + int4_packed.ZERO_POINT, f"the zero points of {name}")
+            if packed_zero.shape != (-(-N // 8), groups[1]):
+                raise CheckpointError(
+                    f"{where}: {int4_packed.ZERO_POINT} has shape {list(packed_zero.shape)}; "
+                    f"expected {[-(-N // 8), groups[1]]}"
+                )
+            zero = int4_packed.zero_points(packed_zero, N, groups[1])
+        return Int4Groups(int4_packed.codes(packed, N, K, group), np.asarray(scale), group, K, zero)
 
     def _fp8_blocks(self, name: str, where: str, w: Array) -> Fp8Blocks:
         # DeepSeek-V3 and transformers' FP8 name the multiplier weight_scale_inv; compressed-tensors weight_scale

@@ -37,7 +37,7 @@ from ktforge.checkpoints import fingerprint
 from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
 from ktforge.files import UnsafePath, member, read_json
-from ktforge.formats.quantize import METHODS, Fp8Blocks, Quantized, quantize, shapes
+from ktforge.formats.quantize import METHODS, Fp8Blocks, Int4Groups, Quantized, quantize, shapes
 from ktforge.resources import write_atomic
 
 Array = np.ndarray[Any, Any]
@@ -59,6 +59,8 @@ class Options:
     method: str
     group_size: int
     input_type: str
+    # a checkpoint's own INT4 kept as it is, or an error (see quantize); not in the manifest
+    exact: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -135,7 +137,7 @@ def quantized_experts(
     options: Options,
     threads: int,
     sink: Sink,
-    source: Callable[[int, str, Array | Fp8Blocks], None] | None = None,
+    source: Callable[[int, str, Array | Fp8Blocks | Int4Groups], None] | None = None,
 ) -> Generator[tuple[int, dict[str, Quantized], int], None, None]:
     """Quantizes a layer's experts on ``threads`` threads, a few experts in flight (the
     extension and NumPy release the GIL); ``sink(expert, projection, q)`` runs on the worker
@@ -150,7 +152,7 @@ def quantized_experts(
                 source(expert, projection, w)
             read += checkpoint.source_bytes(layer, expert, projection)
             try:
-                q = quantize(w, options.method, options.group_size)
+                q = quantize(w, options.method, options.group_size, exact=options.exact)
             except ValueError as error:
                 raise CheckpointError(f"{checkpoint.describe(layer, expert, projection)}: {error}") from error
             sink(expert, projection, q)
@@ -197,11 +199,10 @@ def convert_layer(
     # the fingerprint's rows of the source weights, taken as the experts stream past
     sample_experts, samples = set(fingerprint.sampled(checkpoint.experts)), {}
 
-    def keep_sample(expert: int, projection: str, w: Array | Fp8Blocks) -> None:
+    def keep_sample(expert: int, projection: str, w: Array | Fp8Blocks | Int4Groups) -> None:
         if expert in sample_experts:
-            rows = fingerprint.sampled(w.codes.shape[0] if isinstance(w, Fp8Blocks) else w.shape[0])
-            full = w.to_float32() if isinstance(w, Fp8Blocks) else w
-            samples[expert, projection] = np.asarray(full[rows], dtype=np.float32)
+            full = w if isinstance(w, np.ndarray) else w.to_float32()
+            samples[expert, projection] = np.asarray(full[fingerprint.sampled(full.shape[0])], dtype=np.float32)
 
     try:
         # slices are written by the workers; the checksums need them in order, here

@@ -25,6 +25,10 @@ Hugging Face checkpoints):
 - fp8: a checkpoint's own FP8 E4M3 codes, ``weight`` float8_e4m3fn ``[..., N, K]``, and its
   scales as float32 ``[..., N, Kg / group]``, one per row and group of K (a 128 x 128 block's
   scale repeated over its rows, a channel's over its groups): a repack, not a quantization.
+
+A checkpoint's own INT4 (compressed-tensors' symmetric ``pack-quantized``, Kimi-K2-Thinking's)
+is int4's layout already: its codes are ``q + 8`` two a byte, even k low, and its scales, where
+bfloat16 holds them exactly, are int4's. :class:`Int4Groups` repacks it bit for bit.
 """
 
 from __future__ import annotations
@@ -86,9 +90,57 @@ class Fp8Blocks:
         return Quantized(self.codes.view(ml_dtypes.float8_e4m3fn), scale)
 
 
-def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quantized:
+@dataclass(frozen=True)
+class Int4Groups:
+    """Symmetric INT4 weights ``[N, K]`` as a checkpoint stores them: ``codes`` uint8
+    ``[N, ceil(K / group) * group / 2]``, ``q + 8`` for q in [-8, 7], two a byte (even k low,
+    zero codes, 8, past K), and the ``scale`` of each row's group ``[N, ceil(K / group)]`` in
+    the file's dtype (bfloat16, float16 or float32): ``w = (q - zero) * scale``, with asymmetric
+    schemes' integer ``zero`` points ``[N, ceil(K / group)]`` (None: symmetric, zero 0)."""
+
+    codes: Array
+    scale: Array
+    group: int
+    K: int
+    zero: Array | None = None
+
+    def to_float32(self) -> Array:
+        q = np.stack([self.codes & 0x0F, self.codes >> 4], axis=-1).reshape(self.codes.shape[0], -1)
+        values = (q.astype(np.float32) - 8).reshape(q.shape[0], -1, self.group)
+        if self.zero is not None:
+            values -= self.zero.astype(np.float32)[..., None]
+        return (values * self.scale.astype(np.float32)[..., None]).reshape(q.shape[0], -1)[:, : self.K]
+
+    def why_not_int4(self, group_size: int) -> str | None:
+        """Why int4 at ``group_size`` cannot hold these values exactly; None when it can."""
+        import ml_dtypes
+
+        if self.zero is not None:
+            return "it has zero points (an asymmetric scheme); int4 is symmetric"
+        if self.group != group_size:
+            return f"the checkpoint's groups are {self.group} values of K, not {group_size}"
+        if self.group not in formats.by_name("int4").group_sizes:
+            return f"int4 takes groups of {formats.spoken_list(formats.by_name('int4').group_sizes)}"
+        wide = self.scale.astype(np.float32)
+        if not np.array_equal(wide.astype(ml_dtypes.bfloat16).astype(np.float32), wide):
+            return f"its {self.scale.dtype} scales are not all exact in bfloat16 (int4's scale type)"
+        return None
+
+    def as_int4(self) -> Quantized:
+        """int4's portable layout, bit for bit (where :meth:`why_not_int4` finds nothing)."""
+        import ml_dtypes
+
+        scale = np.ascontiguousarray(self.scale.astype(np.float32).astype(ml_dtypes.bfloat16))
+        return Quantized(np.ascontiguousarray(self.codes), scale)
+
+
+def quantize(
+    w: Array | Fp8Blocks | Int4Groups, method: str, group_size: int = 128, *, exact: bool = False
+) -> Quantized:
     """Quantizes weights ``[..., N, K]`` given as float32 or bfloat16 (others are widened to
-    float32 first), or FP8 blocks (de-quantized row by row on the way); NaN or infinity
+    float32 first), FP8 blocks (de-quantized row by row on the way) or a checkpoint's INT4
+    (repacked as it is for int4 at its own group size where its scales are exact in bfloat16,
+    else de-quantized; with ``exact``, a ValueError saying why instead); NaN or infinity
     raises ValueError."""
     import ml_dtypes
 
@@ -96,6 +148,16 @@ def quantize(w: Array | Fp8Blocks, method: str, group_size: int = 128) -> Quanti
 
     element = formats.by_name(method).element
     formats.check_group(method, group_size)
+    if isinstance(w, Int4Groups):
+        why_not = w.why_not_int4(group_size) if element == "int4" else f"{method} is not int4"
+        if why_not is None:
+            return w.as_int4()
+        if exact:
+            raise ValueError(
+                f"the checkpoint's INT4 cannot be served as it is: {why_not}; pass method= (int4 with a "
+                "group_size, int8g, int8 or bf16) to re-quantize its de-quantized values"
+            )
+        w = w.to_float32()
     if element == "fp8":
         if not isinstance(w, Fp8Blocks):
             raise ValueError(

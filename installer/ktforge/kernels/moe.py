@@ -267,11 +267,13 @@ class MoE:
 
         ``path`` is either a ``kt convert`` output (the method and group size are the
         conversion's; checksums are verified unless ``verify=False``) or an original Hugging
-        Face checkpoint (Qwen3-MoE, DeepSeek-V3, Mixtral; bf16/fp16/fp32, or FP8 with block,
-        channel or tensor scales), quantized here for ``method`` exactly as ``kt convert``
-        would: both give the same results. Without ``method``, FP8 experts are served as they
-        are stored ("fp8": the file's codes and scales, repacked, not re-quantized) and others as
-        bf16. ``layer`` is the model's layer index. ``activation``: the layer's gated activation
+        Face checkpoint (Qwen3-MoE, DeepSeek-V3, Mixtral; bf16/fp16/fp32, FP8 with block,
+        channel or tensor scales, or compressed-tensors' INT4 ``pack-quantized``), quantized here
+        for ``method`` exactly as ``kt convert`` would: both give the same results. Without
+        ``method``, FP8 and INT4 experts are served as they are stored ("fp8", "int4" at the
+        file's group: its codes and scales, repacked, not re-quantized; an INT4 int4 cannot hold
+        exactly, asymmetric or with scales bfloat16 does not hold, raises ValueError saying so)
+        and others as bf16. ``layer`` is the model's layer index. ``activation``: the layer's gated activation
         (``swiglu_alpha``, ``swiglu_limit``, ``up_offset``, as for the constructor; a checkpoint's
         config does not say it), SwiGLU by default.
         """
@@ -333,7 +335,7 @@ class MoE:
         activation: dict[str, Any],
     ) -> MoE:
         """A Hugging Face checkpoint's layer, quantized here exactly as ``kt convert`` would, or,
-        with no method given, FP8 experts as they are stored (else bf16)."""
+        with no method given, FP8 and INT4 experts as they are stored (else bf16)."""
         from contextlib import closing
 
         from ktforge.checkpoints import convert
@@ -345,10 +347,14 @@ class MoE:
                     f"{directory}: layer {layer} holds no routed experts; MoE layers are "
                     f"{convert.format_layers(checkpoint.moe_layers)}"
                 )
-            method = method or ("fp8" if checkpoint.stored_fp8(layer) else "bf16")
-            # fp8 keeps the file's scales: its groups are the checkpoint's blocks along K
-            block_k = checkpoint.fp8_block[1]
-            native_group = block_k if method == "fp8" and block_k in formats.by_name("fp8").group_sizes else 128
+            stored = checkpoint.stored_method(layer)
+            method = method or stored or "bf16"
+            # the stored format keeps the file's scales: its groups are the checkpoint's blocks along K
+            native_group = 128
+            if method == "fp8" and checkpoint.fp8_block[1] in formats.by_name("fp8").group_sizes:
+                native_group = checkpoint.fp8_block[1]
+            if method == stored == "int4" and checkpoint.int4 is not None and checkpoint.int4.group:
+                native_group = checkpoint.int4.group
             group = group_size or native_group
             moe = cls(
                 checkpoint.experts,
@@ -361,7 +367,8 @@ class MoE:
                 group_size=group,
                 **activation,
             )
-            options = convert.Options(method, group if formats.by_name(method).grouped else 0, input_type)
+            exact = method == stored and group_size is None  # the file's values, or an error saying why not
+            options = convert.Options(method, group if formats.by_name(method).grouped else 0, input_type, exact)
             tensors = convert.layer_tensors(
                 method, checkpoint.experts, checkpoint.hidden, checkpoint.intermediate, options.group_size
             )

@@ -1,0 +1,74 @@
+"""compressed-tensors' ``pack-quantized`` INT4, as Kimi-K2-Thinking and llm-compressor's W4A16
+schemes store it: ``{name}_packed`` int32 ``[N, ceil(K / 8)]`` (value i of a row at bits 4i..4i+3
+of its word i / 8, stored as q + 8), ``{name}_scale`` ``[N, K / group]`` in the model's dtype,
+``{name}_shape`` ``[N, K]``, and with asymmetric schemes ``{name}_zero_point``. The scheme is the
+``quantization_config``'s: 4-bit ``int`` weights of strategy ``group``.
+
+Little-endian int32 words of 4-bit values are, byte for byte, int4's portable layout (two a
+byte, even k in the low nibble, q + 8): reading is a view, not a conversion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Array = np.ndarray[Any, Any]
+PACKED, SCALE, SHAPE, ZERO_POINT = "_packed", "_scale", "_shape", "_zero_point"
+SUFFIXES = (PACKED, SCALE, SHAPE, ZERO_POINT)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """The weights' INT4 scheme: group size (0: per channel) and whether it has zero points."""
+
+    group: int
+    symmetric: bool
+
+
+def scheme_of(quantization: dict[str, Any], where: str) -> Scheme | None:
+    """The 4-bit integer weight scheme of a compressed-tensors ``pack-quantized`` config, or None
+    when the config is not one; ValueError for a scheme ktforge cannot read."""
+    if quantization.get("quant_method") != "compressed-tensors":
+        return None
+    groups = quantization.get("config_groups")
+    for group in groups.values() if isinstance(groups, dict) else ():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        layout = group.get("format", quantization.get("format")) if isinstance(group, dict) else None
+        if layout != "pack-quantized" or not isinstance(weights, dict):
+            continue
+        if weights.get("type") != "int" or weights.get("num_bits") != 4:
+            raise ValueError(
+                f"{where}: pack-quantized weights of {weights.get('num_bits')}-bit {weights.get('type')}; "
+                "ktforge serves 4-bit int"
+            )
+        strategy, size = weights.get("strategy"), weights.get("group_size")
+        if strategy == "channel":
+            return Scheme(0, bool(weights.get("symmetric", True)))
+        if strategy != "group" or not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 2**31:
+            raise ValueError(f"{where}: pack-quantized strategy {strategy!r} with group_size {size!r}; expected group")
+        return Scheme(size, bool(weights.get("symmetric", True)))
+    return None
+
+
+def codes(packed: Array, N: int, K: int, group: int) -> Array:
+    """int4's portable codes ``[N, ceil(K / group) * group / 2]`` from ``_packed``'s int32 words:
+    the words' bytes, each nibble past K set to 8 (a zero)."""
+    half = -(-K // group) * group // 2
+    raw = np.ascontiguousarray(packed).view("<u1").reshape(N, -1)
+    out = np.full((N, half), 0x88, np.uint8)
+    whole = K // 2
+    out[:, :whole] = raw[:, :whole]
+    if K % 2:  # the last value's byte: its high nibble lies past K
+        out[:, whole] = (raw[:, whole] & 0x0F) | 0x80
+    return out
+
+
+def zero_points(packed: Array, N: int, groups: int) -> Array:
+    """The zero points ``[N, groups]`` (int8, in [-8, 7]) of ``_zero_point``'s int32
+    ``[ceil(N / 8), groups]``: packed along N, 8 rows a word, stored as z + 8."""
+    by_group = np.ascontiguousarray(np.asarray(packed).T).view("<u1").reshape(groups, -1)
+    nibbles = np.stack([by_group & 0x0F, by_group >> 4], axis=-1).reshape(groups, -1)[:, :N]
+    return np.ascontiguousarray(nibbles.T).astype(np.int8) - 8

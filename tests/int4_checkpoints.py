@@ -1,0 +1,127 @@
+"""Tiny INT4 checkpoints as compressed-tensors writes them (``pack-quantized``: Kimi-K2-Thinking's
+format, and llm-compressor's W4A16), with the library's own dequantization.
+
+Scales come from the library's ``calculate_qparams`` per group of the weights' rows, codes and
+packing from its ``PackedQuantizationCompressor``, the config from its ``QuantizationConfig``.
+The dense weights are the library's ``unpack_from_int32`` and ``dequantize`` computed in float64
+(its ``decompress`` rounds them to the weights' dtype, bfloat16, which is not what the file holds).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .synthetic_checkpoints import NAMING, _config
+
+Array = np.ndarray[Any, Any]
+
+
+def scheme(group: int, symmetric: bool = True) -> Any:
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    args = QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=group, symmetric=symmetric)
+    return QuantizationScheme(targets=["Linear"], weights=args)
+
+
+def quantization_config(group: int, symmetric: bool = True) -> dict[str, Any]:
+    from compressed_tensors.quantization import QuantizationConfig
+
+    config = QuantizationConfig(config_groups={"group_0": scheme(group, symmetric)}, format="pack-quantized")
+    return json.loads(config.model_dump_json(exclude_none=True))
+
+
+def compress(w: Any, group: int, symmetric: bool = True) -> tuple[dict[str, Any], Array, Array]:
+    """The library's tensors for ``w`` [N, K], its float64 dequantization, and the codes q [N, K]."""
+    import torch
+    import torch.nn.functional as F
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    s = scheme(group, symmetric)
+    N, K = w.shape
+    groups = F.pad(w.float(), (0, -K % group)).reshape(N, -1, group)
+    scale, zero_point = calculate_qparams(groups.amin(-1), groups.amax(-1), s.weights)
+    scale = scale.to(w.dtype)
+    state = {"weight": w, "weight_scale": scale, "weight_zero_point": zero_point}
+    compressed = dict(PackedQuantizationCompressor.compress(state, s))
+    q = unpack_from_int32(compressed["weight_packed"], 4, torch.Size([N, K]))
+    zero = None if symmetric else zero_point
+    dense = dequantize(x_q=q, scale=compressed["weight_scale"].double(), zero_point=zero, args=s.weights)
+    return compressed, dense.numpy(), q.numpy()
+
+
+def write_int4_checkpoint(
+    directory: Path,
+    arch: str = "qwen3_moe",
+    *,
+    group: int = 32,
+    E: int = 4,
+    k: int = 2,
+    H: int = 256,
+    I: int = 128,
+    moe_layers: tuple[int, ...] = (1,),
+    seed: int = 0,
+    scale_dtype: str = "bfloat16",
+    symmetric: bool = True,
+) -> dict[int, dict[str, tuple[Array, Array]]]:
+    """Writes the checkpoint (one shard, experts in ``scale_dtype``, the scales' dtype); returns
+    ``{layer: {projection: (dense float64 [E, N, K], codes [E, N, K])}}``."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    config = _config(arch, E, k, H, I, max(moe_layers) + 1, None)
+    config["quantization_config"] = quantization_config(group, symmetric)
+    (directory / "config.json").write_text(json.dumps(config))
+    pattern, names = NAMING[arch]
+    dtype = getattr(torch, scale_dtype)
+    tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
+    layers: dict[int, dict[str, tuple[Array, Array]]] = {}
+    for layer in moe_layers:
+        dense: dict[str, list[tuple[Array, Array]]] = {p: [] for p in ("gate", "up", "down")}
+        for e in range(E):
+            for projection, p in zip(dense, names, strict=True):
+                shape = (H, I) if projection == "down" else (I, H)
+                w = (torch.randn(*shape, generator=generator) / shape[1] ** 0.5).to(dtype)
+                parts, values, q = compress(w, group, symmetric)
+                name = pattern.format(L=layer, E=e, P=p)
+                for part, tensor in parts.items():
+                    tensors[name.removesuffix("weight") + part] = tensor.contiguous()
+                dense[projection].append((values, q))
+        layers[layer] = {p: (np.stack([v for v, _ in d]), np.stack([q for _, q in d])) for p, d in dense.items()}
+    save_file(tensors, str(directory / "model.safetensors"))
+    return layers
+
+
+def int4_copy(model_dir: Path, out_dir: Path, group: int = 32) -> None:
+    """A saved transformers model as its INT4 release (Kimi-K2-Thinking's way): every routed
+    expert's weight compressed by compressed-tensors' packer (bf16 scales per ``group``), the
+    rest as it was, the scheme targeting the experts only."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        if ".mlp.experts." in name and name.endswith(".weight") and tensor.ndim == 2:
+            parts, _, _ = compress(tensor.to(torch.bfloat16), group)
+            tensors.update({name.removesuffix("weight") + part: v.contiguous() for part, v in parts.items()})
+        else:
+            tensors[name] = tensor
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"] = quantization_config(group)
+    config["quantization_config"]["config_groups"]["group_0"]["targets"] = [r"re:.*mlp\.experts.*"]
+    (out_dir / "config.json").write_text(json.dumps(config))
+    for extra in model_dir.iterdir():
+        if extra.name not in ("config.json", "model.safetensors"):
+            shutil.copy(extra, out_dir / extra.name)
