@@ -110,6 +110,31 @@ def dequantize_fp8_blocks(codes: Array, scale: Array, rows: int, group: int) -> 
     return codes.astype(np.float64) * per_value
 
 
+def quantize_mxfp4(w: Array) -> tuple[Array, Array]:
+    """MXFP4 weights: [N, K] -> E2M1 codes [N, Kp] (uint8, K zero-padded to a multiple of 32) and
+    E8M0 codes [N, Kp / 32]: per group the least power of two 2^s with max|w| / 2^s <= 6 (1 for a
+    group of zeros), the codes ml_dtypes' float4_e2m1fn cast of w / 2^s (round to nearest even)."""
+    n, k = w.shape
+    kp = -(-k // 32) * 32
+    padded = np.zeros((n, kp), dtype=F32)
+    padded[:, :k] = w
+    grouped = padded.reshape(n, kp // 32, 32)
+    max_abs = np.abs(grouped).max(axis=-1).astype(np.float64)
+    with np.errstate(divide="ignore"):
+        s = np.where(max_abs > 0, np.ceil(np.log2(max_abs / 6.0)), 0).astype(np.int64)
+    s = np.clip(s, -127, 127)
+    values = (grouped / np.ldexp(1.0, s)[..., None]).astype(F32)
+    codes = values.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0x0F
+    return codes.reshape(n, kp), (s + 127).astype(np.uint8)
+
+
+def dequantize_mxfp4(codes: Array, e8m0: Array) -> Array:
+    """float64 [N, Kp] of E2M1 codes and their E8M0 group scales (ml_dtypes' decoding)."""
+    values = codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+    scale = np.ldexp(1.0, e8m0.astype(np.int64) - 127)
+    return (values.reshape(*e8m0.shape, -1) * scale[..., None]).reshape(codes.shape)
+
+
 def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
     """x [M, K] float32 activations, w [N, K] float32 weights -> [M, N] float32."""
     if method == "bf16":
@@ -118,6 +143,9 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         wd = dequantize_fp8_blocks(*quantize_fp8_blocks(w, group), 16, group)
         return (np.asarray(x, np.float64) @ wd.T).astype(F32)
     xq, sx = quantize_rows(x, 127)
+    if method == "mxfp4":  # int8 activations, the weights' values exact
+        wd = dequantize_mxfp4(*quantize_mxfp4(w))[:, : x.shape[1]]
+        return ((xq.astype(np.float64) @ wd.T) * sx[:, None]).astype(F32)
     if method == "int8":
         wq, sw = quantize_rows(w, 127)
         acc = (xq @ wq.T).astype(F32)

@@ -110,7 +110,8 @@ class PyMoE {
   }
 
   // int8: values int8 [rows..., K], scales float32 [rows...]; int8g: values int8 [rows..., K];
-  // int4: values uint8 [rows..., Kg / 2]; both with scales bfloat16 (as uint16)
+  // int4: values uint8 [rows..., Kg / 2]; both with scales bfloat16 (as uint16); fp4: int4's
+  // values (E2M1 codes), scales uint8 (E8M0 codes)
   // [rows..., Kg / group], Kg = K rounded up to the group. fp8: E4M3 codes uint8 [rows..., K],
   // scales float32 [rows..., Kg / group] (a checkpoint's block or channel scales, one per row).
   MoeLayer::QuantizedWeights quantized(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
@@ -140,10 +141,15 @@ class PyMoE {
         require(values, {E, N, K}, name);
       } else {
         if (!values.dtype().is(py::dtype::of<uint8_t>()))
-          throw std::invalid_argument(std::string(name) + " must be uint8 (two int4 values per byte)");
+          throw std::invalid_argument(std::string(name) + " must be uint8 (two 4-bit values per byte)");
         require(values, {E, N, groups * c.group / 2}, name);
       }
       require(scales, {E, N, groups}, scale_name.c_str());
+      if (element_of(c.method) == Element::fp4) {
+        if (!scales.dtype().is(py::dtype::of<uint8_t>()))
+          throw std::invalid_argument(scale_name + " must be uint8 (E8M0 codes)");
+        return {values.data(), values.shape(2), scales.data(), scales.shape(2)};
+      }
       if (!scales.dtype().is(py::dtype::of<uint16_t>()))
         throw std::invalid_argument(scale_name + " must be bfloat16 (passed as uint16)");
       return {values.data(), values.shape(2), scales.data(), scales.shape(2) * 2};
@@ -273,7 +279,8 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   const DType dtype = fp8 ? DType::f32 : dtype_of(w, "weights");
   if (fp8 != fp8_scale.has_value()) throw std::invalid_argument("FP8 (uint8) weights need their block scales, and only they");
   const py::ssize_t K = w.shape(w.ndim() - 1), rows = K ? w.size() / K : 0;
-  const bool int4 = method == Element::int4, int8_values = !int4;
+  const bool int4 = nibbles(method), int8_values = !int4;
+  const int nibble_offset = method == Element::int4 ? 8 : 0;  // fp4's nibbles are its codes
   const py::ssize_t Kp = method == Element::int8 ? K : (K + group - 1) / group * group;
   const py::ssize_t groups = method == Element::int8 ? 1 : Kp / group;
   std::vector<py::ssize_t> q_shape(w.shape(), w.shape() + w.ndim()), s_shape(q_shape.begin(), q_shape.end() - 1);
@@ -324,12 +331,17 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
       if (int4) {
         auto* bytes = reinterpret_cast<uint8_t*>(q_out) + r * q_row;
         for (py::ssize_t j = 0; j < q_row; ++j)
-          bytes[j] = static_cast<uint8_t>((values[2 * j] + 8) | ((values[2 * j + 1] + 8) << 4));
+          bytes[j] = static_cast<uint8_t>((values[2 * j] + nibble_offset) | ((values[2 * j + 1] + nibble_offset) << 4));
       }
     }
   }
   if (bad_row >= 0) throw std::invalid_argument("weights contain NaN or infinite values (row " + std::to_string(bad_row) + ")");
   if (method == Element::int8) return py::make_tuple(q, scales);
+  if (method == Element::fp4) {
+    py::array_t<uint8_t> e8m0(s_shape);
+    std::transform(scales.data(), scales.data() + scales.size(), e8m0.mutable_data(), f32_to_e8m0);
+    return py::make_tuple(q, e8m0);
+  }
   py::array_t<uint16_t> bits(s_shape);
   std::transform(scales.data(), scales.data() + scales.size(), bits.mutable_data(), f32_to_bf16);
   return py::make_tuple(q, bits);

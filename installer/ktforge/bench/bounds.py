@@ -11,7 +11,14 @@ from ktforge.bench.model import available_memory
 
 # the instruction (sequence) each element family's multiply-adds run on, per backend (see its
 # peak_ops); a format runs on its element's (data/formats.json)
-DOT_PEAK = {"bf16": "bf16_dot", "int8": "int8_dot", "int8g": "int8_dot", "int4": "int4_dot", "fp8": "bf16_dot"}
+DOT_PEAK = {
+    "bf16": "bf16_dot",
+    "int8": "int8_dot",
+    "int8g": "int8_dot",
+    "int4": "int4_dot",
+    "fp8": "bf16_dot",
+    "mxfp4": "int4_dot",  # int4's dot products on codes looked up by one byte shuffle
+}
 
 PEAK_RUNS = 7
 

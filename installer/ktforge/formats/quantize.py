@@ -22,6 +22,11 @@ Hugging Face checkpoints):
   zeros); ``q = clip(rint(w * (1 / scale)), -8, 7)`` (``m``'s code is -8), stored as ``q + 8``,
   two per byte, even k in the low nibble: ``weight`` uint8 ``[..., N, Kg / 2]``. 16-bit
   scales make group 32 take 0.5625 bytes a weight and steps of max|w| / 8, both Q4_0's.
+- mxfp4 (element fp4): OCP MXFP4, K zero-padded to ``Kg``, a multiple of 32: ``weight`` uint8
+  ``[..., N, Kg / 2]``, two E2M1 codes a byte (even k in the low nibble: gpt-oss's ``*_blocks``
+  and compressed-tensors' bytes), ``scale`` uint8 ``[..., N, Kg / 32]``, E8M0 codes (2^(e - 127)).
+  Quantized here per group: the least power of two 2^s with max|w| / 2^s <= 6, each value the
+  E2M1 code nearest w / 2^s (ties to even).
 - fp8: a checkpoint's own FP8 E4M3 codes, ``weight`` float8_e4m3fn ``[..., N, K]``, and its
   scales as float32 ``[..., N, Kg / group]``, one per row and group of K (a 128 x 128 block's
   scale repeated over its rows, a channel's over its groups): a repack, not a quantization.
@@ -41,6 +46,8 @@ import numpy as np
 from ktforge import formats
 
 METHODS = formats.names()
+# E2M1 (MXFP4's element): sign, two exponent bits, one mantissa bit
+FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
 
 Array = np.ndarray[Any, Any]
 
@@ -211,11 +218,14 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
         group = next(g for g in formats.by_name(method).group_sizes if -(-K // g) == groups)
         per_value = np.repeat(q.scale.astype(np.float32), group, axis=-1)[..., :K]
         return q.weight.astype(np.float32) * per_value
-    low = (q.weight & 0x0F).astype(np.int8) - 8
-    high = (q.weight >> 4).astype(np.int8) - 8
-    values = np.stack([low, high], axis=-1).reshape(*q.weight.shape[:-1], -1).astype(np.float32)
+    codes = np.stack([q.weight & 0x0F, q.weight >> 4], axis=-1).reshape(*q.weight.shape[:-1], -1)
     groups = q.scale.shape[-1]
-    grouped = values.reshape(*values.shape[:-1], groups, -1) * q.scale.astype(np.float32)[..., None]
+    if element == "fp4":
+        values = FP4_VALUES[codes]
+        scale = np.ldexp(np.float32(1), q.scale.astype(np.int32) - 127).astype(np.float32)
+    else:
+        values, scale = codes.astype(np.float32) - 8, q.scale.astype(np.float32)
+    grouped = values.reshape(*values.shape[:-1], groups, -1) * scale[..., None]
     return grouped.reshape(values.shape)[..., :K]
 
 

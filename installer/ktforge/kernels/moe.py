@@ -161,7 +161,9 @@ class MoE:
             (int8 with a scale per group of ``group_size`` weights, 32, 64 or 128: group 32 is
             llama.cpp's Q8_0), "int4" (group-wise weights, ``group_size`` 32, 64 or 128) or
             "fp8" (FP8 E4M3 with a float32 scale per 16 rows and ``group_size`` values of K, or a
-            checkpoint's own 128 x 128 block, channel or tensor scales; fp32 activations).
+            checkpoint's own 128 x 128 block, channel or tensor scales; fp32 activations) or
+            "mxfp4" (OCP MXFP4: E2M1 values with a power-of-two E8M0 scale per 32, gpt-oss's;
+            ``group_size`` 32).
         backend: "auto" (the best this CPU runs), "amx" (tiles for prefill, AVX-512 for decode),
             "avx512", "avx2", "reference", "amx-model" (the AMX kernels on a software tile
             unit: slow, for verification on CPUs without AMX), or "amd-blis":
@@ -454,18 +456,24 @@ class MoE:
             self.load_weights(*arrays)
             return
         # int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of
-        # zeros may have any scale
-        wanted = {"int4": "nonzero and finite", "fp8": "finite"}.get(self.method, "positive and finite")
+        # zeros may have any scale; an E8M0 code of 255 is NaN
+        element = formats.by_name(self.method).element
+        wanted = {"int4": "nonzero and finite", "fp8": "finite", "fp4": "E8M0 codes other than 255 (NaN)"}.get(
+            element, "positive and finite"
+        )
         for index, name in ((1, "gate"), (3, "up"), (5, "down")):
             scale = arrays[index].astype(np.float32)
             ok = np.isfinite(scale)
-            if self.method != "fp8":
-                ok &= (scale != 0) if self.method == "int4" else (scale > 0)
+            if element == "fp4":
+                ok &= arrays[index] != 255
+            elif element != "fp8":
+                ok &= (scale != 0) if element == "int4" else (scale > 0)
             if not ok.all():
                 raise ValueError(f"{name}.scale holds values that are not {wanted}")
             if self.method == "fp8":
                 arrays[index - 1] = arrays[index - 1].view(np.uint8)  # E4M3 codes as their bytes
-            arrays[index] = _kernel_view(arrays[index], f"{name}.scale", copy=False)  # bf16 scales as their bits
+            if element != "fp4":  # E8M0 codes are bytes already
+                arrays[index] = _kernel_view(arrays[index], f"{name}.scale", copy=False)  # bf16 scales as their bits
         self._layer.load_quantized(*arrays)
         self._loaded = True
 

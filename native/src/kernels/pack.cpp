@@ -35,10 +35,12 @@ void shape(PackedMatrix& out, Element method, int group, int N, int K) {
   }
   out.scale.clear();
   out.group_scale.clear();
+  out.group_e8m0.clear();
   out.colsum.clear();
 }
 
 constexpr uint16_t kBf16One = 0x3F80;
+constexpr uint8_t kE8m0One = 127;
 
 void begin_quantized(PackedMatrix& out) {
   if (out.element == Element::int8) {
@@ -47,6 +49,8 @@ void begin_quantized(PackedMatrix& out) {
   } else if (out.element == Element::fp8) {
     out.scale.assign(out.Np, 1.f);
     out.block_scale.assign(static_cast<std::size_t>(out.blocks()) * out.groups(), 1.f);
+  } else if (out.element == Element::fp4) {
+    out.group_e8m0.assign(static_cast<std::size_t>(out.Np) * out.groups(), kE8m0One);
   } else {
     out.group_scale.assign(static_cast<std::size_t>(out.Np) * out.groups(), kBf16One);
   }
@@ -79,14 +83,61 @@ void put_int8g_row(PackedMatrix& out, int n, const int8_t* q, const uint16_t* sc
         static_cast<uint8_t>(q[k] + 128);
 }
 
-// Row n of an int4 matrix: Kp values in [-8, 7], stored as q + 8, and one bf16 scale per group.
-void put_int4_row(PackedMatrix& out, int n, const int8_t* q, const uint16_t* scales) {
-  put_group_scales(out, n, scales);
+// Row n of a nibble matrix: Kp values in [0, 15] at k = 8j + b (low) and 8j + 4 + b (high) of
+// byte b of line j.
+void put_nibbles(PackedMatrix& out, int n, const int8_t* q, int offset) {
   for (int k = 0; k < out.Kp; ++k) {
-    const int v = q[k] + 8, q8 = k / 8, b = k % 4, high = (k % 8) >= 4;
+    const int v = q[k] + offset, q8 = k / 8, b = k % 4, high = (k % 8) >= 4;
     uint8_t& byte = out.values[((static_cast<int64_t>(n / 16) * (out.Kp / 8) + q8) * 16 + n % 16) * 4 + b];
     byte = static_cast<uint8_t>(high ? (byte & 0x0F) | (v << 4) : (byte & 0xF0) | v);
   }
+}
+
+// Row n of an int4 matrix: Kp values in [-8, 7], stored as q + 8, and one bf16 scale per group.
+void put_int4_row(PackedMatrix& out, int n, const int8_t* q, const uint16_t* scales) {
+  put_group_scales(out, n, scales);
+  put_nibbles(out, n, q, 8);
+}
+
+// Row n of an fp4 matrix: Kp E2M1 codes and one E8M0 code per group.
+void put_fp4_row(PackedMatrix& out, int n, const int8_t* codes, const uint8_t* e8m0) {
+  const int G = out.groups();
+  for (int g = 0; g < G; ++g) out.group_e8m0[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16] = e8m0[g];
+  put_nibbles(out, n, codes, 0);
+}
+
+// The E2M1 code nearest v (ties to the even code, whose mantissa bit is 0), saturating at 6, with
+// v's sign (a negative v that rounds to zero is -0, as ml_dtypes' float4_e2m1fn cast gives).
+int8_t fp4_code(float v) {
+  static constexpr float kMidpoints[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f};
+  const float m = std::fabs(v);
+  int i = 0;
+  while (i < 7 && (m > kMidpoints[i] || (m == kMidpoints[i] && (i + 1) % 2 == 0))) ++i;
+  return static_cast<int8_t>((std::signbit(v) ? 8 : 0) | i);
+}
+
+// MXFP4 of one row: per group, the least power of two 2^s with max|w| / 2^s <= 6 (so no value
+// saturates; OCP's floor(log2 max|w|) - 2 would clip the top of the range), in E8M0's range,
+// 1 for a group of zeros; each value the E2M1 code nearest w / 2^s.
+bool quantize_fp4_row(const float* w, int K, int group, int8_t* q, float* scales) {
+  bool finite = true;
+  for (int g0 = 0; g0 < K; g0 += group) {
+    float max_abs = 0.f;
+    for (int k = g0; k < g0 + group; ++k) {
+      finite &= std::isfinite(w[k]);
+      max_abs = std::max(max_abs, std::fabs(w[k]));
+    }
+    int e = 127;
+    if (max_abs > 0.f && std::isfinite(max_abs)) {
+      int exponent;
+      const double mantissa = std::frexp(static_cast<double>(max_abs) / 6.0, &exponent);  // in [0.5, 1)
+      e = std::clamp((mantissa == 0.5 ? exponent - 1 : exponent) + 127, 0, 254);
+    }
+    const float scale = e8m0_to_f32(static_cast<uint8_t>(e));
+    scales[g0 / group] = scale;
+    for (int k = g0; k < g0 + group; ++k) q[k] = fp4_code(w[k] / scale);
+  }
+  return finite;
 }
 
 // FP8 E4M3 (the "fn" variant: no infinities, 0x7F/0xFF are NaN) to float, exactly.
@@ -200,6 +251,7 @@ void pack_fp8_rows(PackedMatrix& out, const std::vector<QuantizedRow>& rows) {
 // like the value for non-negative floats and puts NaN/inf above every finite value.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 bool quantize_weight_row(Element method, int group, const float* w, int K, int8_t* q, float* scales) {
+  if (method == Element::fp4) return quantize_fp4_row(w, K, group, q, scales);
   const bool int4 = method == Element::int4;
   const int step = grouped(method) ? group : K;
   // int4 uses all 16 codes, as llama.cpp's Q4_0: the group's largest |w| becomes -8 (its scale
@@ -308,6 +360,12 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
       put_int8_row(out, n, q.data(), scales[0]);
       continue;
     }
+    if (method == Element::fp4) {
+      std::vector<uint8_t> e8m0(scales.size());
+      for (std::size_t g = 0; g < scales.size(); ++g) e8m0[g] = f32_to_e8m0(scales[g]);
+      put_fp4_row(out, n, q.data(), e8m0.data());
+      continue;
+    }
     for (std::size_t g = 0; g < scales.size(); ++g) bits[g] = f32_to_bf16(scales[g]);  // exact: see quantize_weight_row
     if (method == Element::int8g)
       put_int8g_row(out, n, q.data(), bits.data());
@@ -323,6 +381,7 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
   begin_quantized(out);
   std::vector<int8_t> q(out.Kp);
   const std::vector<uint16_t> unit(out.groups() + 1, kBf16One);
+  const std::vector<uint8_t> unit_e8m0(out.groups() + 1, kE8m0One);
   for (int n = 0; n < out.Np; ++n) {
     const QuantizedRow row = n < N ? rows[n] : QuantizedRow{};
     std::fill(q.begin(), q.end(), int8_t{0});
@@ -332,6 +391,13 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
         put_int8_row(out, n, q.data(), row.values ? *static_cast<const float*>(row.scales) : 1.f);
       else
         put_int8g_row(out, n, q.data(), row.values ? static_cast<const uint16_t*>(row.scales) : unit.data());
+    } else if (method == Element::fp4) {
+      // portable fp4: int4's byte order, the nibbles E2M1 codes; one E8M0 code per group
+      if (row.values) {
+        const auto* bytes = static_cast<const uint8_t*>(row.values);
+        for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>((bytes[k / 2] >> (4 * (k % 2))) & 0x0F);
+      }
+      put_fp4_row(out, n, q.data(), row.values ? static_cast<const uint8_t*>(row.scales) : unit_e8m0.data());
     } else {
       // portable int4: byte j holds k = 2j (low nibble) and k = 2j + 1 (high nibble), each q + 8
       if (row.values) {

@@ -22,7 +22,9 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
 // the group's first w of the largest magnitude m, rounded to bf16, q in [-8, 7] (m's own code
 // is -8). Scale 1 for all zeros; q = round-to-even of w * (1 / scale), clamped. K must be a
 // multiple of the group for grouped elements. Writes K values to q and one scale (int8) or
-// K / group scales (each exact in bf16); false if w holds NaN or inf.
+// K / group scales (each exact in bf16); false if w holds NaN or inf. fp4 (MXFP4): q an E2M1
+// code in [0, 15], the nearest to w / scale (ties to even), and per group the scale 2^s, the
+// least power of two (an E8M0 value) with max|w| / 2^s <= 6.
 bool quantize_weight_row(Element method, int group, const float* w, int K, int8_t* q, float* scales);
 
 // A row of K FP8 E4M3 codes (the "fn" variant: no infinities, 0x7F/0xFF are NaN), decoded
@@ -33,10 +35,10 @@ bool decode_fp8_row(const uint8_t* codes, int64_t K, const float* block_scales, 
 // a zero row). int8: K int8 values and one scale. int8g: K int8 values and one bf16 scale per
 // group of round_up(K, group) (as its bits). int4: round_up(K, group) / 2 bytes, two values
 // per byte (even k in the low nibble), each stored as q + 8 with q in [-8, 7], and one bf16
-// scale per group.
+// scale per group. fp4: int4's bytes holding E2M1 codes, and one E8M0 code (uint8) per group.
 struct QuantizedRow {
   const void* values = nullptr;
-  const void* scales = nullptr;  // int8: a float; int8g, int4: uint16_t bf16 bits
+  const void* scales = nullptr;  // int8: a float; int8g, int4: uint16_t bf16 bits; fp4: uint8 E8M0
 };
 
 // Packs quantized rows into the same layout pack_rows produces from the float weights they

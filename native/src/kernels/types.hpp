@@ -8,6 +8,7 @@
 //   int8: [N/16][K/4][16][4]  int8        one 64-byte line = 16 columns x 4 k
 //   int4: [N/16][K/8][16][4]  nibbles     byte (col, b): low = k 8q+b, high = k 8q+4+b,
 //                                         stored as w+8 in [0, 15]
+//   fp4:  [N/16][K/8][16][4]  nibbles     int4's order, each an E2M1 code (MXFP4's values)
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
 //                                         unsigned operand of u8 x s8 dot products)
 //   fp8:  [N/16][K][16]       E4M3 codes  one 64-byte line = 16 columns x 4 k: a k's 16
@@ -17,6 +18,7 @@
 // AMX B tile stream: 16 rows of 64 bytes per 32 bf16 / 64 int8 values of K.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,11 +31,40 @@ namespace kt {
 // K is padded to whole AMX tiles (32 bf16 or 64 int8 values a row), so every backend reads
 // the same layout and the tile kernels have no K tail.
 inline int k_step(Element m, int group) { return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : group; }
-// Elements with a scale per group of K values (int4, int8g, fp8); the others have none or one a row.
-inline bool grouped(Element m) { return m == Element::int4 || m == Element::int8g || m == Element::fp8; }
+// Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
+inline bool grouped(Element m) {
+  return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4;
+}
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
-inline bool int8_activations(Element m) { return m == Element::int8 || m == Element::int4 || m == Element::int8g; }
-inline bool group_sums(Element m) { return m == Element::int4 || m == Element::int8g; }
+inline bool int8_activations(Element m) {
+  return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4;
+}
+inline bool group_sums(Element m) { return m == Element::int4 || m == Element::int8g || m == Element::fp4; }
+// Nibble elements: int4's panel layout, two values a byte.
+inline bool nibbles(Element m) { return m == Element::int4 || m == Element::fp4; }
+
+// MXFP4 (OCP microscaling): E2M1 codes (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2,
+// 3, 4, 6) with an E8M0 scale 2^(e - 127) per 32 values. The kernels look a code up as twice its
+// value plus 12, in [0, 24] (the unsigned operand of u8 x s8 dot products, as int4's w + 8), take
+// 12 * sum_k x off each group's sum, and halve the result: every step exact.
+constexpr int kFp4Offset = 12;
+constexpr int8_t kFp4Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// 2^(e - 127) as float bits: e << 23 for e >= 1; e = 0 is the subnormal 2^-127, 1 << 22, which
+// is what max(e << 23, 1 << 22) gives (the SIMD kernels' two instructions). e = 255 (NaN) is
+// refused at load.
+constexpr uint32_t kE8m0MinBits = 1u << 22;
+inline float e8m0_to_f32(uint8_t e) {
+  const uint32_t bits = std::max(static_cast<uint32_t>(e) << 23, kE8m0MinBits);
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+// The E8M0 code of a power of two e8m0_to_f32 gives.
+inline uint8_t f32_to_e8m0(float f) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &f, 4);
+  return static_cast<uint8_t>(bits >= (1u << 23) ? bits >> 23 : 0);
+}
 
 // FP8 E4M3 in the kernels. A code's bits moved into a float's (sign to bit 31, exponent and
 // mantissa to bits 26..20) are its value times 2^-120, exactly, subnormals included: two integer
@@ -66,6 +97,9 @@ struct PackedMatrix {
   // scales keep group 32 at Q4_0's and Q8_0's bytes a weight (0.5625, 1.0625); bf16 (not
   // fp16) for its range.
   aligned_vector<uint16_t> group_scale;
+  // fp4: the E8M0 scale codes, uint8 group_e8m0[block][group][16] (int4's order): the file's byte
+  // a group, so MXFP4 packs into its own bytes.
+  aligned_vector<uint8_t> group_e8m0;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
   aligned_vector<int32_t> colsum;
   // fp8: float32 block_scale[block][group], one scale for a 16-column block's group of K (a
@@ -85,15 +119,16 @@ struct PackedMatrix {
   std::size_t value_bytes() const { return static_cast<std::size_t>(blocks()) * block_bytes(); }
   const uint8_t* block(int b) const { return values + b * block_bytes(); }
   const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
+  const uint8_t* block_e8m0(int b) const { return group_e8m0.data() + static_cast<std::size_t>(b) * groups() * 16; }
   std::size_t metadata_bytes() const {
-    return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4 + block_scale.size() * 4;
+    return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4 + block_scale.size() * 4 + group_e8m0.size();
   }
   const float* fp8_block_scales(int b) const { return block_scale.data() + static_cast<std::size_t>(b) * groups(); }
   // fp8: block b's 16 row scales, or nullptr where all are 1
   const float* fp8_row_scales(int b) const { return scale.empty() ? nullptr : scale.data() + b * 16; }
 
   static std::size_t block_bytes(Element m, int Kp) {
-    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : m == Element::int4 ? 8 : 16);
+    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : nibbles(m) ? 8 : 16);
   }
   // The bytes of values an N x K matrix packs into.
   static std::size_t value_bytes(Element m, int group, int N, int K) {

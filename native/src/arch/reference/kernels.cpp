@@ -46,9 +46,15 @@ void gemm_int8(const GemmArgs& a) {
 }
 
 // The grouped elements: each group's sum is exact in int32 and scaled at the group's end, as
-// every backend does. code(panel, k) reads value k of a column's panel.
+// every backend does. code(panel, k) reads value k of a column's panel; scale(block, g, c) is
+// column c of the block's scale for group g (bf16 unless given).
+inline float bf16_group_scale(const PackedMatrix& w, int block, int g, int c) {
+  return bf16_to_f32(w.block_scales(block)[g * 16 + c]);
+}
+
 template <typename Code>
-void gemm_grouped(const GemmArgs& a, Code code) {
+void gemm_grouped(const GemmArgs& a, Code code, float (*scale)(const PackedMatrix&, int, int, int) = bf16_group_scale,
+                  float final_scale = 1.f) {
   const PackedMatrix& w = *a.w;
   const int G = w.groups(), group = w.group;
   for (int i = 0; i < a.m; ++i) {
@@ -60,9 +66,9 @@ void gemm_grouped(const GemmArgs& a, Code code) {
       for (int g = 0; g < G; ++g) {
         int32_t s = 0;
         for (int k = g * group; k < (g + 1) * group; ++k) s += code(panel, k) * x[k];
-        acc += static_cast<float>(s) * bf16_to_f32(w.block_scales(n / 16)[g * 16 + n % 16]);
+        acc += static_cast<float>(s) * scale(w, n / 16, g, n % 16);
       }
-      a.out[i * a.ld_out + (n - a.n0)] = acc * a.act->scale[r];
+      a.out[i * a.ld_out + (n - a.n0)] = acc * (a.act->scale[r] * final_scale);
     }
   }
 }
@@ -71,6 +77,16 @@ void gemm_grouped(const GemmArgs& a, Code code) {
 int int4_code(const uint8_t* panel, int k) {
   const uint8_t byte = panel[(k / 8) * 64 + k % 4];
   return ((k % 8) >= 4 ? byte >> 4 : byte & 0x0F) - 8;
+}
+
+// fp4: int4's nibbles, E2M1 codes read as twice their value; the E8M0 scale 2^(e - 127), and
+// a final 1/2 for the doubling (kernels/types.hpp)
+int fp4_doubled(const uint8_t* panel, int k) {
+  const uint8_t byte = panel[(k / 8) * 64 + k % 4];
+  return kFp4Doubled[(k % 8) >= 4 ? byte >> 4 : byte & 0x0F];
+}
+float e8m0_group_scale(const PackedMatrix& w, int block, int g, int c) {
+  return e8m0_to_f32(w.block_e8m0(block)[g * 16 + c]);
 }
 
 // int8g: bytes q + 128 in int8's order
@@ -104,6 +120,7 @@ void gemm(const GemmArgs& a) {
     case Element::int8: return gemm_int8(a);
     case Element::int4: return gemm_grouped(a, int4_code);
     case Element::int8g: return gemm_grouped(a, int8g_code);
+    case Element::fp4: return gemm_grouped(a, fp4_doubled, e8m0_group_scale, 0.5f);
   }
 }
 
@@ -111,6 +128,7 @@ std::string describe(Element m) {
   return m == Element::bf16   ? "scalar fp32 dot of bf16"
          : m == Element::int8 ? "scalar int32 dot"
          : m == Element::fp8  ? "scalar fp32 dot of fp8 per block"
+         : m == Element::fp4  ? "scalar int32 dot of doubled fp4 per group"
                               : "scalar int32 dot per group";
 }
 

@@ -208,6 +208,26 @@ void unpack_int4(const uint8_t* panel, int kp, int8_t* out) {
 #endif
 }
 
+// fp4 panel rows (int4's order, E2M1 codes) -> signed int8 B-tile rows of twice their values
+// (kernels/types.hpp), looked up with vpshufb.
+void unpack_fp4(const uint8_t* panel, int kp, int8_t* out) {
+#ifndef KTFORGE_AMX_MODEL
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kFp4Doubled)));
+  for (int j = 0; j < kp / 8; ++j) {
+    const __m512i v = _mm512_loadu_si512(panel + j * 64);
+    _mm512_storeu_si512(out + 2 * j * 64, _mm512_shuffle_epi8(table, _mm512_and_si512(v, low)));
+    _mm512_storeu_si512(out + (2 * j + 1) * 64, _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), low)));
+  }
+#else
+  for (int j = 0; j < kp / 8; ++j)
+    for (int b = 0; b < 64; ++b) {
+      out[2 * j * 64 + b] = kFp4Doubled[panel[j * 64 + b] & 0x0F];
+      out[(2 * j + 1) * 64 + b] = kFp4Doubled[panel[j * 64 + b] >> 4];
+    }
+#endif
+}
+
 // acc[16] += float(c[16]) * ws[16], fused (one rounding, as vfmadd: the model is bit-identical).
 inline void fma_group(const int32_t* c, const float* ws, float* acc) {
 #ifndef KTFORGE_AMX_MODEL
@@ -271,7 +291,8 @@ void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* 
 void amx_grouped(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
-  const bool int8g = w.element == Element::int8g;
+  const bool int8g = w.element == Element::int8g, fp4 = w.element == Element::fp4;
+  const float final_scale = fp4 ? 0.5f : 1.f;  // fp4's B tiles hold twice its values
   const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
   const std::size_t row_bytes = static_cast<std::size_t>(kp);
   const int m_pad = (g.m + 31) / 32 * 32;
@@ -293,11 +314,17 @@ void amx_grouped(const GemmArgs& g) {
       if (int8g) {
         b_blocks[h] = w.block(blk + h);
       } else {
-        unpack_int4(w.block(blk + h), kp, unpacked[h]);
+        (fp4 ? unpack_fp4 : unpack_int4)(w.block(blk + h), kp, unpacked[h]);
         b_blocks[h] = reinterpret_cast<const uint8_t*>(unpacked[h]);
       }
-      const uint16_t* bits = w.block_scales(blk + h);
-      for (int k = 0; k < G * 16; ++k) scales[h][k] = bf16_to_f32(bits[k]);  // widened once per task, exactly
+      // widened once per task, exactly
+      if (fp4) {
+        const uint8_t* e8m0 = w.block_e8m0(blk + h);
+        for (int k = 0; k < G * 16; ++k) scales[h][k] = e8m0_to_f32(e8m0[k]);
+      } else {
+        const uint16_t* bits = w.block_scales(blk + h);
+        for (int k = 0; k < G * 16; ++k) scales[h][k] = bf16_to_f32(bits[k]);
+      }
     }
     // The next pair's panels stream into L2 while this pair computes: unpacking reads them
     // from there instead of waiting on memory.
@@ -325,7 +352,7 @@ void amx_grouped(const GemmArgs& g) {
           for (int i = 0; i < rows; ++i) fma_group(c + i * 32 + h * 16, scales[h] + grp * 16, acc + i * 32 + h * 16);
       }
       for (int i = 0; i < rows; ++i) {
-        const float xs = act.scale[g.rows[i0 + i]];
+        const float xs = act.scale[g.rows[i0 + i]] * final_scale;
         float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
         for (int h = 0; h < halves; ++h) scale_out(acc + i * 32 + h * 16, xs, out + h * 16);
       }
@@ -426,7 +453,7 @@ int min_rows(Element m) {
          : m == Element::bf16  ? kAmxBf16MinRows
          : m == Element::int8  ? kAmxInt8MinRows
          : m == Element::int8g ? kAmxInt8gMinRows
-                               : kAmxInt4MinRows;
+                               : kAmxInt4MinRows;  // int4, and fp4 (int4's kernel but the unpacking)
 }
 
 bool use_tiles(const GemmArgs& g) { return g.m >= min_rows(g.w->element) && amx_permission_errno() == 0; }
@@ -444,6 +471,7 @@ std::string describe(Element m) {
                          : m == Element::bf16  ? "tdpbf16ps"
                          : m == Element::int8  ? "tdpbusd"
                          : m == Element::int8g ? "tdpbsud per group"
+                         : m == Element::fp4   ? "tdpbssd (fp4 looked up as doubled int8)"
                                                : "tdpbssd (nibbles unpacked to int8)";
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +
          fallback;

@@ -153,27 +153,61 @@ inline __m256 load_scales(const uint16_t* bf16) {
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bf16))), 16));
 }
 
-template <int M, int NB>
-struct Int4Tile {
+// What a nibble element's panel holds. int4: the nibbles themselves, w + 8, bf16 group scales.
+struct Int4Codes {
+  using Scale = uint16_t;
+  static constexpr int kOffset = 8, kSteps16 = kInt4Steps16;
+  static constexpr float kFinal = 1.f;
+  static __m256i table() { return _mm256_setzero_si256(); }
+  static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
+  static __m256 scales(const Scale* s) { return load_scales(s); }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
+};
+
+// fp4: E2M1 codes looked up (vpshufb) as twice their value + 12, in [0, 24]: a step's pair sums
+// reach 2 * 2 * 24 * 127 = 12192, so 16-bit sums hold 2 steps, not 4. E8M0 scales built as float
+// bits (kernels/types.hpp), the doubling halved at the end.
+struct Fp4Codes {
+  using Scale = uint8_t;
+  static constexpr int kOffset = kFp4Offset, kSteps16 = 2;
+  static constexpr float kFinal = 0.5f;
+  static __m256i table() {
+    alignas(16) int8_t t[16];
+    for (int c = 0; c < 16; ++c) t[c] = static_cast<int8_t>(kFp4Doubled[c] + kFp4Offset);
+    return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  }
+  static __m256i decode(__m256i nibbles, __m256i table) { return _mm256_shuffle_epi8(table, nibbles); }
+  static __m256 scales(const Scale* e) {
+    const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e))), 23);
+    return _mm256_castsi256_ps(_mm256_max_epu32(bits, _mm256_set1_epi32(static_cast<int>(kE8m0MinBits))));
+  }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
+};
+
+template <class Codes>
+struct NibbleTile {
+ template <int M, int NB>
+ struct Tile {
   static void run(const int8_t* const* x, const int32_t* const* gsum, const float* xs, const uint8_t* panel,
-                  const uint16_t* g_scale, int groups, int group, float* out, int64_t ld) {
+                  const typename Codes::Scale* g_scale, int groups, int group, float* out, int64_t ld) {
+    constexpr int kSteps16 = Codes::kSteps16;
     __m256 accf[M][2];
     for (int i = 0; i < M; ++i) accf[i][0] = accf[i][1] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), table = Codes::table();
     const int steps = group / 8;
     for (int g = 0; g < groups; ++g) {
       __m256i acc[M][2];
       for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-      for (int s0 = g * steps; s0 < (g + 1) * steps; s0 += kInt4Steps16) {
+      for (int s0 = g * steps; s0 < (g + 1) * steps; s0 += kSteps16) {
         __m256i acc16[M][2];
         for (int i = 0; i < M; ++i) acc16[i][0] = acc16[i][1] = _mm256_setzero_si256();
-        for (int p = s0; p < s0 + kInt4Steps16; ++p) {
+        for (int p = s0; p < s0 + kSteps16; ++p) {
           prefetch_panel(panel + p * 64);
           __m256i lo[2], hi[2];
           for (int h = 0; h < 2; ++h) {
             __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + h * 32));
-            lo[h] = _mm256_and_si256(v, low);
-            hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            lo[h] = Codes::decode(_mm256_and_si256(v, low), table);
+            hi[h] = Codes::decode(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), table);
           }
           for (int i = 0; i < M; ++i) {
             __m256i a_lo = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
@@ -187,17 +221,18 @@ struct Int4Tile {
           for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(acc16[i][h], ones));
       }
       for (int i = 0; i < M; ++i) {
-        __m256i offset = _mm256_set1_epi32(8 * gsum[i][g]);
+        __m256i offset = _mm256_set1_epi32(Codes::kOffset * gsum[i][g]);
         for (int h = 0; h < 2; ++h) {
           __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][h], offset));
-          accf[i][h] = _mm256_fmadd_ps(v, load_scales(g_scale + g * 16 + h * 8), accf[i][h]);
+          accf[i][h] = _mm256_fmadd_ps(v, Codes::scales(g_scale + g * 16 + h * 8), accf[i][h]);
         }
       }
     }
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h)
-        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(accf[i][h], _mm256_set1_ps(xs[i])));
+        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(accf[i][h], _mm256_set1_ps(xs[i] * Codes::kFinal)));
   }
+ };
 };
 
 // int8g: the codes w + 128 back to w (xor 0x80), then int8's |w| * sign(x, w) products, summed
@@ -311,7 +346,7 @@ void gemm(const GemmArgs& a) {
         int64_t r = a.rows[i0 + i];
         rows[i] = act.q.data() + r * act.Kp;
         xs[i] = act.scale[r];
-        if (w.element == Element::int4) sums[i] = act.gsum.data() + r * G;
+        if (nibbles(w.element)) sums[i] = act.gsum.data() + r * G;
       }
       if (w.element == Element::int8)
         dispatch<kRows, 1, Int8Tile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float*>(xs),
@@ -320,11 +355,16 @@ void gemm(const GemmArgs& a) {
       else if (w.element == Element::int8g)
         dispatch<kRows, 1, Int8gTile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float*>(xs),
                                       w.block(blk), w.block_scales(blk), G, w.group, out, a.ld_out);
+      else if (w.element == Element::fp4)
+        dispatch<kRows, 1, NibbleTile<Fp4Codes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
+                                                       static_cast<const int32_t* const*>(sums),
+                                                       static_cast<const float*>(xs), w.block(blk),
+                                                       Fp4Codes::scales_of(w, blk), G, w.group, out, a.ld_out);
       else
-        dispatch<kRows, 1, Int4Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                     static_cast<const int32_t* const*>(sums), static_cast<const float*>(xs),
-                                     w.block(blk), w.block_scales(blk), G, w.group,
-                                     out, a.ld_out);
+        dispatch<kRows, 1, NibbleTile<Int4Codes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
+                                                        static_cast<const int32_t* const*>(sums),
+                                                        static_cast<const float*>(xs), w.block(blk),
+                                                        w.block_scales(blk), G, w.group, out, a.ld_out);
     }
   }
 }
@@ -334,6 +374,7 @@ std::string describe(Element m) {
          : m == Element::fp8   ? "avx2 fp32 fma on fp8 decoded in registers"
          : m == Element::int8  ? "avx2 maddubs, sign on the weights"
          : m == Element::int8g ? "avx2 maddubs, sign on the weights, per group"
+         : m == Element::fp4   ? "avx2 maddubs on fp4 looked up as doubled int8"
                                : "avx2 maddubs on unpacked nibbles";
 }
 

@@ -143,7 +143,7 @@ void int8_finish(const int32_t* partial, int m, int nb, const float* x_scale, co
   }
 }
 
-// ---- int4 -------------------------------------------------------------------------------
+// ---- int4, fp4 (their tile: avx512/nibbles.hpp) ---------------------------------------
 
 constexpr int kInt4Rows = 8, kInt4Blocks = 2, kInt4DecodeBlocks = 4;
 
@@ -153,51 +153,17 @@ inline __m512 load_scales(const uint16_t* bf16) {
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bf16))), 16));
 }
 
-// Weights are unsigned nibbles w+8 (the u8 operand), activations signed: the sum over a
-// group carries 8 * sum_k x, removed per group before scaling.
-template <int M, int NB>
-// noinline: register allocation in isolation keeps every accumulator in a register
-__attribute__((noinline)) void int4_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale, const uint8_t* const* panel,
-               const uint16_t* const* g_scale, int groups, int group, float* out, int64_t ld) {
-  __m512 accf[M][NB];
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  const int steps = group / 8;
-  for (int g = 0; g < groups; ++g) {
-    __m512i acc[M][NB];
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_si512();
-    for (int s = 0; s < steps; ++s) {
-      const int p = g * steps + s;
-      __m512i lo[NB], hi[NB];
-      for (int j = 0; j < NB; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kStreamAheadLines) * 64), _MM_HINT_T1);
-        __m512i v = _mm512_loadu_si512(panel[j] + p * 64);
-        lo[j] = _mm512_and_si512(v, low);
-        hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      }
-      for (int i = 0; i < M; ++i) {
-        __m512i a_lo = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
-        __m512i a_hi = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
-        for (int j = 0; j < NB; ++j) {
-          acc[i][j] = dpbusd(acc[i][j], lo[j], a_lo);
-          acc[i][j] = dpbusd(acc[i][j], hi[j], a_hi);
-        }
-      }
-    }
-    for (int i = 0; i < M; ++i) {
-      __m512i offset = _mm512_set1_epi32(8 * gsum[i][g]);
-      for (int j = 0; j < NB; ++j) {
-        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
-        accf[i][j] = _mm512_fmadd_ps(v, load_scales(g_scale[j] + g * 16), accf[i][j]);
-      }
-    }
-  }
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < NB; ++j)
-      _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(accf[i][j], _mm512_set1_ps(x_scale[i])));
-}
+#endif  // __AVX512VNNI__, reopened after the nibble kernels
+}  // namespace
+}  // namespace kt
+
+// nibble_tile (int4, fp4) and its codes, in this file's unnamed namespace (they use
+// kStreamAheadLines, dpbusd and load_scales)
+#include "arch/x86/avx512/nibbles.hpp"
+
+namespace kt {
+namespace {
+#ifdef __AVX512VNNI__
 
 // ---- int8g ------------------------------------------------------------------------------
 
@@ -371,10 +337,13 @@ void gemm_int8(const GemmArgs& a) {
   }
 }
 
-template <int M, int NB>
-struct Int4Tile {
-  template <typename... A>
-  static void run(A... a) { int4_tile<M, NB>(a...); }
+template <class Codes>
+struct NibbleTile {
+  template <int M, int NB>
+  struct Tile {
+    template <typename... A>
+    static void run(A... a) { nibble_tile<Codes, M, NB>(a...); }
+  };
 };
 
 template <int M, int NB>
@@ -386,8 +355,9 @@ struct Int8gTile {
 // The grouped elements' driver: panels and their group scales, NB blocks at a time, over
 // chunks of Rows token rows (Decode x DecodeBlocks for a couple of rows: more panels at once,
 // for more memory streams in flight).
-template <template <int, int> class Tile, int Rows, int Blocks, int DecodeBlocks>
+template <template <int, int> class Tile, int Rows, int Blocks, int DecodeBlocks, class Scales = Int4Codes>
 void gemm_grouped(const GemmArgs& a) {
+  using Scale = typename Scales::Scale;
   const PackedMatrix& w = *a.w;
   const int G = w.groups();
   const bool decode = a.m <= kDecodeRows;
@@ -395,10 +365,10 @@ void gemm_grouped(const GemmArgs& a) {
   for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += blocks) {
     const int nb = std::min(blocks, a.n1 / 16 - b0);
     const uint8_t* panel[std::max(Blocks, DecodeBlocks)];
-    const uint16_t* gs[std::max(Blocks, DecodeBlocks)];
+    const Scale* gs[std::max(Blocks, DecodeBlocks)];
     for (int j = 0; j < nb; ++j) {
       panel[j] = w.block(b0 + j);
-      gs[j] = w.block_scales(b0 + j);
+      gs[j] = Scales::scales_of(w, b0 + j);
     }
     for (int i0 = 0; i0 < a.m; i0 += Rows) {
       const int m = std::min(Rows, a.m - i0);
@@ -416,18 +386,23 @@ void gemm_grouped(const GemmArgs& a) {
         dispatch<kDecodeRows, DecodeBlocks, Tile>(
             m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
             static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel),
-            static_cast<const uint16_t* const*>(gs), G, w.group, out, a.ld_out);
+            static_cast<const Scale* const*>(gs), G, w.group, out, a.ld_out);
         continue;
       }
       dispatch<Rows, Blocks, Tile>(
           m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
-          static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel), static_cast<const uint16_t* const*>(gs),
+          static_cast<const float*>(xs), static_cast<const uint8_t* const*>(panel), static_cast<const Scale* const*>(gs),
           G, w.group, out, a.ld_out);
     }
   }
 }
 
-void gemm_int4(const GemmArgs& a) { gemm_grouped<Int4Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks>(a); }
+void gemm_int4(const GemmArgs& a) {
+  gemm_grouped<NibbleTile<Int4Codes>::Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks>(a);
+}
+void gemm_fp4(const GemmArgs& a) {
+  gemm_grouped<NibbleTile<Fp4Codes>::Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks, Fp4Codes>(a);
+}
 void gemm_int8g(const GemmArgs& a) { gemm_grouped<Int8gTile, kInt8gRows, kInt8gBlocks, kInt8gDecodeBlocks>(a); }
 #endif
 
@@ -438,6 +413,7 @@ void gemm(const GemmArgs& a) {
 #ifdef __AVX512VNNI__
     case Element::int8: return gemm_int8(a);
     case Element::int4: return gemm_int4(a);
+    case Element::fp4: return gemm_fp4(a);
     case Element::int8g: return gemm_int8g(a);
 #else
     // AVX-512 without VNNI (Skylake-SP): the AVX2 maddubs kernels are exact and close in speed.
@@ -459,10 +435,12 @@ std::string describe(Element m) {
 #ifdef __AVX512VNNI__
   const char* int8 = "avx512 vpdpbusd";
   const char* int4 = "avx512 vpdpbusd on unpacked nibbles";
+  const char* fp4 = "avx512 vpdpbusd on fp4 looked up as doubled int8";
   const char* int8g = "avx512 vpdpbusd per group";
 #else
   const char* int8 = "avx2 maddubs (no VNNI)";
   const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
+  const char* fp4 = "avx2 maddubs on fp4 looked up as doubled int8 (no VNNI)";
   const char* int8g = "avx2 maddubs per group (no VNNI)";
 #endif
 #ifdef __AVX512BF16__
@@ -472,7 +450,7 @@ std::string describe(Element m) {
 #else
   if (m == Element::fp8) return "avx512 fp32 fma on fp8 decoded in registers";
 #endif
-  return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g : int4;
+  return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g : m == Element::fp4 ? fp4 : int4;
 }
 
 std::vector<std::string> features() { return compiled_features(); }

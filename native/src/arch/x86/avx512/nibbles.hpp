@@ -1,0 +1,95 @@
+// The AVX-512 kernels of the nibble elements (int4, fp4): a part of arch/x86/avx512/kernels.cpp,
+// included there after its kStreamAheadLines, dpbusd and load_scales (in the same unnamed
+// namespace), so they are compiled with each AVX-512 level's flags.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/types.hpp"
+
+namespace kt {
+namespace {
+#ifdef __AVX512VNNI__
+
+// What a nibble element's panel holds. int4: the nibbles themselves, w + 8, bf16 group scales.
+struct Int4Codes {
+  using Scale = uint16_t;
+  static constexpr int kOffset = 8;
+  static constexpr float kFinal = 1.f;
+  static __m512i table() { return _mm512_setzero_si512(); }
+  static __m512i decode(__m512i nibbles, __m512i) { return nibbles; }
+  static __m512 scales(const Scale* s) { return load_scales(s); }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
+};
+
+// fp4: E2M1 codes looked up (vpshufb, in each 128-bit lane) as twice their value + 12, E8M0
+// scales built as float bits (kernels/types.hpp), the doubling halved at the end.
+struct Fp4Codes {
+  using Scale = uint8_t;
+  static constexpr int kOffset = kFp4Offset;
+  static constexpr float kFinal = 0.5f;
+  static __m512i table() {
+    alignas(16) int8_t t[16];
+    for (int c = 0; c < 16; ++c) t[c] = static_cast<int8_t>(kFp4Doubled[c] + kFp4Offset);
+    return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  }
+  static __m512i decode(__m512i nibbles, __m512i table) { return _mm512_shuffle_epi8(table, nibbles); }
+  static __m512 scales(const Scale* e) {
+    const __m512i bits = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e))), 23);
+    return _mm512_castsi512_ps(_mm512_max_epu32(bits, _mm512_set1_epi32(static_cast<int>(kE8m0MinBits))));
+  }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
+};
+
+// Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12), activations signed:
+// the sum over a group carries offset * sum_k x, removed per group before scaling.
+template <class Codes, int M, int NB>
+// noinline: register allocation in isolation keeps every accumulator in a register
+__attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale,
+                                           const uint8_t* const* panel, const typename Codes::Scale* const* g_scale,
+                                           int groups, int group, float* out, int64_t ld) {
+  __m512 accf[M][NB];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F), table = Codes::table();
+  const int steps = group / 8;
+  for (int g = 0; g < groups; ++g) {
+    __m512i acc[M][NB];
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_si512();
+    for (int s = 0; s < steps; ++s) {
+      const int p = g * steps + s;
+      __m512i lo[NB], hi[NB];
+      for (int j = 0; j < NB; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kStreamAheadLines) * 64), _MM_HINT_T1);
+        __m512i v = _mm512_loadu_si512(panel[j] + p * 64);
+        lo[j] = Codes::decode(_mm512_and_si512(v, low), table);
+        hi[j] = Codes::decode(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), table);
+      }
+      for (int i = 0; i < M; ++i) {
+        __m512i a_lo = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
+        __m512i a_hi = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
+        for (int j = 0; j < NB; ++j) {
+          acc[i][j] = dpbusd(acc[i][j], lo[j], a_lo);
+          acc[i][j] = dpbusd(acc[i][j], hi[j], a_hi);
+        }
+      }
+    }
+    for (int i = 0; i < M; ++i) {
+      __m512i offset = _mm512_set1_epi32(Codes::kOffset * gsum[i][g]);
+      for (int j = 0; j < NB; ++j) {
+        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
+        accf[i][j] = _mm512_fmadd_ps(v, Codes::scales(g_scale[j] + g * 16), accf[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < NB; ++j)
+      _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(accf[i][j], _mm512_set1_ps(x_scale[i] * Codes::kFinal)));
+}
+
+#endif  // __AVX512VNNI__
+}  // namespace
+}  // namespace kt
