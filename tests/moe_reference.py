@@ -193,21 +193,46 @@ def expected_int8(x: Array, ids: Array, weights: Array, layer: dict[str, tuple[A
     return out.astype(F32)
 
 
-def int8_activations_reference(x: Array, ids: Array, weights: Array, gate: Array, up: Array, down: Array) -> Array:
+def gated(
+    gate: Array, up: Array, swiglu_alpha: float = 1.0, swiglu_limit: float | None = None, up_offset: float = 0.0
+) -> Array:
+    """transformers' definitions, in float64: gate.clamp(max=limit), up.clamp(-limit, limit),
+    gate * sigmoid(alpha * gate) * (up + offset)."""
+    if swiglu_limit is not None:
+        gate, up = np.minimum(gate, swiglu_limit), np.clip(up, -swiglu_limit, swiglu_limit)
+    return gate / (1.0 + np.exp(-swiglu_alpha * gate)) * (up + up_offset)  # type: ignore[no-any-return]
+
+
+def int8_activations_reference(
+    x: Array,
+    ids: Array,
+    weights: Array,
+    gate: Array,
+    up: Array,
+    down: Array,
+    *,
+    biases: tuple[Array, Array, Array] | None = None,
+    activation: dict[str, Any] | None = None,
+) -> Array:
     """The layer over given dense weights (float64, any values: a checkpoint's own dequantization)
     with each projection's input as int8-activation kernels take it, quantized per token
-    (``quantize_rows``, the intermediate activation computed in float32 first)."""
+    (``quantize_rows``, the intermediate activation computed in float32 first); optional
+    per-expert biases (gate, up, down) and gated activation settings (``gated``)."""
 
     def matmul(a: Array, w: Array) -> Array:
         q, scale = quantize_rows(a, 127)
-        return ((q.astype(np.float64) @ w.astype(np.float64).T) * scale[:, None]).astype(F32)
+        return (q.astype(np.float64) @ w.astype(np.float64).T) * scale[:, None]
 
     x = np.asarray(x, dtype=F32)
     out = np.zeros((x.shape[0], down.shape[1]), dtype=np.float64)
     for e in np.unique(ids):
         tokens, slots = np.nonzero(ids == e)
-        a = (silu(matmul(x[tokens], gate[e])) * matmul(x[tokens], up[e])).astype(F32)
-        out[tokens] += weights[tokens, slots][:, None].astype(np.float64) * matmul(a, down[e])
+        g, u = matmul(x[tokens], gate[e]), matmul(x[tokens], up[e])
+        if biases is not None:
+            g, u = g + biases[0][e], u + biases[1][e]
+        a = (gated(g, u, **(activation or {}))).astype(F32)
+        d = matmul(a, down[e]) + (biases[2][e] if biases is not None else 0.0)
+        out[tokens] += weights[tokens, slots][:, None].astype(np.float64) * d
     return out.astype(F32)
 
 

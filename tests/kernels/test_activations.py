@@ -13,23 +13,13 @@ import pytest
 import ktforge
 
 from .. import host
-from ..moe_reference import rel_err, routing
+from ..moe_reference import gated, rel_err, routing
 from .test_fp8 import quantized_layer
 
 ALL_BACKENDS = tuple(reversed(host.runnable_backends()))
 Array = np.ndarray[Any, Any]
 GPT_OSS = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0, "up_offset": 1.0}
 DEEPSEEK_V4 = {"swiglu_limit": 10.0}
-
-
-def gated(
-    gate: Array, up: Array, swiglu_alpha: float = 1.0, swiglu_limit: float | None = None, up_offset: float = 0.0
-) -> Array:
-    """transformers' definitions, in float64: gate.clamp(max=limit), up.clamp(-limit, limit),
-    gate * sigmoid(alpha * gate) * (up + offset)."""
-    if swiglu_limit is not None:
-        gate, up = np.minimum(gate, swiglu_limit), np.clip(up, -swiglu_limit, swiglu_limit)
-    return gate / (1.0 + np.exp(-swiglu_alpha * gate)) * (up + up_offset)  # type: ignore[no-any-return]
 
 
 def reference(

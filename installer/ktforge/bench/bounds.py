@@ -17,7 +17,7 @@ DOT_PEAK = {
     "int8g": "int8_dot",
     "int4": "int4_dot",
     "fp8": "bf16_dot",
-    "mxfp4": "int4_dot",  # int4's dot products on codes looked up by one byte shuffle
+    "fp4": "int4_dot",  # int4's dot products, on codes looked up by one byte shuffle
 }
 
 PEAK_RUNS = 7

@@ -57,7 +57,7 @@ def check_options(
     if bad or not methods:
         raise ValueError(f"--method: {', '.join(bad) or 'none given'}; choose from {', '.join(METHODS)}")
     for m in methods:
-        formats.check_group(m, group_size, "--group-size")
+        formats.check_group(m, formats.group_for(m, group_size), "--group-size")
     bad = [r for r in routings if r not in ROUTINGS]
     if bad or not routings:
         raise ValueError(f"--routing: {', '.join(bad) or 'none given'}; choose from {', '.join(ROUTINGS)}")

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ktforge import formats
 from ktforge.bench import bounds
 from ktforge.bench import model as catalog
 from ktforge.bench.bounds import (
@@ -210,7 +211,7 @@ def _contenders(
             method=method,
             backend=backend,
             threads=threads,
-            group_size=state.options.group_size,
+            group_size=formats.group_for(method, state.options.group_size),
         )
         moe.load_weights(*weights)
         contenders.append(Contender(backend, moe.forward, moe))

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from ktforge.checkpoints import int4_packed
+from ktforge.checkpoints import packed as ct_packed
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
 from ktforge.files import UnsafePath, leaves_directory, member, open_regular, read_json
-from ktforge.formats.quantize import Fp8Blocks, Int4Groups
+from ktforge.formats.quantize import Fp8Blocks, Int4Groups, Mxfp4Groups, Stored
 from ktforge.resources import data_path, load_toml
 
 Array = np.ndarray[Any, Any]
@@ -32,6 +32,7 @@ PROJECTIONS = ("gate", "up", "down")
 INPUT_TYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32", "fp8": "F8_E4M3"}
 INDEX_NAME = "model.safetensors.index.json"
 FP8_SCALE_SUFFIXES = ("_scale_inv", "_scale")
+MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"  # gpt-oss's fused MXFP4 tensors
 
 
 class CheckpointError(ValueError):
@@ -45,6 +46,13 @@ class Architecture:
     tensor: str
     projections: dict[str, str]
     config: dict[str, str | list[str]]  # a size's key in config.json, or its names, oldest first
+    # one tensor a projection with the experts along its first axis (gpt-oss), not one an expert;
+    # gate and up then share one, their rows alternating (gate row i at 2i, up's at 2i + 1)
+    fused: bool = False
+    # per-expert biases ({tensor}_bias) and the gated activation's settings: numbers, or the
+    # config.json key holding one
+    biases: bool = False
+    activation: dict[str, float | str] | None = None
 
     def config_keys(self, size: str) -> list[str]:
         keys = self.config[size]
@@ -118,13 +126,17 @@ class Checkpoint:
         self.fp8_block = self._fp8_block(config_path)
         quantization = self.config.get("quantization_config")
         try:
-            self.int4 = int4_packed.scheme_of(quantization, str(config_path)) if quantization else None
+            self.packed_scheme = ct_packed.scheme_of(quantization, str(config_path)) if quantization else None
         except ValueError as error:
             raise CheckpointError(str(error)) from None
         self._files: dict[str, SafetensorsFile] = {}
         self._lock = threading.Lock()  # experts are read from several threads
-        self.weight_map = self._weight_map()
-        self.moe_layers = self._moe_layers()
+        try:
+            self.weight_map = self._weight_map()
+            self.moe_layers = self._moe_layers()
+        except BaseException:
+            self.close()  # the shards read so far
+            raise
 
     def _fp8_block(self, config_path: Path) -> tuple[int, int]:
         """The FP8 block size, checked: DeepSeek-V3's quantization_config.weight_block_size, or
@@ -186,17 +198,20 @@ class Checkpoint:
             return self._files[shard]
 
     def _moe_layers(self) -> list[int]:
-        # a packed INT4 weight is stored as {name}_packed
-        packed = f"(?:{int4_packed.PACKED})?"
+        # a packed weight is stored as {name}_packed, a fused MXFP4 one as {name}_blocks
+        packed_suffix = f"(?:{ct_packed.PACKED}|{MXFP4_BLOCKS})?"
         pattern = re.escape(self.arch.tensor_name(0, 0, "gate")).replace(re.escape("layers.0."), r"layers\.(\d+)\.", 1)
-        pattern += packed
+        pattern += packed_suffix
         layers = sorted({int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(pattern, name))})
         if not layers:
             example = self.arch.tensor_name(0, 0, "gate")
             raise CheckpointError(f"{self.path}: no routed expert tensors named like {example!r} ({self.arch.label})")
+        if self.arch.fused:
+            self._check_fused(layers)
+            return layers
         # the config's expert count must match the files: fewer would silently drop experts
         template = self.arch.tensor.format(layer=layers[0], expert="EXPERT", projection=self.arch.projections["gate"])
-        expert_pattern = re.escape(template).replace("EXPERT", r"(\d+)", 1) + packed
+        expert_pattern = re.escape(template).replace("EXPERT", r"(\d+)", 1) + packed_suffix
         stored = {int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(expert_pattern, name))}
         field = self._fields["experts"]
         if stored and max(stored) >= self.experts:
@@ -210,6 +225,24 @@ class Checkpoint:
                 "experts; the config does not describe these files"
             )
         return layers
+
+    def _check_fused(self, layers: list[int]) -> None:
+        """Every layer's fused tensors are MXFP4 blocks holding config.json's expert count."""
+        for layer in layers:
+            for projection in ("gate", "down"):
+                name = self.arch.tensor_name(layer, 0, projection)
+                if name + MXFP4_BLOCKS not in self.weight_map:
+                    raise CheckpointError(
+                        f"{self.path}: layer {layer}'s {name!r} is not stored as MXFP4 ({name + MXFP4_BLOCKS}); "
+                        f"ktforge reads {self.arch.label}'s experts in MXFP4, as released"
+                    )
+                f, _ = self._tensor(name + MXFP4_BLOCKS, f"layer {layer}, {projection}")
+                experts = f.info(name + MXFP4_BLOCKS).shape[0]
+                if experts != self.experts:
+                    raise CheckpointError(
+                        f"{self.path}: config.json says {self._fields['experts']} = {self.experts}, but {name!r} "
+                        f"holds {experts} experts; the config does not describe these files"
+                    )
 
     def source_identity(self) -> dict[str, Any]:
         """What identifies the source: config and index hashes, each shard's size and header hash
@@ -247,7 +280,7 @@ class Checkpoint:
         shape and zero points)."""
         name = self.arch.tensor_name(layer, expert, projection)
         found = []
-        suffixes = dict.fromkeys((*FP8_SCALE_SUFFIXES, *int4_packed.SUFFIXES))
+        suffixes = dict.fromkeys((*FP8_SCALE_SUFFIXES, *ct_packed.SUFFIXES, MXFP4_BLOCKS, MXFP4_SCALES))
         for tensor in (name, *(name + suffix for suffix in suffixes)):
             shard = self.weight_map.get(tensor)
             if shard is not None and tensor in self._open(shard).tensors:
@@ -255,8 +288,12 @@ class Checkpoint:
         return found
 
     def source_bytes(self, layer: int, expert: int, projection: str) -> int:
-        """Bytes a projection occupies in the checkpoint (with its scales)."""
-        return sum(f.tensors[t].end - f.tensors[t].begin for f, t in self._stored(layer, expert, projection))
+        """Bytes a projection occupies in the checkpoint (with its scales; of a fused tensor, one
+        expert's share, gate and up half of theirs each)."""
+        total = sum(f.tensors[t].end - f.tensors[t].begin for f, t in self._stored(layer, expert, projection))
+        if self.arch.fused:
+            total //= self.experts * (2 if projection != "down" else 1)
+        return total
 
     def _tensor(self, name: str, why: str) -> tuple[SafetensorsFile, Array]:
         shard = self.weight_map.get(name)
@@ -270,17 +307,21 @@ class Checkpoint:
 
     def describe(self, layer: int, expert: int, projection: str) -> str:
         name = self.arch.tensor_name(layer, expert, projection)
-        if name not in self.weight_map and name + int4_packed.PACKED in self.weight_map:
-            name += int4_packed.PACKED
+        name = next((name + s for s in ("", ct_packed.PACKED, MXFP4_BLOCKS) if name + s in self.weight_map), name)
         return f"{self.path / self.weight_map.get(name, '?')}: tensor {name!r}"
 
-    def expert(self, layer: int, expert: int, projection: str) -> Array | Fp8Blocks | Int4Groups:
+    def expert(self, layer: int, expert: int, projection: str) -> Stored:
         """One expert's weights [N, K]: bfloat16 and float32 as stored, float16
         widened to float32, FP8 with its block scales, INT4 with its group scales
         (ktforge.formats.quantize takes each of them)."""
         name = self.arch.tensor_name(layer, expert, projection)
-        if name not in self.weight_map and name + int4_packed.PACKED in self.weight_map:
-            return self._int4_groups(name, projection, f"layer {layer}, expert {expert}, {projection}")
+        why = f"layer {layer}, expert {expert}, {projection}"
+        if self.arch.fused:
+            return self._fused_mxfp4(name, expert, projection, why)
+        if name not in self.weight_map and name + ct_packed.PACKED in self.weight_map:
+            if self.packed_scheme is not None and self.packed_scheme.method == "mxfp4":
+                return self._ct_mxfp4(name, projection, why)
+            return self._int4_groups(name, projection, why)
         f, w = self._tensor(name, f"layer {layer}, expert {expert}, {projection}")
         where = f"{f.path}: tensor {name!r}"
         dtype = f.info(name).dtype
@@ -298,49 +339,124 @@ class Checkpoint:
 
     def stored_method(self, layer: int) -> str | None:
         """The format whose kernels compute the layer's experts as they are stored: "fp8" (FP8
-        E4M3), "int4" (packed INT4), or None for float weights (its first expert's gate tells)."""
+        E4M3), "int4" (packed INT4), "mxfp4", or None for float weights (its first expert's gate
+        tells)."""
         name = self.arch.tensor_name(layer, 0, "gate")
-        if name not in self.weight_map and name + int4_packed.PACKED in self.weight_map:
-            return "int4"
+        if self.arch.fused:
+            return "mxfp4"
+        if name not in self.weight_map and name + ct_packed.PACKED in self.weight_map:
+            return self.packed_scheme.method if self.packed_scheme is not None else "int4"
         f, _ = self._tensor(name, f"layer {layer}, expert 0, gate")
         return "fp8" if f.info(name).dtype == "F8_E4M3" else None
 
+    def _fused_mxfp4(self, name: str, expert: int, projection: str, why: str) -> Mxfp4Groups:
+        """One expert's rows of gpt-oss's fused MXFP4 tensors: ``{name}_blocks`` uint8 [E, N, K / 32,
+        16] and ``{name}_scales`` uint8 [E, N, K / 32] (E8M0), N interleaving gate and up."""
+        N, K = self.shape(projection)
+        rows = 2 * N if projection != "down" else N
+        f, blocks = self._item(name + MXFP4_BLOCKS, expert, why)
+        _, scales = self._item(name + MXFP4_SCALES, expert, f"the scales of {name}")
+        where = f"{f.path}: tensor {name + MXFP4_BLOCKS!r}"
+        groups = -(-K // 32)
+        if blocks.shape != (rows, groups, 16) or scales.shape != (rows, groups):
+            raise CheckpointError(
+                f"{where}: an expert's blocks {list(blocks.shape)} and scales {list(scales.shape)}; "
+                f"config.json implies {[rows, groups, 16]} and {[rows, groups]}"
+            )
+        if projection != "down":  # gate's rows are the even ones, up's the odd
+            start = 0 if projection == "gate" else 1
+            blocks, scales = blocks[start::2], scales[start::2]
+        return Mxfp4Groups(np.ascontiguousarray(blocks.reshape(N, groups * 16)), np.ascontiguousarray(scales), K)
+
+    def _ct_mxfp4(self, name: str, projection: str, why: str) -> Mxfp4Groups:
+        """compressed-tensors' mxfp4-pack-quantized weight: ``_packed`` uint8 [N, K / 2], ``_scale``
+        uint8 [N, K / 32]."""
+        N, K = self.shape(projection)
+        f, codes = self._tensor(name + ct_packed.PACKED, why)
+        _, scale = self._tensor(name + ct_packed.SCALE, f"the scales of {name}")
+        where = f"{f.path}: tensor {name + ct_packed.PACKED!r}"
+        groups = -(-K // 32)
+        if codes.dtype != np.uint8 or codes.shape != (N, groups * 16) or scale.shape != (N, groups):
+            raise CheckpointError(
+                f"{where}: {codes.dtype} {list(codes.shape)} with scales {list(scale.shape)}; MXFP4 of [{N}, {K}] "
+                f"needs uint8 {[N, groups * 16]} and {[N, groups]}"
+            )
+        return Mxfp4Groups(codes, np.ascontiguousarray(scale, dtype=np.uint8), K)
+
+    def _item(self, name: str, index: int, why: str) -> tuple[SafetensorsFile, Array]:
+        shard = self.weight_map.get(name)
+        if shard is None:
+            raise CheckpointError(f"{self.path}: tensor {name!r} ({why}) is missing")
+        f = self._open(shard)
+        try:
+            return f, f.get_item(name, index)
+        except SafetensorsError as error:
+            raise CheckpointError(str(error)) from error
+
+    def biases(self, layer: int) -> tuple[Array, Array, Array] | None:
+        """The layer's per-expert biases, float32 gate, up [E, I] and down [E, H], where the
+        architecture has them (gpt-oss's ``{tensor}_bias``, gate and up interleaved)."""
+        if not self.arch.biases:
+            return None
+        fused = [
+            self._tensor(self.arch.tensor_name(layer, 0, p) + "_bias", f"layer {layer}'s {p} biases")[1]
+            for p in ("gate", "down")
+        ]
+        gate_up, down = (np.asarray(b, dtype=np.float32) for b in fused)
+        if gate_up.shape != (self.experts, 2 * self.intermediate) or down.shape != (self.experts, self.hidden):
+            raise CheckpointError(
+                f"{self.path}: layer {layer}'s biases are {list(gate_up.shape)} and {list(down.shape)}; config.json "
+                f"implies {[self.experts, 2 * self.intermediate]} and {[self.experts, self.hidden]}"
+            )
+        return gate_up[:, 0::2].copy(), gate_up[:, 1::2].copy(), down
+
+    def activation(self) -> dict[str, float]:
+        """The gated activation's settings (MoE's swiglu_alpha, swiglu_limit, up_offset) as the
+        architecture defines them, values named by a config.json key read from it."""
+        settings = {}
+        for key, value in (self.arch.activation or {}).items():
+            number = self.config.get(value) if isinstance(value, str) else value
+            if isinstance(number, bool) or not isinstance(number, (int, float)):
+                raise CheckpointError(f"{self.path / 'config.json'}: {value} must be a number, got {number!r}")
+            settings[key] = float(number)
+        return settings
+
     def _int4_groups(self, name: str, projection: str, why: str) -> Int4Groups:
-        f, packed = self._tensor(name + int4_packed.PACKED, why)
-        where = f"{f.path}: tensor {name + int4_packed.PACKED!r}"
-        if self.int4 is None:
+        f, packed = self._tensor(name + ct_packed.PACKED, why)
+        where = f"{f.path}: tensor {name + ct_packed.PACKED!r}"
+        if self.packed_scheme is None:
             raise CheckpointError(f"{where}: packed weights, but config.json has no pack-quantized quantization_config")
         if self.input_type != "auto":
             raise CheckpointError(f"{where} is packed INT4, but the input type was given as {self.input_type}")
         N, K = self.shape(projection)
-        _, shape = self._tensor(name + int4_packed.SHAPE, f"the shape of {name}")
+        _, shape = self._tensor(name + ct_packed.SHAPE, f"the shape of {name}")
         if [int(v) for v in np.asarray(shape).reshape(-1)] != [N, K]:
-            raise CheckpointError(f"{where}: its {int4_packed.SHAPE} is {shape.tolist()}; config.json implies {[N, K]}")
-        if f.info(name + int4_packed.PACKED).dtype != "I32" or packed.shape != (N, -(-K // 8)):
+            raise CheckpointError(f"{where}: its {ct_packed.SHAPE} is {shape.tolist()}; config.json implies {[N, K]}")
+        if f.info(name + ct_packed.PACKED).dtype != "I32" or packed.shape != (N, -(-K // 8)):
             raise CheckpointError(
-                f"{where} is {f.info(name + int4_packed.PACKED).dtype} {list(packed.shape)}; "
+                f"{where} is {f.info(name + ct_packed.PACKED).dtype} {list(packed.shape)}; "
                 f"4-bit values of [{N}, {K}] pack into I32 {[N, -(-K // 8)]}"
             )
-        group = self.int4.group or K
-        scale_file, scale = self._tensor(name + int4_packed.SCALE, f"the group scales of {name}")
+        group = self.packed_scheme.group or K
+        scale_file, scale = self._tensor(name + ct_packed.SCALE, f"the group scales of {name}")
         groups = [N, -(-K // group)]
         if list(scale.shape) != groups:
             raise CheckpointError(
-                f"{where}: {int4_packed.SCALE} has shape {list(scale.shape)}; groups of {group} need {groups}"
+                f"{where}: {ct_packed.SCALE} has shape {list(scale.shape)}; groups of {group} need {groups}"
             )
-        dtype = scale_file.info(name + int4_packed.SCALE).dtype
+        dtype = scale_file.info(name + ct_packed.SCALE).dtype
         if dtype not in ("BF16", "F16", "F32") or not np.isfinite(scale.astype(np.float32)).all():
-            raise CheckpointError(f"{where}: {int4_packed.SCALE} must hold finite floats, got {dtype}")
+            raise CheckpointError(f"{where}: {ct_packed.SCALE} must hold finite floats, got {dtype}")
         zero = None
-        if not self.int4.symmetric:
-            _, packed_zero = self._tensor(name + int4_packed.ZERO_POINT, f"the zero points of {name}")
+        if not self.packed_scheme.symmetric:
+            _, packed_zero = self._tensor(name + ct_packed.ZERO_POINT, f"the zero points of {name}")
             if packed_zero.shape != (-(-N // 8), groups[1]):
                 raise CheckpointError(
-                    f"{where}: {int4_packed.ZERO_POINT} has shape {list(packed_zero.shape)}; "
+                    f"{where}: {ct_packed.ZERO_POINT} has shape {list(packed_zero.shape)}; "
                     f"expected {[-(-N // 8), groups[1]]}"
                 )
-            zero = int4_packed.zero_points(packed_zero, N, groups[1])
-        return Int4Groups(int4_packed.codes(packed, N, K, group), np.asarray(scale), group, K, zero)
+            zero = ct_packed.zero_points(packed_zero, N, groups[1])
+        return Int4Groups(ct_packed.codes(packed, N, K, group), np.asarray(scale), group, K, zero)
 
     def _fp8_blocks(self, name: str, where: str, w: Array) -> Fp8Blocks:
         # DeepSeek-V3 and transformers' FP8 name the multiplier weight_scale_inv; compressed-tensors weight_scale

@@ -37,7 +37,7 @@ from ktforge.checkpoints import fingerprint
 from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
 from ktforge.files import UnsafePath, member, read_json
-from ktforge.formats.quantize import METHODS, Fp8Blocks, Int4Groups, Quantized, quantize, shapes
+from ktforge.formats.quantize import METHODS, Quantized, Stored, quantize, shapes
 from ktforge.resources import write_atomic
 
 Array = np.ndarray[Any, Any]
@@ -137,7 +137,7 @@ def quantized_experts(
     options: Options,
     threads: int,
     sink: Sink,
-    source: Callable[[int, str, Array | Fp8Blocks | Int4Groups], None] | None = None,
+    source: Callable[[int, str, Stored], None] | None = None,
 ) -> Generator[tuple[int, dict[str, Quantized], int], None, None]:
     """Quantizes a layer's experts on ``threads`` threads, a few experts in flight (the
     extension and NumPy release the GIL); ``sink(expert, projection, q)`` runs on the worker
@@ -199,7 +199,7 @@ def convert_layer(
     # the fingerprint's rows of the source weights, taken as the experts stream past
     sample_experts, samples = set(fingerprint.sampled(checkpoint.experts)), {}
 
-    def keep_sample(expert: int, projection: str, w: Array | Fp8Blocks | Int4Groups) -> None:
+    def keep_sample(expert: int, projection: str, w: Stored) -> None:
         if expert in sample_experts:
             full = w if isinstance(w, np.ndarray) else w.to_float32()
             samples[expert, projection] = np.asarray(full[fingerprint.sampled(full.shape[0])], dtype=np.float32)

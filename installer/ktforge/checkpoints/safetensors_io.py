@@ -169,17 +169,18 @@ class SafetensorsFile:
         except KeyError:
             raise SafetensorsError(f"{self.path}: no tensor {name!r}") from None
 
-    def raw(self, name: str) -> memoryview:
-        """The tensor's bytes, read now; the file must still be the one whose header was read."""
+    def raw(self, name: str, offset: int = 0, size: int | None = None) -> memoryview:
+        """The tensor's bytes (``size`` of them from ``offset``; all by default), read now; the
+        file must still be the one whose header was read."""
         t = self.info(name)
-        size = t.end - t.begin
+        size = t.end - t.begin - offset if size is None else size
         buffer = bytearray(size)
         changed = f"{self.path}: changed since it was opened (truncated, rewritten or still being written)"
         try:
             now = os.fstat(self._file.fileno())
             if (now.st_size, now.st_mtime_ns) != self._identity:
                 raise SafetensorsError(f"{changed}; reading tensor {name!r}")
-            view, start, done = memoryview(buffer), 8 + len(self.header_bytes) + t.begin, 0
+            view, start, done = memoryview(buffer), 8 + len(self.header_bytes) + t.begin + offset, 0
             while done < size:
                 got = os.preadv(self._file.fileno(), [view[done:]], start + done)
                 if got == 0:
@@ -193,6 +194,16 @@ class SafetensorsFile:
         """The tensor as a read-only array of its own (read now, see raw)."""
         t = self.info(name)
         array = np.frombuffer(self.raw(name), dtype=DTYPES[t.dtype]).reshape(t.shape)
+        array.flags.writeable = False
+        return array
+
+    def get_item(self, name: str, index: int) -> Array:
+        """``tensor[index]`` along its first axis (one expert of a fused tensor), reading only it."""
+        t = self.info(name)
+        if not t.shape or not 0 <= index < t.shape[0]:
+            raise SafetensorsError(f"{self.path}: tensor {name!r} of shape {list(t.shape)} has no item {index}")
+        item = (t.end - t.begin) // t.shape[0]
+        array = np.frombuffer(self.raw(name, index * item, item), dtype=DTYPES[t.dtype]).reshape(t.shape[1:])
         array.flags.writeable = False
         return array
 

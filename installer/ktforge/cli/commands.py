@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ktforge import __version__
+from ktforge import __version__, formats
 from ktforge.builder.recipes import load_recipes
 
 RECIPE_NAMES = tuple(r.name for r in load_recipes())  # best first
@@ -189,6 +189,9 @@ def build(
         typer.echo(f"built {wheel} for {target}: copy it to that machine and pip install it there (log: {log})")
 
 
+METHODS_TEXT = ",".join(formats.names())
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -196,7 +199,7 @@ def _csv(value: str) -> list[str]:
 @app.command()
 def bench(
     model: Annotated[str, typer.Option(help="Comma-separated models, or 'all'.")] = "qwen3-30b-a3b",
-    method: Annotated[str, typer.Option(help="Comma-separated methods: bf16,int8,int8g,int4,fp8.")] = "bf16,int8,int4",
+    method: Annotated[str, typer.Option(help=f"Comma-separated methods: {METHODS_TEXT}.")] = "bf16,int8,int4",
     backend: Annotated[
         str, typer.Option(help="Comma-separated backends, 'auto' or 'all' (every one that runs).")
     ] = "auto",

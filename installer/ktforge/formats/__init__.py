@@ -106,6 +106,13 @@ def check_group(name: str, group_size: int, option: str = "group_size") -> None:
         raise ValueError(f"{option} must be {spoken_list(f.group_sizes)}, got {group_size!r}")
 
 
+def group_for(name: str, group_size: int) -> int:
+    """The group a format runs at for a requested one: its only group size where it has one
+    (mxfp4's 32, whatever was asked for all formats at once), else the request."""
+    sizes = by_name(name).group_sizes
+    return sizes[0] if len(sizes) == 1 else group_size
+
+
 def spoken_list(values: tuple[int, ...]) -> str:
     """(32, 64, 128) -> '32, 64 or 128'."""
     words = [str(v) for v in values]

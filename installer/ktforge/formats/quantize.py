@@ -141,9 +141,29 @@ class Int4Groups:
         return Quantized(np.ascontiguousarray(self.codes), scale)
 
 
-def quantize(
-    w: Array | Fp8Blocks | Int4Groups, method: str, group_size: int = 128, *, exact: bool = False
-) -> Quantized:
+@dataclass(frozen=True)
+class Mxfp4Groups:
+    """MXFP4 weights ``[N, K]`` as a checkpoint stores them: ``codes`` uint8 ``[N, ceil(K / 32) *
+    16]``, two E2M1 codes a byte (even k low), and E8M0 ``scale`` codes uint8 ``[N, ceil(K / 32)]``:
+    mxfp4's portable layout (gpt-oss's ``*_blocks`` and ``*_scales``, compressed-tensors'
+    ``mxfp4-pack-quantized``)."""
+
+    codes: Array
+    scale: Array
+    K: int
+
+    def to_float32(self) -> Array:
+        return dequantize(Quantized(self.codes, self.scale), "mxfp4", self.K)
+
+    def as_mxfp4(self) -> Quantized:
+        return Quantized(self.codes, self.scale)
+
+
+# What a checkpoint's expert projection reads as: float weights, or a quantized format as stored
+Stored = Array | Fp8Blocks | Int4Groups | Mxfp4Groups
+
+
+def quantize(w: Stored, method: str, group_size: int = 128, *, exact: bool = False) -> Quantized:
     """Quantizes weights ``[..., N, K]`` given as float32 or bfloat16 (others are widened to
     float32 first), FP8 blocks (de-quantized row by row on the way) or a checkpoint's INT4
     (repacked as it is for int4 at its own group size where its scales are exact in bfloat16,
@@ -155,6 +175,12 @@ def quantize(
 
     element = formats.by_name(method).element
     formats.check_group(method, group_size)
+    if isinstance(w, Mxfp4Groups):
+        if element == "fp4":
+            return w.as_mxfp4()
+        if exact:
+            raise ValueError(f"the checkpoint's MXFP4 is served as method mxfp4, not {method}")
+        w = w.to_float32()
     if isinstance(w, Int4Groups):
         why_not = w.why_not_int4(group_size) if element == "int4" else f"{method} is not int4"
         if why_not is None:

@@ -152,6 +152,18 @@ def _discover_blis_library() -> str | None:
     return None
 
 
+def _stored_group(checkpoint: Any, method: str, stored: str | None) -> int:
+    """The group size at which ``method`` keeps a checkpoint's own scales: FP8's blocks along K,
+    packed INT4's groups; else 128 (or the format's first, for one without 128)."""
+    sizes = formats.by_name(method).group_sizes
+    if method == "fp8" and checkpoint.fp8_block[1] in sizes:
+        return int(checkpoint.fp8_block[1])
+    scheme = checkpoint.packed_scheme
+    if method == stored == "int4" and scheme is not None and scheme.group:
+        return int(scheme.group)
+    return 128 if not sizes or 128 in sizes else sizes[0]
+
+
 class MoE:
     """Routed experts of one MoE layer.
 
@@ -351,13 +363,8 @@ class MoE:
                 )
             stored = checkpoint.stored_method(layer)
             method = method or stored or "bf16"
-            # the stored format keeps the file's scales: its groups are the checkpoint's blocks along K
-            native_group = 128
-            if method == "fp8" and checkpoint.fp8_block[1] in formats.by_name("fp8").group_sizes:
-                native_group = checkpoint.fp8_block[1]
-            if method == stored == "int4" and checkpoint.int4 is not None and checkpoint.int4.group:
-                native_group = checkpoint.int4.group
-            group = group_size or native_group
+            group = group_size or _stored_group(checkpoint, method, stored)
+            activation = activation or checkpoint.activation()  # gpt-oss's, from its architecture
             moe = cls(
                 checkpoint.experts,
                 checkpoint.top_k,
@@ -384,9 +391,12 @@ class MoE:
             with closing(convert.quantized_experts(checkpoint, layer, options, workers, store)) as experts:
                 for _ in experts:
                     pass
+            biases = checkpoint.biases(layer)
         moe.load_quantized(
             *(Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale")) for p in ("gate", "up", "down"))
         )
+        if biases is not None:
+            moe.load_biases(*biases)
         return moe
 
     @property

@@ -1,11 +1,15 @@
-"""compressed-tensors' ``pack-quantized`` INT4, as Kimi-K2-Thinking and llm-compressor's W4A16
-schemes store it: ``{name}_packed`` int32 ``[N, ceil(K / 8)]`` (value i of a row at bits 4i..4i+3
-of its word i / 8, stored as q + 8), ``{name}_scale`` ``[N, K / group]`` in the model's dtype,
-``{name}_shape`` ``[N, K]``, and with asymmetric schemes ``{name}_zero_point``. The scheme is the
-``quantization_config``'s: 4-bit ``int`` weights of strategy ``group``.
+"""compressed-tensors' packed 4-bit formats, one ``{name}_packed`` tensor a weight:
 
-Little-endian int32 words of 4-bit values are, byte for byte, int4's portable layout (two a
-byte, even k in the low nibble, q + 8): reading is a view, not a conversion.
+- ``pack-quantized`` INT4, as Kimi-K2-Thinking and llm-compressor's W4A16 schemes store it:
+  ``_packed`` int32 ``[N, ceil(K / 8)]`` (value i of a row at bits 4i..4i+3 of its word i / 8,
+  stored as q + 8), ``_scale`` ``[N, K / group]`` in the model's dtype, ``_shape`` ``[N, K]``, and
+  with asymmetric schemes ``_zero_point``. Little-endian int32 words of 4-bit values are, byte for
+  byte, int4's portable layout (two a byte, even k in the low nibble, q + 8).
+- ``mxfp4-pack-quantized``: ``_packed`` uint8 ``[N, K / 2]``, two E2M1 codes a byte (even k low),
+  ``_scale`` uint8 ``[N, K / 32]`` E8M0 codes: mxfp4's portable layout as it is.
+
+The scheme is the ``quantization_config``'s: 4-bit ``int`` (or ``float``, MXFP4) weights of
+strategy ``group``.
 """
 
 from __future__ import annotations
@@ -22,34 +26,41 @@ SUFFIXES = (PACKED, SCALE, SHAPE, ZERO_POINT)
 
 @dataclass(frozen=True)
 class Scheme:
-    """The weights' INT4 scheme: group size (0: per channel) and whether it has zero points."""
+    """The weights' packed scheme: "int4" or "mxfp4", the group size (0: per channel) and whether
+    it has zero points."""
 
+    method: str
     group: int
     symmetric: bool
 
 
+LAYOUTS = {"pack-quantized": ("int", "int4"), "mxfp4-pack-quantized": ("float", "mxfp4")}
+
+
 def scheme_of(quantization: dict[str, Any], where: str) -> Scheme | None:
-    """The 4-bit integer weight scheme of a compressed-tensors ``pack-quantized`` config, or None
-    when the config is not one; ValueError for a scheme ktforge cannot read."""
+    """The 4-bit weight scheme of a compressed-tensors ``pack-quantized`` or
+    ``mxfp4-pack-quantized`` config, or None when the config is neither; ValueError for a scheme
+    ktforge cannot read."""
     if quantization.get("quant_method") != "compressed-tensors":
         return None
     groups = quantization.get("config_groups")
     for group in groups.values() if isinstance(groups, dict) else ():
         weights = group.get("weights") if isinstance(group, dict) else None
         layout = group.get("format", quantization.get("format")) if isinstance(group, dict) else None
-        if layout != "pack-quantized" or not isinstance(weights, dict):
+        if layout not in LAYOUTS or not isinstance(weights, dict):
             continue
-        if weights.get("type") != "int" or weights.get("num_bits") != 4:
+        kind, method = LAYOUTS[layout]
+        if weights.get("type") != kind or weights.get("num_bits") != 4:
             raise ValueError(
-                f"{where}: pack-quantized weights of {weights.get('num_bits')}-bit {weights.get('type')}; "
-                "ktforge serves 4-bit int"
+                f"{where}: {layout} weights of {weights.get('num_bits')}-bit {weights.get('type')}; "
+                f"ktforge serves 4-bit {kind}"
             )
         strategy, size = weights.get("strategy"), weights.get("group_size")
-        if strategy == "channel":
-            return Scheme(0, bool(weights.get("symmetric", True)))
+        if strategy == "channel" and method == "int4":
+            return Scheme(method, 0, bool(weights.get("symmetric", True)))
         if strategy != "group" or not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 2**31:
-            raise ValueError(f"{where}: pack-quantized strategy {strategy!r} with group_size {size!r}; expected group")
-        return Scheme(size, bool(weights.get("symmetric", True)))
+            raise ValueError(f"{where}: {layout} strategy {strategy!r} with group_size {size!r}; expected group")
+        return Scheme(method, size, bool(weights.get("symmetric", True)))
     return None
 
 

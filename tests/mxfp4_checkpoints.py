@@ -1,0 +1,125 @@
+"""Tiny MXFP4 checkpoints, codes and scales from compressed-tensors' MXFP4 quantizer, with each
+format's own library's dequantization.
+
+- ``write_ct_mxfp4_checkpoint``: compressed-tensors' ``mxfp4-pack-quantized`` format, one
+  ``weight_packed`` / ``weight_scale`` per expert, from the library's ``calculate_qparams`` (its
+  MXFP4A16 preset) and ``MXFP4PackedCompressor``, which also dequantizes (``decompress``).
+- ``gpt_oss_release``: a saved transformers gpt-oss model as OpenAI releases it: each layer's
+  experts fused, ``gate_up_proj_blocks`` [E, 2I, H / 32, 16] and ``gate_up_proj_scales`` [E, 2I,
+  H / 32] (gate and up rows interleaved), ``down_proj_blocks`` / ``_scales``, biases as they were,
+  ``quantization_config = {"quant_method": "mxfp4"}``; the codes are compressed-tensors'. Its
+  dequantization: transformers' own ``convert_moe_packed_tensors``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .synthetic_checkpoints import NAMING, _config
+
+Array = np.ndarray[Any, Any]
+
+
+def scheme() -> Any:
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    return preset_name_to_scheme("MXFP4A16", ["Linear"])
+
+
+def compress(w: Any) -> tuple[Any, Any, Array]:
+    """compressed-tensors' MXFP4 of ``w`` [N, K]: packed codes uint8 [N, K / 2], E8M0 scales uint8
+    [N, K / 32], and its own dequantization (float64)."""
+    from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    s = scheme()
+    groups = w.reshape(w.shape[0], -1, 32)
+    scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), s.weights)
+    compressed = dict(MXFP4PackedCompressor.compress({"weight": w, "weight_scale": scale}, s))
+    dense = MXFP4PackedCompressor.decompress(dict(compressed), s)["weight"]
+    return compressed["weight_packed"], compressed["weight_scale"], dense.double().numpy()
+
+
+def write_ct_mxfp4_checkpoint(
+    directory: Path, arch: str = "qwen3_moe", *, E: int = 4, k: int = 2, H: int = 256, I: int = 128, seed: int = 0
+) -> dict[str, Array]:
+    """One shard, layer 1 of 2; returns the library's dequantization {projection: [E, N, K]}."""
+    import torch
+    from compressed_tensors.quantization import QuantizationConfig
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    config = _config(arch, E, k, H, I, 2, None)
+    quantization = QuantizationConfig(config_groups={"group_0": scheme()}, format="mxfp4-pack-quantized")
+    config["quantization_config"] = json.loads(quantization.model_dump_json(exclude_none=True))
+    (directory / "config.json").write_text(json.dumps(config))
+    pattern, names = NAMING[arch]
+    tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
+    dense: dict[str, list[Array]] = {"gate": [], "up": [], "down": []}
+    for e in range(E):
+        for projection, p in zip(dense, names, strict=True):
+            shape = (H, I) if projection == "down" else (I, H)
+            w = (torch.randn(*shape, generator=generator) / shape[1] ** 0.5).to(torch.bfloat16)
+            codes, scale, values = compress(w)
+            name = pattern.format(L=1, E=e, P=p).removesuffix("weight")
+            tensors[name + "weight_packed"], tensors[name + "weight_scale"] = codes, scale
+            dense[projection].append(values)
+    save_file(tensors, str(directory / "model.safetensors"))
+    return {p: np.stack(d) for p, d in dense.items()}
+
+
+def gpt_oss_release(model_dir: Path, out_dir: Path) -> None:
+    """The saved gpt-oss model's MXFP4 release (see the module's docstring)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            rows = tensor.transpose(1, 2).contiguous()  # transformers keeps [E, K, N]; the release [E, N, K]
+            parts = [compress(rows[e]) for e in range(rows.shape[0])]
+            N, K = rows.shape[1:]
+            tensors[name + "_blocks"] = torch.stack([c.reshape(N, K // 32, 16) for c, _, _ in parts])
+            tensors[name + "_scales"] = torch.stack([s for _, s, _ in parts])
+        else:
+            tensors[name] = tensor
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
+    (out_dir / "config.json").write_text(json.dumps(config))
+    for extra in model_dir.iterdir():
+        if extra.name not in ("config.json", "model.safetensors"):
+            shutil.copy(extra, out_dir / extra.name)
+
+
+def gpt_oss_dense(release: Path, layer: int) -> dict[str, Array]:
+    """transformers' own dequantization of a release's layer, float64 {projection: [E, N, K]}."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    tensors = load_file(str(release / "model.safetensors"))
+    prefix = f"model.layers.{layer}.mlp.experts."
+    out = {}
+    for fused in ("gate_up_proj", "down_proj"):
+        # [E, K, N] as transformers' experts hold it
+        w = convert_moe_packed_tensors(
+            tensors[prefix + fused + "_blocks"], tensors[prefix + fused + "_scales"], dtype=torch.float32
+        )
+        out[fused] = w.transpose(1, 2).double().numpy()
+    return {"gate": out["gate_up_proj"][:, 0::2], "up": out["gate_up_proj"][:, 1::2], "down": out["down_proj"]}
