@@ -44,6 +44,9 @@ class MoELayer:
         up_scale: np.ndarray[Any, Any],
         down: np.ndarray[Any, Any],
         down_scale: np.ndarray[Any, Any],
+        gate_zero: np.ndarray[Any, Any] | None = None,
+        up_zero: np.ndarray[Any, Any] | None = None,
+        down_zero: np.ndarray[Any, Any] | None = None,
     ) -> None: ...
     def forward(
         self,

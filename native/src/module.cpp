@@ -114,11 +114,31 @@ class PyMoE {
   // values (E2M1 codes), scales uint8 (E8M0 codes)
   // [rows..., Kg / group], Kg = K rounded up to the group. fp8: E4M3 codes uint8 [rows..., K],
   // scales float32 [rows..., Kg / group] (a checkpoint's block or channel scales, one per row).
-  MoeLayer::QuantizedWeights quantized(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
-                                       const char* name) {
+  MoeLayer::QuantizedWeights quantized(const py::array& values, const py::array& scales, const py::object& zeros,
+                                       py::ssize_t N, py::ssize_t K, const char* name) {
     const auto& c = layer_.config();
     const py::ssize_t E = c.experts;
     const std::string scale_name = std::string(name) + "_scale";
+    const bool int4z = element_of(c.method) == Element::int4z;
+    if (int4z == zeros.is_none())
+      throw std::invalid_argument(int4z ? std::string(name) + " needs its zero points (int4z)"
+                                        : std::string(name) + ": only int4z takes zero points");
+    if (int4z) {
+      const py::ssize_t groups = (K + c.group - 1) / c.group;
+      const auto zero = zeros.cast<py::array>();
+      if (!values.dtype().is(py::dtype::of<uint8_t>()))
+        throw std::invalid_argument(std::string(name) + " must be uint8 (two 4-bit values per byte)");
+      require(values, {E, N, groups * c.group / 2}, name);
+      require(scales, {E, N, groups}, scale_name.c_str());
+      require(zero, {E, N, groups}, (std::string(name) + "_zero").c_str());
+      if (!scales.dtype().is(py::dtype::of<float>())) throw std::invalid_argument(scale_name + " must be float32");
+      if (!zero.dtype().is(py::dtype::of<uint8_t>()))
+        throw std::invalid_argument(std::string(name) + "_zero must be uint8 (zero points in [0, 15])");
+      const auto* z = static_cast<const uint8_t*>(zero.data());
+      if (std::any_of(z, z + zero.size(), [](uint8_t v) { return v > 15; }))
+        throw std::invalid_argument(std::string(name) + "_zero holds zero points above 15");
+      return {values.data(), values.shape(2), scales.data(), groups * 4, zero.data(), groups};
+    }
     if (element_of(c.method) == Element::fp8) {
       const py::ssize_t groups = (K + c.group - 1) / c.group;
       if (!values.dtype().is(py::dtype::of<uint8_t>()))
@@ -157,14 +177,15 @@ class PyMoE {
   }
 
   void load_quantized(const py::array& gate, const py::array& gate_scale, const py::array& up,
-                      const py::array& up_scale, const py::array& down, const py::array& down_scale) {
+                      const py::array& up_scale, const py::array& down, const py::array& down_scale,
+                      const py::object& gate_zero, const py::object& up_zero, const py::object& down_zero) {
     const auto& c = layer_.config();
     if (element_of(c.method) == Element::bf16)
       throw std::invalid_argument(std::string("method '") + method_name(c.method) +
                                   "' takes load_weights, not quantized weights");
-    auto g = quantized(gate, gate_scale, c.intermediate, c.hidden, "gate");
-    auto u = quantized(up, up_scale, c.intermediate, c.hidden, "up");
-    auto d = quantized(down, down_scale, c.hidden, c.intermediate, "down");
+    auto g = quantized(gate, gate_scale, gate_zero, c.intermediate, c.hidden, "gate");
+    auto u = quantized(up, up_scale, up_zero, c.intermediate, c.hidden, "up");
+    auto d = quantized(down, down_scale, down_zero, c.hidden, c.intermediate, "down");
     py::gil_scoped_release release;
     auto lock = layer_.lock_calls();
     layer_.load_quantized(g, u, d);
@@ -271,6 +292,9 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   if (method == Element::fp8)
     throw std::invalid_argument("fp8 weights are served from FP8 checkpoints as they are (or packed by load_weights), "
                                 "not quantized to a portable layout");
+  if (method == Element::int4z)
+    throw std::invalid_argument("int4z serves checkpoints' asymmetric INT4 as they are (or packs floats in "
+                                "load_weights); kt convert writes int4, int8g, int8 or bf16");
   if (!takes_group(format, group)) throw std::invalid_argument("group_size must be " + group_sizes_text(format));
   if (w.ndim() < 1) throw std::invalid_argument("weights need at least one dimension");
   if (!(w.flags() & py::array::c_style)) throw std::invalid_argument("weights must be C-contiguous");
@@ -522,7 +546,8 @@ PYBIND11_MODULE(_native, m) {
       .def("load_biases", &PyMoE::load_biases, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("load_weights", &PyMoE::load, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("load_quantized", &PyMoE::load_quantized, py::arg("gate"), py::arg("gate_scale"), py::arg("up"),
-           py::arg("up_scale"), py::arg("down"), py::arg("down_scale"))
+           py::arg("up_scale"), py::arg("down"), py::arg("down_scale"), py::arg("gate_zero") = py::none(),
+           py::arg("up_zero") = py::none(), py::arg("down_zero") = py::none())
       .def("forward", &PyMoE::forward, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("out"))
       .def("info", &PyMoE::info)
       .def("gate_up_task_counts", &PyMoE::gate_up_task_counts)

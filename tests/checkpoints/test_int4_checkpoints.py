@@ -3,7 +3,8 @@ file's codes and scales served as they are (method "int4" at the file's group si
 float64 MoE over the library's own dequantization.
 
 int4's kernels take int8 activations, quantized per token: against the float64 layer with the
-activations so quantized the bound is 1e-4 (fp32 sums); against exact activations it is what that
+activations so quantized the bound is 1e-4 (fp32 sums; ``int8_layer_error`` forgives 1 token in
+50 whose intermediate value rounds to the next int8 step); against exact activations it is what that
 rounding costs (3e-2 on these random layers, 1.2-1.6e-2 measured).
 """
 
@@ -22,7 +23,7 @@ from ktforge.formats.quantize import quantize
 
 from .. import host
 from ..int4_checkpoints import write_int4_checkpoint
-from ..moe_reference import float_reference, int8_activations_reference, rel_err, routing
+from ..moe_reference import float_reference, int8_activations_reference, int8_layer_error, rel_err, routing
 
 BOUND = 1e-4  # fp32 sums against float64 over the same weights and int8 activations
 ACTIVATION_ROUNDING = 3e-2  # int8 activations per token, against exact ones
@@ -44,7 +45,7 @@ def test_int4_checkpoint_runs_on_its_own_values(tmp_path: Path, arch: str, group
     for T in (1, 3, 40):
         x, ids, w = _inputs(T, E, k, H)
         y = moe.forward(x, ids, w)
-        assert rel_err(y, int8_activations_reference(x, ids, w, *dense)) < BOUND, T
+        assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense)) < BOUND, T
         assert rel_err(y, float_reference(x, ids, w, *dense)) < ACTIVATION_ROUNDING, T
     # the file's bytes and no more: codes as stored, bf16 scales as stored (the file adds its shapes)
     with Checkpoint(tmp_path) as checkpoint:
@@ -72,39 +73,42 @@ def test_every_backend_at_the_decode_and_tile_paths(tmp_path: Path) -> None:
         moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend=backend)
         for T in (2, 70):  # 70 tokens: > 32 an expert, the AMX tile kernels' path
             x, ids, w = _inputs(T, E, k, H)
-            assert rel_err(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense)) < BOUND, (
+            assert int8_layer_error(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense)) < BOUND, (
                 backend,
                 T,
             )
 
 
-def test_scales_bf16_cannot_hold_are_refused_with_the_way_out(tmp_path: Path) -> None:
-    E, k, H, I, T = 3, 2, 128, 64, 5
-    layers = write_int4_checkpoint(tmp_path, group=32, E=E, k=k, H=H, I=I, scale_dtype="float16")
-    with pytest.raises(ValueError, match=r"float16 scales are not all exact in bfloat16.*method="):
-        ktforge.MoE.from_pretrained(tmp_path, layer=1)
-    x, ids, w = _inputs(T, E, k, H)
-    reference = float_reference(x, ids, w, *(layers[1][p][0] for p in PROJECTIONS))
-    requantized = ktforge.MoE.from_pretrained(tmp_path, layer=1, method="int4", group_size=32)
-    assert rel_err(requantized.forward(x, ids, w), reference) < 0.3  # int4 of int4: a second rounding
-    int8g = ktforge.MoE.from_pretrained(tmp_path, layer=1, method="int8g", group_size=32)
-    assert rel_err(int8g.forward(x, ids, w), reference) < ACTIVATION_ROUNDING
-
-
-def test_asymmetric_int4_is_read_and_can_be_requantized(tmp_path: Path) -> None:
-    E, k, H, I, T = 3, 2, 128, 64, 5
-    layers = write_int4_checkpoint(tmp_path, group=32, E=E, k=k, H=H, I=I, symmetric=False)
-    with pytest.raises(ValueError, match=r"zero points.*int4 is symmetric.*method="):
-        ktforge.MoE.from_pretrained(tmp_path, layer=1)
+@pytest.mark.parametrize(
+    ("scale_dtype", "symmetric"), [("float16", True), ("float32", True), ("bfloat16", False), ("float16", False)]
+)
+def test_what_int4_cannot_hold_runs_as_int4z(tmp_path: Path, scale_dtype: str, symmetric: bool) -> None:
+    # float16 / float32 scales (bfloat16 would round them) and zero points (GPTQ sym: false, AWQ,
+    # compressed-tensors' asymmetric schemes): int4z's float32 scales and zero points hold them exactly
+    E, k, H, I = 3, 2, 128, 64
+    layers = write_int4_checkpoint(tmp_path, group=32, E=E, k=k, H=H, I=I, scale_dtype=scale_dtype, symmetric=symmetric)
+    dense = [layers[1][p][0] for p in PROJECTIONS]
     with Checkpoint(tmp_path) as checkpoint:  # the library's dequantization, zero points included
+        assert checkpoint.stored_method(1) == "int4z"
         for projection in PROJECTIONS:
             stored = checkpoint.expert(1, 2, projection)
-            assert stored.zero is not None
-            assert np.array_equal(stored.to_float32(), layers[1][projection][0][2].astype(np.float32))
-    x, ids, w = _inputs(T, E, k, H)
-    int8g = ktforge.MoE.from_pretrained(tmp_path, layer=1, method="int8g", group_size=32)
-    reference = float_reference(x, ids, w, *(layers[1][p][0] for p in PROJECTIONS))
-    assert rel_err(int8g.forward(x, ids, w), reference) < ACTIVATION_ROUNDING
+            assert (stored.zero is None) == symmetric
+            assert np.array_equal(stored.to_float32(), dense[PROJECTIONS.index(projection)][2].astype(np.float32))
+    for backend in host.runnable_backends():
+        moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend=backend)
+        assert moe.method == "int4z" and moe._group == 32
+        for T in (2, 70):
+            x, ids, w = _inputs(T, E, k, H)
+            assert int8_layer_error(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense)) < BOUND, (
+                backend
+            )
+    with Checkpoint(tmp_path) as checkpoint:
+        file_bytes = sum(checkpoint.source_bytes(1, e, p) for e in range(E) for p in PROJECTIONS)
+    # float32 scales and a byte a zero point: 5 bytes a group of 32 against the file's 2 or 4 (+ 0.5)
+    assert moe.info["packed_bytes"] / file_bytes < 1.2
+    int4 = ktforge.MoE.from_pretrained(tmp_path, layer=1, method="int4", group_size=32)  # asked for: re-quantized
+    x, ids, w = _inputs(5, E, k, H)
+    assert int4.method == "int4" and rel_err(int4.forward(x, ids, w), float_reference(x, ids, w, *dense)) < 0.3
 
 
 def test_kt_convert_to_int4_copies_the_file_bit_for_bit(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ format's own library's dequantization (compressed-tensors' ``decompress``, trans
 ``convert_moe_packed_tensors``).
 
 mxfp4's kernels take int8 activations, quantized per token: against the float64 layer with the
-activations so quantized the bound is 1e-4 (fp32 sums).
+activations so quantized the bound is 1e-4 (fp32 sums; ``int8_layer_error`` forgives 1 token in
+50 whose intermediate value rounds to the next int8 step).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import ktforge
 from ktforge.checkpoints.checkpoint import Checkpoint
 
 from .. import host
-from ..moe_reference import int8_activations_reference, rel_err, routing
+from ..moe_reference import int8_activations_reference, int8_layer_error, rel_err, routing
 from ..mxfp4_checkpoints import gpt_oss_dense, gpt_oss_release, write_ct_mxfp4_checkpoint
 
 BOUND = 1e-4
@@ -48,7 +49,7 @@ def test_compressed_tensors_mxfp4_runs_on_its_own_values(tmp_path: Path, arch: s
     assert moe.method == "mxfp4" and moe.info["method"] == "mxfp4"
     for T in (1, 3, 40):
         x, ids, w = _inputs(T, E, k, H)
-        assert rel_err(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values())) < BOUND
+        assert int8_layer_error(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values())) < BOUND
     assert moe.info["packed_bytes"] == _file_bytes(tmp_path, 1, E)  # the file's codes and scales, no more
 
 
@@ -60,7 +61,7 @@ def test_every_backend_serves_compressed_tensors_mxfp4(tmp_path: Path) -> None:
         for T in (2, 70):  # 70 tokens: > 32 an expert, the AMX tile kernels' path
             x, ids, w = _inputs(T, E, k, H)
             got = moe.forward(x, ids, w)
-            assert rel_err(got, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, (backend, T)
+            assert int8_layer_error(got, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, (backend, T)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,7 @@ def test_gpt_oss_release_runs_with_its_activation_and_biases(gpt_oss: Path, laye
     for T in (1, 5, 40):
         x, ids, w = _inputs(T, E, k, H)
         want = int8_activations_reference(x, ids, w, *dense.values(), biases=biases, activation=GPT_OSS_ACTIVATION)
-        assert rel_err(moe.forward(x, ids, w), want) < BOUND, T
+        assert int8_layer_error(moe.forward(x, ids, w), want) < BOUND, T
         # the plain SwiGLU without biases is something else: the file's gating is what ran
         assert rel_err(int8_activations_reference(x, ids, w, *dense.values()), want) > 0.05
     assert moe.info["packed_bytes"] == _file_bytes(release, layer, E)

@@ -190,3 +190,16 @@ def test_doctor_that_breaks_exits_2_with_a_message(monkeypatch: pytest.MonkeyPat
     result = runner.invoke(cli.app, ["doctor"])
     assert result.exit_code == 2
     assert "kt doctor failed: RuntimeError: simulated internal failure" in result.stderr
+
+
+def test_live_json_lists_the_kernel_of_every_format(live_json: dict[str, Any]) -> None:
+    import ktforge
+    from ktforge import formats
+
+    finding = next(c for c in live_json["checks"] if c["id"] == "extension.kernels")
+    selection = ktforge.build_info()["selection"]
+    runs = selection["override"] or selection["auto"]
+    assert finding["status"] == "info" and finding["finding"].startswith(f"{runs}: ")
+    kernels = next(b["kernels"] for b in ktforge.build_info()["backends"] if b["name"] == runs)
+    for name in formats.names():  # each format with the kernel the selected backend runs it on
+        assert f"{name}: {kernels[name]}" in finding["finding"]

@@ -339,13 +339,20 @@ class Checkpoint:
 
     def stored_method(self, layer: int) -> str | None:
         """The format whose kernels compute the layer's experts as they are stored: "fp8" (FP8
-        E4M3), "int4" (packed INT4), "mxfp4", or None for float weights (its first expert's gate
-        tells)."""
+        E4M3), "int4" (packed symmetric INT4 with bfloat16 scales), "int4z" (other packed INT4:
+        zero points, float16 or float32 scales), "mxfp4", or None for float weights (its first
+        expert's gate tells)."""
         name = self.arch.tensor_name(layer, 0, "gate")
         if self.arch.fused:
             return "mxfp4"
         if name not in self.weight_map and name + ct_packed.PACKED in self.weight_map:
-            return self.packed_scheme.method if self.packed_scheme is not None else "int4"
+            scheme = self.packed_scheme
+            if scheme is None or scheme.method != "int4":
+                return scheme.method if scheme is not None else "int4"
+            # int4 holds symmetric groups with bfloat16 scales exactly; int4z any (float32 scales, zero points)
+            scale_file, _ = self._tensor(name + ct_packed.SCALE, f"the group scales of {name}")
+            bf16 = scale_file.info(name + ct_packed.SCALE).dtype == "BF16"
+            return "int4" if scheme.symmetric and bf16 and scheme.group in (32, 64, 128) else "int4z"
         f, _ = self._tensor(name, f"layer {layer}, expert 0, gate")
         return "fp8" if f.info(name).dtype == "F8_E4M3" else None
 

@@ -296,10 +296,10 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
     """Checks everything that can be checked before writing; finds what an earlier run finished."""
     if method not in METHODS:
         raise ConversionError(f"--quant must be one of {', '.join(METHODS)}, got {method!r}")
-    if formats.by_name(method).element == "fp8":
+    if formats.by_name(method).element in ("fp8", "int4z"):
         raise ConversionError(
-            "--quant fp8: an FP8 checkpoint needs no conversion, MoE.from_pretrained(checkpoint, layer) serves its "
-            "experts as they are; kt convert writes the smaller formats (int8, int8g, int4) or bf16"
+            f"--quant {method}: a checkpoint in it needs no conversion, MoE.from_pretrained(checkpoint, layer) serves "
+            "its experts as they are; kt convert writes the smaller formats (int8, int8g, int4, mxfp4) or bf16"
         )
     try:
         formats.check_group(method, group_size, option="--group-size")
@@ -520,5 +520,7 @@ def load_layer(directory: Path, layer: int, verify: bool = True) -> tuple[dict[s
             if verify and hashlib.sha256(f.raw(name)).hexdigest() != expected["sha256"]:
                 raise ConversionError(f"{path}: tensor {name!r} does not match its checksum (the file is corrupt)")
             arrays[name] = f.get(name)
-    projections = {p: Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale")) for p in PROJECTIONS}
+    projections = {
+        p: Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale"), arrays.get(f"{p}.zero")) for p in PROJECTIONS
+    }
     return manifest, projections

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from ktforge import formats
 from ktforge.builder import backends as backends_table
 from ktforge.builder.assessment import Assessment
 from ktforge.detect.report_types import Compiler
@@ -174,3 +175,20 @@ def _extension(r: Assessment, say: Say) -> Finding:
         )
     backends = f"; backends {', '.join(runnable)}" if runnable else ""
     return say("ok", where + backends)
+
+
+@check("extension.kernels", "extension", "the kernel each weight format runs on the backend that runs")
+def _kernels(r: Assessment, say: Say) -> Finding:
+    ext = r["extension"]
+    selection = ext.get("selection") if ext is not None and ext.get("status") == "ok" else None
+    if ext is None or selection is None:
+        return say("unknown", "the extension was not imported (see extension.installed)")
+    runs = selection["override"] or selection["auto"]
+    backends = (ext.get("build_info") or {}).get("backends") or []
+    backend = next((b for b in backends if b.get("name") == runs), None)
+    if backend is None:
+        return say("unknown", f"the selected backend {runs!r} is not in the build's table")
+    kernels = backend.get("kernels") or {}
+    # in the format table's order (a replayed snapshot's keys come back sorted)
+    listed = [name for name in formats.names() if name in kernels] + sorted(set(kernels) - set(formats.names()))
+    return say("info", f"{runs}: " + "; ".join(f"{name}: {kernels[name]}" for name in listed))

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "formats.json"
-ELEMENTS = ("bf16", "int8", "int4", "int8g", "fp8", "fp4")  # the packed value families the SIMD kernels compute
+ELEMENTS = (
+    "bf16",
+    "int8",
+    "int4",
+    "int8g",
+    "fp8",
+    "fp4",
+    "int4z",
+)  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 
 

@@ -27,6 +27,10 @@ Hugging Face checkpoints):
   and compressed-tensors' bytes), ``scale`` uint8 ``[..., N, Kg / 32]``, E8M0 codes (2^(e - 127)).
   Quantized here per group: the least power of two 2^s with max|w| / 2^s <= 6, each value the
   E2M1 code nearest w / 2^s (ties to even).
+- int4z: asymmetric INT4 (GPTQ, AWQ, compressed-tensors' asymmetric schemes), K zero-padded to
+  ``Kg``: ``weight`` uint8 ``[..., N, Kg / 2]``, unsigned codes q in [0, 15] two a byte (even k
+  low), ``scale`` float32 and ``zero`` uint8 (in [0, 15]) ``[..., N, Kg / group]``: ``w = (q -
+  zero) * scale``. A checkpoint's own, repacked: float weights are not converted to it.
 - fp8: a checkpoint's own FP8 E4M3 codes, ``weight`` float8_e4m3fn ``[..., N, K]``, and its
   scales as float32 ``[..., N, Kg / group]``, one per row and group of K (a 128 x 128 block's
   scale repeated over its rows, a channel's over its groups): a repack, not a quantization.
@@ -54,14 +58,17 @@ Array = np.ndarray[Any, Any]
 
 @dataclass(frozen=True)
 class Quantized:
-    """One projection's weights in the portable layout; ``scale`` is None for bf16."""
+    """One projection's weights in the portable layout; ``scale`` is None for bf16, ``zero`` (the
+    zero points) for all but int4z."""
 
     weight: Array
     scale: Array | None
+    zero: Array | None = None
 
     def parts(self) -> dict[str, Array]:
-        """``{"weight": ..., "scale": ...}``, without the scale bf16 does not have."""
-        return {"weight": self.weight} if self.scale is None else {"weight": self.weight, "scale": self.scale}
+        """``{"weight": ..., "scale": ..., "zero": ...}``, without the parts the format does not have."""
+        named = {"weight": self.weight, "scale": self.scale, "zero": self.zero}
+        return {name: part for name, part in named.items() if part is not None}
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,12 @@ class Int4Groups:
         if self.zero is not None:
             values -= self.zero.astype(np.float32)[..., None]
         return (values * self.scale.astype(np.float32)[..., None]).reshape(q.shape[0], -1)[:, : self.K]
+
+    def as_int4z(self) -> Quantized:
+        """int4z's portable layout, bit for bit: the stored codes (q + 8), the scales widened to
+        float32 (exactly), zero points + 8 (8 where the scheme is symmetric)."""
+        zero = np.full(self.scale.shape, 8, np.uint8) if self.zero is None else (self.zero + 8).astype(np.uint8)
+        return Quantized(np.ascontiguousarray(self.codes), np.ascontiguousarray(self.scale, dtype=np.float32), zero)
 
     def why_not_int4(self, group_size: int) -> str | None:
         """Why int4 at ``group_size`` cannot hold these values exactly; None when it can."""
@@ -182,6 +195,8 @@ def quantize(w: Stored, method: str, group_size: int = 128, *, exact: bool = Fal
             raise ValueError(f"the checkpoint's MXFP4 is served as method mxfp4, not {method}")
         w = w.to_float32()
     if isinstance(w, Int4Groups):
+        if element == "int4z" and w.group == group_size:
+            return w.as_int4z()
         why_not = w.why_not_int4(group_size) if element == "int4" else f"{method} is not int4"
         if why_not is None:
             return w.as_int4()
@@ -249,6 +264,12 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     if element == "fp4":
         values = FP4_VALUES[codes]
         scale = np.ldexp(np.float32(1), q.scale.astype(np.int32) - 127).astype(np.float32)
+    elif element == "int4z":
+        assert q.zero is not None
+        values = (codes.astype(np.float32).reshape(*codes.shape[:-1], groups, -1) - q.zero[..., None]).reshape(
+            codes.shape
+        )
+        scale = q.scale.astype(np.float32)
     else:
         values, scale = codes.astype(np.float32) - 8, q.scale.astype(np.float32)
     grouped = values.reshape(*values.shape[:-1], groups, -1) * scale[..., None]
@@ -256,7 +277,7 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
 
 
 def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Per-expert shape and safetensors dtype of ``weight`` and ``scale`` for one projection."""
+    """Per-expert shape and safetensors dtype of ``weight``, ``scale`` (and ``zero``) for one projection."""
     f = formats.by_name(method)
     weight, scale = f.checkpoint.weight_dtype, f.checkpoint.scale_dtype
     if f.element == "bf16":
@@ -266,4 +287,10 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
     groups = -(-K // group_size)
     if f.element in ("int8g", "fp8"):
         return {"weight": ((N, K), weight), "scale": ((N, groups), scale or "F32")}
-    return {"weight": ((N, groups * group_size // 2), weight), "scale": ((N, groups), scale or "F32")}
+    parts: dict[str, tuple[tuple[int, ...], str]] = {
+        "weight": ((N, groups * group_size // 2), weight),
+        "scale": ((N, groups), scale or "F32"),
+    }
+    if f.zero_point is not None:
+        parts["zero"] = ((N, groups), "U8")
+    return parts

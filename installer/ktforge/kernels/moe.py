@@ -152,6 +152,31 @@ def _discover_blis_library() -> str | None:
     return None
 
 
+def _check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]]) -> None:
+    """A projection's scales (and zero points) checked, and viewed as the kernels take them, in
+    place: int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of
+    zeros (or an int4z group) may have any finite scale; an E8M0 code of 255 is NaN."""
+    element = formats.by_name(method).element
+    scale = parts["scale"].astype(np.float32)
+    ok = np.isfinite(scale)
+    if element == "fp4":
+        ok &= parts["scale"] != 255
+    elif element == "int4":
+        ok &= scale != 0
+    elif element not in ("fp8", "int4z"):
+        ok &= scale > 0
+    if not ok.all():
+        wanted = {"int4": "nonzero and finite", "fp4": "E8M0 codes other than 255 (NaN)", "fp8": "finite"}
+        expected = wanted.get(element, "finite" if element == "int4z" else "positive and finite")
+        raise ValueError(f"{name}.scale holds values that are not {expected}")
+    if "zero" in parts and (parts["zero"] > 15).any():
+        raise ValueError(f"{name}.zero holds zero points above 15")
+    if element == "fp8":
+        parts["weight"] = parts["weight"].view(np.uint8)  # E4M3 codes as their bytes
+    if element != "fp4":  # E8M0 codes are bytes already
+        parts["scale"] = _kernel_view(parts["scale"], f"{name}.scale", copy=False)  # bf16 scales as their bits
+
+
 def _stored_group(checkpoint: Any, method: str, stored: str | None) -> int:
     """The group size at which ``method`` keeps a checkpoint's own scales: FP8's blocks along K,
     packed INT4's groups; else 128 (or the format's first, for one without 128)."""
@@ -159,7 +184,7 @@ def _stored_group(checkpoint: Any, method: str, stored: str | None) -> int:
     if method == "fp8" and checkpoint.fp8_block[1] in sizes:
         return int(checkpoint.fp8_block[1])
     scheme = checkpoint.packed_scheme
-    if method == stored == "int4" and scheme is not None and scheme.group:
+    if method == stored and method in ("int4", "int4z") and scheme is not None and scheme.group:
         return int(scheme.group)
     return 128 if not sizes or 128 in sizes else sizes[0]
 
@@ -393,7 +418,10 @@ class MoE:
                     pass
             biases = checkpoint.biases(layer)
         moe.load_quantized(
-            *(Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale")) for p in ("gate", "up", "down"))
+            *(
+                Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale"), arrays.get(f"{p}.zero"))
+                for p in ("gate", "up", "down")
+            )
         )
         if biases is not None:
             moe.load_biases(*biases)
@@ -449,42 +477,31 @@ class MoE:
         from ktforge.formats.quantize import shapes
 
         E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
-        arrays: list[np.ndarray[Any, Any]] = []
+        parts: dict[str, dict[str, np.ndarray[Any, Any]]] = {}
         for name, q, (N, K) in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I))):
             if not isinstance(q, Quantized):
                 raise TypeError(f"{name} must be a ktforge.formats.quantize.Quantized, got {type(q).__name__}")
+            parts[name] = {}
             for part, (shape, dtype) in shapes(self.method, N, K, self._group).items():
                 expected = np.dtype(_SAFETENSORS_NUMPY[dtype])
+                if getattr(q, part) is None:
+                    raise ValueError(f"{name}.{part} is missing; {self.method} needs {expected} {(E, *shape)}")
                 array = np.asarray(getattr(q, part))
                 if array.shape != (E, *shape) or array.dtype != expected:
                     raise ValueError(
                         f"{name}.{part} is {array.dtype} {tuple(array.shape)}; {self.method} with group size "
                         f"{self._group} needs {expected} {(E, *shape)}"
                     )
-                arrays.append(np.ascontiguousarray(array))
+                parts[name][part] = np.ascontiguousarray(array)
         if self.method == "bf16":
-            self.load_weights(*arrays)
+            self.load_weights(*(parts[p]["weight"] for p in parts))
             return
-        # int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of
-        # zeros may have any scale; an E8M0 code of 255 is NaN
-        element = formats.by_name(self.method).element
-        wanted = {"int4": "nonzero and finite", "fp8": "finite", "fp4": "E8M0 codes other than 255 (NaN)"}.get(
-            element, "positive and finite"
+        for name, projection in parts.items():
+            _check_scales(self.method, name, projection)
+        zeros = {f"{p}_zero": parts[p]["zero"] for p in parts if "zero" in parts[p]}
+        self._layer.load_quantized(
+            *(array for p in parts for array in (parts[p]["weight"], parts[p]["scale"])), **zeros
         )
-        for index, name in ((1, "gate"), (3, "up"), (5, "down")):
-            scale = arrays[index].astype(np.float32)
-            ok = np.isfinite(scale)
-            if element == "fp4":
-                ok &= arrays[index] != 255
-            elif element != "fp8":
-                ok &= (scale != 0) if element == "int4" else (scale > 0)
-            if not ok.all():
-                raise ValueError(f"{name}.scale holds values that are not {wanted}")
-            if self.method == "fp8":
-                arrays[index - 1] = arrays[index - 1].view(np.uint8)  # E4M3 codes as their bytes
-            if element != "fp4":  # E8M0 codes are bytes already
-                arrays[index] = _kernel_view(arrays[index], f"{name}.scale", copy=False)  # bf16 scales as their bits
-        self._layer.load_quantized(*arrays)
         self._loaded = True
 
     def forward(self, x: Any, ids: Any, weights: Any, *, copy: bool = False) -> Any:

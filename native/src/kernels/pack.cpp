@@ -36,11 +36,22 @@ void shape(PackedMatrix& out, Element method, int group, int N, int K) {
   out.scale.clear();
   out.group_scale.clear();
   out.group_e8m0.clear();
+  out.group_meta.clear();
   out.colsum.clear();
 }
 
 constexpr uint16_t kBf16One = 0x3F80;
 constexpr uint8_t kE8m0One = 127;
+
+// Row n's int4z scales and zero points, one a group, into its blocks' records.
+void put_int4z_meta(PackedMatrix& out, int n, const float* scales, const uint8_t* zeros) {
+  const int G = out.groups();
+  for (int g = 0; g < G; ++g) {
+    uint8_t* record = out.group_meta.data() + (static_cast<std::size_t>(n / 16) * G + g) * kInt4zGroupBytes;
+    std::memcpy(record + 4 * (n % 16), scales + g, 4);
+    record[64 + n % 16] = zeros[g];
+  }
+}
 
 void begin_quantized(PackedMatrix& out) {
   if (out.element == Element::int8) {
@@ -51,6 +62,11 @@ void begin_quantized(PackedMatrix& out) {
     out.block_scale.assign(static_cast<std::size_t>(out.blocks()) * out.groups(), 1.f);
   } else if (out.element == Element::fp4) {
     out.group_e8m0.assign(static_cast<std::size_t>(out.Np) * out.groups(), kE8m0One);
+  } else if (out.element == Element::int4z) {
+    out.group_meta.assign(static_cast<std::size_t>(out.blocks()) * out.groups() * kInt4zGroupBytes, 0);
+    const std::vector<float> ones(out.groups(), 1.f);
+    const std::vector<uint8_t> zeros(out.groups(), 0);
+    for (int n = 0; n < out.Np; ++n) put_int4z_meta(out, n, ones.data(), zeros.data());
   } else {
     out.group_scale.assign(static_cast<std::size_t>(out.Np) * out.groups(), kBf16One);
   }
@@ -104,6 +120,34 @@ void put_fp4_row(PackedMatrix& out, int n, const int8_t* codes, const uint8_t* e
   const int G = out.groups();
   for (int g = 0; g < G; ++g) out.group_e8m0[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16] = e8m0[g];
   put_nibbles(out, n, codes, 0);
+}
+
+// Row n of an int4z matrix: Kp unsigned codes in [0, 15], a float32 scale and a zero point per group.
+void put_int4z_row(PackedMatrix& out, int n, const int8_t* q, const float* scales, const uint8_t* zeros) {
+  put_int4z_meta(out, n, scales, zeros);
+  put_nibbles(out, n, q, 0);
+}
+
+// Asymmetric INT4 of one row, as GPTQ's and compressed-tensors' asymmetric schemes define it: per
+// group the range [min(w, 0), max(w, 0)] in 15 steps, scale = range / 15 (1 where it is 0), zero =
+// round(-min / scale), q = clamp(round(w / scale) + zero, 0, 15).
+bool quantize_int4z_row(const float* w, int K, int group, int8_t* q, float* scales, uint8_t* zeros) {
+  bool finite = true;
+  for (int g0 = 0; g0 < K; g0 += group) {
+    float low = 0.f, high = 0.f;
+    for (int k = g0; k < g0 + group; ++k) {
+      finite &= std::isfinite(w[k]);
+      low = std::min(low, w[k]), high = std::max(high, w[k]);
+    }
+    float scale = (high - low) / 15.f;
+    if (!(scale > 0.f) || !std::isfinite(scale)) scale = 1.f;
+    const int zero = std::clamp(static_cast<int>(std::nearbyint(-low / scale)), 0, 15);
+    scales[g0 / group] = scale;
+    zeros[g0 / group] = static_cast<uint8_t>(zero);
+    for (int k = g0; k < g0 + group; ++k)
+      q[k] = static_cast<int8_t>(std::clamp(static_cast<int>(std::nearbyint(w[k] / scale)) + zero, 0, 15));
+  }
+  return finite;
 }
 
 // The E2M1 code nearest v (ties to the even code, whose mantissa bit is 0), saturating at 6, with
@@ -360,6 +404,12 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
       put_int8_row(out, n, q.data(), scales[0]);
       continue;
     }
+    if (method == Element::int4z) {
+      std::vector<uint8_t> zeros(scales.size());
+      quantize_int4z_row(row.data(), out.Kp, group, q.data(), scales.data(), zeros.data());
+      put_int4z_row(out, n, q.data(), scales.data(), zeros.data());
+      continue;
+    }
     if (method == Element::fp4) {
       std::vector<uint8_t> e8m0(scales.size());
       for (std::size_t g = 0; g < scales.size(); ++g) e8m0[g] = f32_to_e8m0(scales[g]);
@@ -391,6 +441,14 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
         put_int8_row(out, n, q.data(), row.values ? *static_cast<const float*>(row.scales) : 1.f);
       else
         put_int8g_row(out, n, q.data(), row.values ? static_cast<const uint16_t*>(row.scales) : unit.data());
+    } else if (method == Element::int4z) {
+      // portable int4z: int4's byte order, the nibbles unsigned codes; a float32 scale and a zero
+      // point per group (a missing row keeps begin_quantized's zeros, scale 1)
+      if (row.values) {
+        const auto* bytes = static_cast<const uint8_t*>(row.values);
+        for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>((bytes[k / 2] >> (4 * (k % 2))) & 0x0F);
+        put_int4z_row(out, n, q.data(), static_cast<const float*>(row.scales), static_cast<const uint8_t*>(row.zeros));
+      }
     } else if (method == Element::fp4) {
       // portable fp4: int4's byte order, the nibbles E2M1 codes; one E8M0 code per group
       if (row.values) {

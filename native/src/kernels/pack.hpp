@@ -36,9 +36,12 @@ bool decode_fp8_row(const uint8_t* codes, int64_t K, const float* block_scales, 
 // group of round_up(K, group) (as its bits). int4: round_up(K, group) / 2 bytes, two values
 // per byte (even k in the low nibble), each stored as q + 8 with q in [-8, 7], and one bf16
 // scale per group. fp4: int4's bytes holding E2M1 codes, and one E8M0 code (uint8) per group.
+// int4z: int4's bytes holding unsigned codes q in [0, 15], a float32 scale and a uint8 zero point
+// per group: w = (q - zero) * scale.
 struct QuantizedRow {
   const void* values = nullptr;
-  const void* scales = nullptr;  // int8: a float; int8g, int4: uint16_t bf16 bits; fp4: uint8 E8M0
+  const void* scales = nullptr;  // int8: a float; int8g, int4: uint16_t bf16 bits; fp4: uint8 E8M0; int4z: floats
+  const void* zeros = nullptr;   // int4z: uint8 zero points, one a group
 };
 
 // Packs quantized rows into the same layout pack_rows produces from the float weights they

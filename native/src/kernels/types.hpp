@@ -9,6 +9,7 @@
 //   int4: [N/16][K/8][16][4]  nibbles     byte (col, b): low = k 8q+b, high = k 8q+4+b,
 //                                         stored as w+8 in [0, 15]
 //   fp4:  [N/16][K/8][16][4]  nibbles     int4's order, each an E2M1 code (MXFP4's values)
+//   int4z: [N/16][K/8][16][4] nibbles     int4's order, each q in [0, 15]: w = (q - zero) * scale
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
 //                                         unsigned operand of u8 x s8 dot products)
 //   fp8:  [N/16][K][16]       E4M3 codes  one 64-byte line = 16 columns x 4 k: a k's 16
@@ -33,15 +34,19 @@ namespace kt {
 inline int k_step(Element m, int group) { return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : group; }
 // Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
 inline bool grouped(Element m) {
-  return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4;
+  return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z;
 }
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
 inline bool int8_activations(Element m) {
-  return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4;
+  return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z;
 }
-inline bool group_sums(Element m) { return m == Element::int4 || m == Element::int8g || m == Element::fp4; }
 // Nibble elements: int4's panel layout, two values a byte.
-inline bool nibbles(Element m) { return m == Element::int4 || m == Element::fp4; }
+inline bool nibbles(Element m) { return m == Element::int4 || m == Element::fp4 || m == Element::int4z; }
+inline bool group_sums(Element m) { return m == Element::int8g || nibbles(m); }
+
+// int4z: per 16-column block and group, 16 float32 scales then 16 zero points (uint8, in
+// [0, 15]): one 80-byte record, so a tile reads one pointer a block.
+constexpr int kInt4zGroupBytes = 16 * 4 + 16;
 
 // MXFP4 (OCP microscaling): E2M1 codes (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2,
 // 3, 4, 6) with an E8M0 scale 2^(e - 127) per 32 values. The kernels look a code up as twice its
@@ -100,6 +105,8 @@ struct PackedMatrix {
   // fp4: the E8M0 scale codes, uint8 group_e8m0[block][group][16] (int4's order): the file's byte
   // a group, so MXFP4 packs into its own bytes.
   aligned_vector<uint8_t> group_e8m0;
+  // int4z: group_meta[block][group][kInt4zGroupBytes] (kernels/types.hpp's record above)
+  aligned_vector<uint8_t> group_meta;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
   aligned_vector<int32_t> colsum;
   // fp8: float32 block_scale[block][group], one scale for a 16-column block's group of K (a
@@ -120,8 +127,12 @@ struct PackedMatrix {
   const uint8_t* block(int b) const { return values + b * block_bytes(); }
   const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
   const uint8_t* block_e8m0(int b) const { return group_e8m0.data() + static_cast<std::size_t>(b) * groups() * 16; }
+  const uint8_t* block_meta(int b) const {
+    return group_meta.data() + static_cast<std::size_t>(b) * groups() * kInt4zGroupBytes;
+  }
   std::size_t metadata_bytes() const {
-    return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4 + block_scale.size() * 4 + group_e8m0.size();
+    return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4 + block_scale.size() * 4 + group_e8m0.size() +
+           group_meta.size();
   }
   const float* fp8_block_scales(int b) const { return block_scale.data() + static_cast<std::size_t>(b) * groups(); }
   // fp8: block b's 16 row scales, or nullptr where all are 1

@@ -35,6 +35,8 @@ class MoeLayer {
     int64_t row_bytes;
     const void* scales;
     int64_t row_scale_bytes;
+    const void* zeros = nullptr;  // int4z's zero points, uint8, a row's groups row_zero_bytes apart
+    int64_t row_zero_bytes = 0;
   };
   void load_quantized(const QuantizedWeights& gate, const QuantizedWeights& up, const QuantizedWeights& down);
   bool loaded() const { return loaded_; }

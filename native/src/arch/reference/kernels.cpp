@@ -89,6 +89,31 @@ float e8m0_group_scale(const PackedMatrix& w, int block, int g, int c) {
   return e8m0_to_f32(w.block_e8m0(block)[g * 16 + c]);
 }
 
+// int4z: unsigned nibbles in int4's order; per group sum(q * x) - zero * sum(x), exact in int32,
+// times the group's float32 scale
+void gemm_int4z(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  const int G = w.groups(), group = w.group;
+  for (int i = 0; i < a.m; ++i) {
+    const int64_t r = a.rows[i];
+    const int8_t* x = a.act->q.data() + r * a.act->Kp;
+    for (int n = a.n0; n < a.n1; ++n) {
+      const uint8_t* panel = w.block(n / 16) + (n % 16) * 4;
+      float acc = 0.f;
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* record = w.block_meta(n / 16) + g * kInt4zGroupBytes;
+        int32_t s = 0;
+        for (int k = g * group; k < (g + 1) * group; ++k) s += (int4_code(panel, k) + 8) * x[k];
+        s -= record[64 + n % 16] * a.act->gsum[r * G + g];
+        float scale;
+        std::memcpy(&scale, record + 4 * (n % 16), 4);
+        acc += static_cast<float>(s) * scale;
+      }
+      a.out[i * a.ld_out + (n - a.n0)] = acc * a.act->scale[r];
+    }
+  }
+}
+
 // int8g: bytes q + 128 in int8's order
 int int8g_code(const uint8_t* panel, int k) { return panel[(k / 4) * 64 + k % 4] - 128; }
 
@@ -121,6 +146,7 @@ void gemm(const GemmArgs& a) {
     case Element::int4: return gemm_grouped(a, int4_code);
     case Element::int8g: return gemm_grouped(a, int8g_code);
     case Element::fp4: return gemm_grouped(a, fp4_doubled, e8m0_group_scale, 0.5f);
+    case Element::int4z: return gemm_int4z(a);
   }
 }
 
@@ -129,6 +155,7 @@ std::string describe(Element m) {
          : m == Element::int8 ? "scalar int32 dot"
          : m == Element::fp8  ? "scalar fp32 dot of fp8 per block"
          : m == Element::fp4  ? "scalar int32 dot of doubled fp4 per group"
+         : m == Element::int4z ? "scalar int32 dot per group, less zero points"
                               : "scalar int32 dot per group";
 }
 

@@ -208,6 +208,24 @@ void unpack_int4(const uint8_t* panel, int kp, int8_t* out) {
 #endif
 }
 
+// int4z panel rows (int4's order, unsigned codes) -> unsigned int8 B-tile rows, as int4's.
+void unpack_nibbles(const uint8_t* panel, int kp, int8_t* out) {
+#ifndef KTFORGE_AMX_MODEL
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int j = 0; j < kp / 8; ++j) {
+    const __m512i v = _mm512_loadu_si512(panel + j * 64);
+    _mm512_storeu_si512(out + 2 * j * 64, _mm512_and_si512(v, low));
+    _mm512_storeu_si512(out + (2 * j + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+  }
+#else
+  for (int j = 0; j < kp / 8; ++j)
+    for (int b = 0; b < 64; ++b) {
+      out[2 * j * 64 + b] = static_cast<int8_t>(panel[j * 64 + b] & 0x0F);
+      out[(2 * j + 1) * 64 + b] = static_cast<int8_t>(panel[j * 64 + b] >> 4);
+    }
+#endif
+}
+
 // fp4 panel rows (int4's order, E2M1 codes) -> signed int8 B-tile rows of twice their values
 // (kernels/types.hpp), looked up with vpshufb.
 void unpack_fp4(const uint8_t* panel, int kp, int8_t* out) {
@@ -282,6 +300,40 @@ void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* 
   if (pair) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
 }
 
+// A grouped element's column block as B tiles (int8g's panel as it is; the nibble elements'
+// unpacked into `unpacked`) and its group scales widened to float32 into `scales`, exactly.
+const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unpacked, float* scales) {
+  const int G = w.groups();
+  if (w.element == Element::fp4) {
+    const uint8_t* e8m0 = w.block_e8m0(blk);
+    for (int k = 0; k < G * 16; ++k) scales[k] = e8m0_to_f32(e8m0[k]);
+  } else if (w.element == Element::int4z) {
+    for (int grp = 0; grp < G; ++grp) std::memcpy(scales + grp * 16, w.block_meta(blk) + grp * kInt4zGroupBytes, 64);
+  } else {
+    const uint16_t* bits = w.block_scales(blk);
+    for (int k = 0; k < G * 16; ++k) scales[k] = bf16_to_f32(bits[k]);
+  }
+  if (w.element == Element::int8g) return w.block(blk);
+  const auto unpack = w.element == Element::fp4 ? unpack_fp4 : w.element == Element::int4z ? unpack_nibbles : unpack_int4;
+  unpack(w.block(blk), kp, unpacked);
+  return reinterpret_cast<const uint8_t*>(unpacked);
+}
+
+// What unsigned weights' group sums carry, taken off: int8g's 128 * sum_k x; int4z's zero point
+// (by column) times sum_k x. Rows [i0, i0 + rows) of the task, group grp, c as group_sums left it.
+void remove_offsets(const GemmArgs& g, int blk, int halves, int i0, int rows, int grp, int32_t* c) {
+  const PackedMatrix& w = *g.w;
+  const int G = w.groups();
+  for (int i = 0; i < rows; ++i) {
+    const int32_t x_sum = g.act->gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp];
+    for (int h = 0; h < halves; ++h) {
+      const uint8_t* zeros =
+          w.element == Element::int4z ? w.block_meta(blk + h) + grp * kInt4zGroupBytes + 64 : nullptr;
+      for (int n = 0; n < 16; ++n) c[i * 32 + h * 16 + n] -= (zeros ? zeros[n] : 128) * x_sum;
+    }
+  }
+}
+
 // The grouped elements on tiles. int4: a column-block pair is unpacked once per task into int8
 // B tiles (2 x 16 x Kp bytes, L2-resident) that every 32-row block reuses, and tdpbssd on the
 // signed activations gives each group's exact sums. int8g: the panels are B tiles already;
@@ -291,7 +343,7 @@ void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* 
 void amx_grouped(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
-  const bool int8g = w.element == Element::int8g, fp4 = w.element == Element::fp4;
+  const bool int8g = w.element == Element::int8g, fp4 = w.element == Element::fp4, int4z = w.element == Element::int4z;
   const float final_scale = fp4 ? 0.5f : 1.f;  // fp4's B tiles hold twice its values
   const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
   const std::size_t row_bytes = static_cast<std::size_t>(kp);
@@ -310,22 +362,7 @@ void amx_grouped(const GemmArgs& g) {
   for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
     const bool pair = blk + 1 < g.n1 / 16;
     const int halves = pair ? 2 : 1;
-    for (int h = 0; h < halves; ++h) {
-      if (int8g) {
-        b_blocks[h] = w.block(blk + h);
-      } else {
-        (fp4 ? unpack_fp4 : unpack_int4)(w.block(blk + h), kp, unpacked[h]);
-        b_blocks[h] = reinterpret_cast<const uint8_t*>(unpacked[h]);
-      }
-      // widened once per task, exactly
-      if (fp4) {
-        const uint8_t* e8m0 = w.block_e8m0(blk + h);
-        for (int k = 0; k < G * 16; ++k) scales[h][k] = e8m0_to_f32(e8m0[k]);
-      } else {
-        const uint16_t* bits = w.block_scales(blk + h);
-        for (int k = 0; k < G * 16; ++k) scales[h][k] = bf16_to_f32(bits[k]);
-      }
-    }
+    for (int h = 0; h < halves; ++h) b_blocks[h] = tile_block_of(w, blk + h, kp, unpacked[h], scales[h]);
     // The next pair's panels stream into L2 while this pair computes: unpacking reads them
     // from there instead of waiting on memory.
     const int next_blocks = std::max(0, std::min(2, g.n1 / 16 - (blk + 2)));
@@ -339,15 +376,11 @@ void amx_grouped(const GemmArgs& g) {
           for (int h = 0; h < next_blocks; ++h)
             for (int l = grp * lines_per_group; l < std::min(panel_lines, (grp + 1) * lines_per_group); ++l)
               _mm_prefetch(reinterpret_cast<const char*>(w.block(blk + 2 + h) + l * 64), _MM_HINT_T1);
-        if (int8g)
+        if (int8g || int4z)
           group_sums<GroupDot::unsigned_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
         else
           group_sums<GroupDot::signed_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
-        if (int8g)
-          for (int i = 0; i < rows; ++i) {
-            const int32_t offset = 128 * act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp];
-            for (int n = 0; n < 16 * halves; ++n) c[i * 32 + n] -= offset;
-          }
+        if (int8g || int4z) remove_offsets(g, blk, halves, i0, rows, grp, c);
         for (int h = 0; h < halves; ++h)
           for (int i = 0; i < rows; ++i) fma_group(c + i * 32 + h * 16, scales[h] + grp * 16, acc + i * 32 + h * 16);
       }
@@ -472,6 +505,7 @@ std::string describe(Element m) {
                          : m == Element::int8  ? "tdpbusd"
                          : m == Element::int8g ? "tdpbsud per group"
                          : m == Element::fp4   ? "tdpbssd (fp4 looked up as doubled int8)"
+                         : m == Element::int4z ? "tdpbsud per group, less zero points"
                                                : "tdpbssd (nibbles unpacked to int8)";
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +
          fallback;

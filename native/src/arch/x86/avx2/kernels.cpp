@@ -154,14 +154,36 @@ inline __m256 load_scales(const uint16_t* bf16) {
 }
 
 // What a nibble element's panel holds. int4: the nibbles themselves, w + 8, bf16 group scales.
+// Each element's group metadata: group(block, g) the group's, scales(meta, h) half h's 8 scales,
+// offset(meta, h, x_sum) what half h's sums carry.
 struct Int4Codes {
   using Scale = uint16_t;
-  static constexpr int kOffset = 8, kSteps16 = kInt4Steps16;
+  static constexpr int kSteps16 = kInt4Steps16;
   static constexpr float kFinal = 1.f;
   static __m256i table() { return _mm256_setzero_si256(); }
   static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
-  static __m256 scales(const Scale* s) { return load_scales(s); }
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
+  static __m256 scales(const Scale* s, int h) { return load_scales(s + h * 8); }
+  static __m256i offset(const Scale*, int, int32_t x_sum) { return _mm256_set1_epi32(8 * x_sum); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
+};
+
+// int4z: unsigned nibbles q (int4's sums: 16-bit safe for 4 steps), the record of
+// kernels/types.hpp (float32 scales, then zero points), each column's zero times the group's
+// activation sum taken off.
+struct Int4zCodes {
+  using Scale = uint8_t;
+  static constexpr int kSteps16 = kInt4Steps16;
+  static constexpr float kFinal = 1.f;
+  static __m256i table() { return _mm256_setzero_si256(); }
+  static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
+  static const Scale* group(const Scale* block, int g) { return block + g * kInt4zGroupBytes; }
+  static __m256 scales(const Scale* record, int h) { return _mm256_loadu_ps(reinterpret_cast<const float*>(record) + h * 8); }
+  static __m256i offset(const Scale* record, int h, int32_t x_sum) {
+    const __m256i zeros = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(record + 64 + h * 8)));
+    return _mm256_mullo_epi32(zeros, _mm256_set1_epi32(x_sum));
+  }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
 };
 
 // fp4: E2M1 codes looked up (vpshufb) as twice their value + 12, in [0, 24]: a step's pair sums
@@ -169,7 +191,7 @@ struct Int4Codes {
 // bits (kernels/types.hpp), the doubling halved at the end.
 struct Fp4Codes {
   using Scale = uint8_t;
-  static constexpr int kOffset = kFp4Offset, kSteps16 = 2;
+  static constexpr int kSteps16 = 2;
   static constexpr float kFinal = 0.5f;
   static __m256i table() {
     alignas(16) int8_t t[16];
@@ -177,10 +199,13 @@ struct Fp4Codes {
     return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
   }
   static __m256i decode(__m256i nibbles, __m256i table) { return _mm256_shuffle_epi8(table, nibbles); }
-  static __m256 scales(const Scale* e) {
-    const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e))), 23);
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
+  static __m256 scales(const Scale* e, int h) {
+    const __m256i bits =
+        _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e + h * 8))), 23);
     return _mm256_castsi256_ps(_mm256_max_epu32(bits, _mm256_set1_epi32(static_cast<int>(kE8m0MinBits))));
   }
+  static __m256i offset(const Scale*, int, int32_t x_sum) { return _mm256_set1_epi32(kFp4Offset * x_sum); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
 };
 
@@ -221,10 +246,10 @@ struct NibbleTile {
           for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(acc16[i][h], ones));
       }
       for (int i = 0; i < M; ++i) {
-        __m256i offset = _mm256_set1_epi32(Codes::kOffset * gsum[i][g]);
+        const typename Codes::Scale* meta = Codes::group(g_scale, g);
         for (int h = 0; h < 2; ++h) {
-          __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][h], offset));
-          accf[i][h] = _mm256_fmadd_ps(v, Codes::scales(g_scale + g * 16 + h * 8), accf[i][h]);
+          __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][h], Codes::offset(meta, h, gsum[i][g])));
+          accf[i][h] = _mm256_fmadd_ps(v, Codes::scales(meta, h), accf[i][h]);
         }
       }
     }
@@ -355,6 +380,11 @@ void gemm(const GemmArgs& a) {
       else if (w.element == Element::int8g)
         dispatch<kRows, 1, Int8gTile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float*>(xs),
                                       w.block(blk), w.block_scales(blk), G, w.group, out, a.ld_out);
+      else if (w.element == Element::int4z)
+        dispatch<kRows, 1, NibbleTile<Int4zCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
+                                                         static_cast<const int32_t* const*>(sums),
+                                                         static_cast<const float*>(xs), w.block(blk),
+                                                         Int4zCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
       else if (w.element == Element::fp4)
         dispatch<kRows, 1, NibbleTile<Fp4Codes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
                                                        static_cast<const int32_t* const*>(sums),
@@ -375,6 +405,7 @@ std::string describe(Element m) {
          : m == Element::int8  ? "avx2 maddubs, sign on the weights"
          : m == Element::int8g ? "avx2 maddubs, sign on the weights, per group"
          : m == Element::fp4   ? "avx2 maddubs on fp4 looked up as doubled int8"
+         : m == Element::int4z ? "avx2 maddubs on unpacked nibbles, less zero points"
                                : "avx2 maddubs on unpacked nibbles";
 }
 

@@ -13,22 +13,40 @@ namespace kt {
 namespace {
 #ifdef __AVX512VNNI__
 
-// What a nibble element's panel holds. int4: the nibbles themselves, w + 8, bf16 group scales.
+// What a nibble element's panel holds: how its nibbles decode to unsigned bytes, and its groups'
+// metadata (a block's per group: group(), its 16 scales: scales(), the offset its sums carry:
+// offset()). int4: the nibbles themselves, w + 8, bf16 group scales.
 struct Int4Codes {
   using Scale = uint16_t;
-  static constexpr int kOffset = 8;
   static constexpr float kFinal = 1.f;
   static __m512i table() { return _mm512_setzero_si512(); }
   static __m512i decode(__m512i nibbles, __m512i) { return nibbles; }
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
   static __m512 scales(const Scale* s) { return load_scales(s); }
+  static __m512i offset(const Scale*, int32_t x_sum) { return _mm512_set1_epi32(8 * x_sum); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
+};
+
+// int4z: unsigned nibbles q, w = (q - zero) * scale: the record of kernels/types.hpp, float32
+// scales then zero points, each column's zero point times the group's activation sum taken off.
+struct Int4zCodes {
+  using Scale = uint8_t;
+  static constexpr float kFinal = 1.f;
+  static __m512i table() { return _mm512_setzero_si512(); }
+  static __m512i decode(__m512i nibbles, __m512i) { return nibbles; }
+  static const Scale* group(const Scale* block, int g) { return block + g * kInt4zGroupBytes; }
+  static __m512 scales(const Scale* record) { return _mm512_loadu_ps(record); }
+  static __m512i offset(const Scale* record, int32_t x_sum) {
+    const __m512i zeros = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(record + 64)));
+    return _mm512_mullo_epi32(zeros, _mm512_set1_epi32(x_sum));
+  }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
 };
 
 // fp4: E2M1 codes looked up (vpshufb, in each 128-bit lane) as twice their value + 12, E8M0
 // scales built as float bits (kernels/types.hpp), the doubling halved at the end.
 struct Fp4Codes {
   using Scale = uint8_t;
-  static constexpr int kOffset = kFp4Offset;
   static constexpr float kFinal = 0.5f;
   static __m512i table() {
     alignas(16) int8_t t[16];
@@ -36,15 +54,18 @@ struct Fp4Codes {
     return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
   }
   static __m512i decode(__m512i nibbles, __m512i table) { return _mm512_shuffle_epi8(table, nibbles); }
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
   static __m512 scales(const Scale* e) {
     const __m512i bits = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e))), 23);
     return _mm512_castsi512_ps(_mm512_max_epu32(bits, _mm512_set1_epi32(static_cast<int>(kE8m0MinBits))));
   }
+  static __m512i offset(const Scale*, int32_t x_sum) { return _mm512_set1_epi32(kFp4Offset * x_sum); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
 };
 
-// Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12), activations signed:
-// the sum over a group carries offset * sum_k x, removed per group before scaling.
+// Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12, int4z's q), activations
+// signed: the sum over a group carries offset * sum_k x (int4z: zero * sum_k x, by column), removed
+// per group before scaling.
 template <class Codes, int M, int NB>
 // noinline: register allocation in isolation keeps every accumulator in a register
 __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale,
@@ -77,13 +98,12 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
         }
       }
     }
-    for (int i = 0; i < M; ++i) {
-      __m512i offset = _mm512_set1_epi32(Codes::kOffset * gsum[i][g]);
+    for (int i = 0; i < M; ++i)
       for (int j = 0; j < NB; ++j) {
-        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
-        accf[i][j] = _mm512_fmadd_ps(v, Codes::scales(g_scale[j] + g * 16), accf[i][j]);
+        const typename Codes::Scale* meta = Codes::group(g_scale[j], g);
+        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], Codes::offset(meta, gsum[i][g])));
+        accf[i][j] = _mm512_fmadd_ps(v, Codes::scales(meta), accf[i][j]);
       }
-    }
   }
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j)
