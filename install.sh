@@ -151,6 +151,7 @@ run_tests() {
   test_system_deps "$(base_python)"
   say "test tools into $py"
   "$py" -m pip install -q --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
+  "$py" -m pip install -q --disable-pip-version-check --no-deps -r "$ROOT/tests/requirements-nodeps.txt"
   cd "$ROOT"
   set +e
   "$py" -m pytest -p no:cacheprovider tests

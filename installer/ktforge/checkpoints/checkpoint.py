@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ktforge.checkpoints import gptq_awq
 from ktforge.checkpoints import packed as ct_packed
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
 from ktforge.files import UnsafePath, leaves_directory, member, open_regular, read_json
@@ -75,6 +76,12 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _linear_alternatives(pattern: str) -> str:
+    """A weight-name pattern ending in ``weight`` that also matches GPTQ's and AWQ's ``qweight``."""
+    head, _, tail = pattern.rpartition("weight")
+    return f"{head}(?:weight{tail}|{gptq_awq.QWEIGHT[1:]})" if head else pattern
+
+
 class Checkpoint:
     def __init__(self, path: str | Path, input_type: str = "auto") -> None:
         self.path = Path(path)
@@ -127,6 +134,7 @@ class Checkpoint:
         quantization = self.config.get("quantization_config")
         try:
             self.packed_scheme = ct_packed.scheme_of(quantization, str(config_path)) if quantization else None
+            self.linear_scheme = gptq_awq.scheme_of(quantization, str(config_path)) if quantization else None
         except ValueError as error:
             raise CheckpointError(str(error)) from None
         self._files: dict[str, SafetensorsFile] = {}
@@ -198,10 +206,11 @@ class Checkpoint:
             return self._files[shard]
 
     def _moe_layers(self) -> list[int]:
-        # a packed weight is stored as {name}_packed, a fused MXFP4 one as {name}_blocks
+        # a packed weight is stored as {name}_packed, a fused MXFP4 one as {name}_blocks, GPTQ's and
+        # AWQ's as {base}.qweight
         packed_suffix = f"(?:{ct_packed.PACKED}|{MXFP4_BLOCKS})?"
         pattern = re.escape(self.arch.tensor_name(0, 0, "gate")).replace(re.escape("layers.0."), r"layers\.(\d+)\.", 1)
-        pattern += packed_suffix
+        pattern = _linear_alternatives(pattern + packed_suffix)
         layers = sorted({int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(pattern, name))})
         if not layers:
             example = self.arch.tensor_name(0, 0, "gate")
@@ -211,7 +220,7 @@ class Checkpoint:
             return layers
         # the config's expert count must match the files: fewer would silently drop experts
         template = self.arch.tensor.format(layer=layers[0], expert="EXPERT", projection=self.arch.projections["gate"])
-        expert_pattern = re.escape(template).replace("EXPERT", r"(\d+)", 1) + packed_suffix
+        expert_pattern = _linear_alternatives(re.escape(template).replace("EXPERT", r"(\d+)", 1) + packed_suffix)
         stored = {int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(expert_pattern, name))}
         field = self._fields["experts"]
         if stored and max(stored) >= self.experts:
@@ -281,7 +290,8 @@ class Checkpoint:
         name = self.arch.tensor_name(layer, expert, projection)
         found = []
         suffixes = dict.fromkeys((*FP8_SCALE_SUFFIXES, *ct_packed.SUFFIXES, MXFP4_BLOCKS, MXFP4_SCALES))
-        for tensor in (name, *(name + suffix for suffix in suffixes)):
+        base = name.removesuffix(".weight")
+        for tensor in (name, *(name + s for s in suffixes), *(base + s for s in gptq_awq.SUFFIXES)):
             shard = self.weight_map.get(tensor)
             if shard is not None and tensor in self._open(shard).tensors:
                 found.append((self._open(shard), tensor))
@@ -307,7 +317,13 @@ class Checkpoint:
 
     def describe(self, layer: int, expert: int, projection: str) -> str:
         name = self.arch.tensor_name(layer, expert, projection)
-        name = next((name + s for s in ("", ct_packed.PACKED, MXFP4_BLOCKS) if name + s in self.weight_map), name)
+        candidates = (
+            name,
+            name + ct_packed.PACKED,
+            name + MXFP4_BLOCKS,
+            name.removesuffix(".weight") + gptq_awq.QWEIGHT,
+        )
+        name = next((c for c in candidates if c in self.weight_map), name)
         return f"{self.path / self.weight_map.get(name, '?')}: tensor {name!r}"
 
     def expert(self, layer: int, expert: int, projection: str) -> Stored:
@@ -318,6 +334,8 @@ class Checkpoint:
         why = f"layer {layer}, expert {expert}, {projection}"
         if self.arch.fused:
             return self._fused_mxfp4(name, expert, projection, why)
+        if name.removesuffix(".weight") + gptq_awq.QWEIGHT in self.weight_map:
+            return self._gptq_awq(name.removesuffix(".weight"), projection, why)
         if name not in self.weight_map and name + ct_packed.PACKED in self.weight_map:
             if self.packed_scheme is not None and self.packed_scheme.method == "mxfp4":
                 return self._ct_mxfp4(name, projection, why)
@@ -345,6 +363,8 @@ class Checkpoint:
         name = self.arch.tensor_name(layer, 0, "gate")
         if self.arch.fused:
             return "mxfp4"
+        if name.removesuffix(".weight") + gptq_awq.QWEIGHT in self.weight_map:
+            return "int4z"
         if name not in self.weight_map and name + ct_packed.PACKED in self.weight_map:
             scheme = self.packed_scheme
             if scheme is None or scheme.method != "int4":
@@ -389,6 +409,26 @@ class Checkpoint:
                 f"needs uint8 {[N, groups * 16]} and {[N, groups]}"
             )
         return Mxfp4Groups(codes, np.ascontiguousarray(scale, dtype=np.uint8), K)
+
+    def _gptq_awq(self, base: str, projection: str, why: str) -> Int4Groups:
+        """One linear layer's GPTQ or AWQ tensors ({base}.qweight, .qzeros, .scales, .g_idx), as int4z
+        holds them (gptq_awq)."""
+        f, _ = self._tensor(base + gptq_awq.QWEIGHT, why)
+        where = f"{f.path}: tensor {base + gptq_awq.QWEIGHT!r}"
+        scheme = self.linear_scheme
+        if scheme is None:
+            raise CheckpointError(f"{where}: GPTQ/AWQ tensors, but config.json has no gptq or awq quantization_config")
+        tensors = {s: self._tensor(base + s, f"{why}: {s[1:]}")[1] for s in gptq_awq.SUFFIXES[:3]}
+        if base + gptq_awq.G_IDX in self.weight_map:
+            tensors[gptq_awq.G_IDX] = self._tensor(base + gptq_awq.G_IDX, why)[1]
+        N, K = self.shape(projection)
+        try:
+            codes, scale, zero = gptq_awq.unpack(scheme, tensors, N, K)
+        except ValueError as error:
+            raise CheckpointError(f"{where} ({scheme.method}): {error}") from None
+        if not np.isfinite(scale.astype(np.float32)).all():
+            raise CheckpointError(f"{where}: its scales hold NaN or infinite values")
+        return Int4Groups(codes, scale, scheme.group, K, zero.astype(np.int8) - 8)
 
     def _item(self, name: str, index: int, why: str) -> tuple[SafetensorsFile, Array]:
         shard = self.weight_map.get(name)

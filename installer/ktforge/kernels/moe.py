@@ -179,11 +179,11 @@ def _check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]]
 
 def _stored_group(checkpoint: Any, method: str, stored: str | None) -> int:
     """The group size at which ``method`` keeps a checkpoint's own scales: FP8's blocks along K,
-    packed INT4's groups; else 128 (or the format's first, for one without 128)."""
+    packed INT4's (GPTQ's, AWQ's) groups; else 128 (or the format's first, for one without 128)."""
     sizes = formats.by_name(method).group_sizes
     if method == "fp8" and checkpoint.fp8_block[1] in sizes:
         return int(checkpoint.fp8_block[1])
-    scheme = checkpoint.packed_scheme
+    scheme = checkpoint.packed_scheme or checkpoint.linear_scheme  # compressed-tensors', or GPTQ's / AWQ's
     if method == stored and method in ("int4", "int4z") and scheme is not None and scheme.group:
         return int(scheme.group)
     return 128 if not sizes or 128 in sizes else sizes[0]

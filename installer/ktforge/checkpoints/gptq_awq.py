@@ -1,0 +1,105 @@
+"""GPTQ's and AWQ's own INT4 layouts (``quantization_config.quant_method`` "gptq" or "awq"): one set
+of tensors a linear layer, named from its weight's name without ``.weight``:
+
+- GPTQ (AutoGPTQ, GPTQModel): ``qweight`` int32 [K / 8, N], value k = 8i + j of column n at bits
+  4j of word [i, n]; ``qzeros`` int32 [G, N / 8], column n = 8j + t at bits 4t; ``scales`` float16
+  [G, N]; ``g_idx`` int32 [K], each input's group. ``checkpoint_format`` "gptq" (v1, the default)
+  stores zero - 1 (modulo 16), "gptq_v2" the zero.
+- AWQ (AutoAWQ's GEMM version): ``qweight`` int32 [K, N / 8] and ``qzeros`` int32 [G, N / 8],
+  column 8c + ORDER[i] at bits 4i of word c with ORDER = 0, 2, 4, 6, 1, 3, 5, 7; ``scales``
+  float16 [G, N]; the zero as stored.
+
+Both are ``w[n, k] = (q - zero) * scale`` of k's group, read here into int4z's layout exactly.
+Groups must be contiguous: GPTQ's act-order (``desc_act``, a ``g_idx`` that is not k // group) is
+refused, naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Array = np.ndarray[Any, Any]
+QWEIGHT, QZEROS, SCALES, G_IDX = ".qweight", ".qzeros", ".scales", ".g_idx"
+SUFFIXES = (QWEIGHT, QZEROS, SCALES, G_IDX)
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """ "gptq" or "awq", the group size, and what a stored zero point is short of the zero (GPTQ v1: 1)."""
+
+    method: str
+    group: int
+    zero_offset: int
+
+
+def scheme_of(quantization: dict[str, Any], where: str) -> Scheme | None:
+    """The scheme of a GPTQ or AWQ ``quantization_config``, None for any other; ValueError for one
+    ktforge cannot read."""
+    method = quantization.get("quant_method")
+    if method not in ("gptq", "awq"):
+        return None
+    bits = quantization.get("bits", quantization.get("w_bit"))
+    group = quantization.get("group_size", quantization.get("q_group_size"))
+    if bits != 4:
+        raise ValueError(f"{where}: {method} with {bits}-bit weights; ktforge serves 4-bit")
+    if not isinstance(group, int) or isinstance(group, bool) or not 0 < group < 2**31:
+        raise ValueError(f"{where}: {method} group_size {group!r}; ktforge serves groups of K (not per channel)")
+    if method == "awq":
+        version = str(quantization.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise ValueError(f"{where}: AWQ version {version!r}; ktforge reads the GEMM layout")
+        return Scheme("awq", group, 0)
+    layout = quantization.get("checkpoint_format", "gptq")
+    if layout not in ("gptq", "gptq_v2"):
+        raise ValueError(f"{where}: GPTQ checkpoint_format {layout!r}; ktforge reads gptq and gptq_v2")
+    return Scheme("gptq", group, 1 if layout == "gptq" else 0)
+
+
+def _nibbles(words: Array) -> Array:
+    """int32 words [..., W] -> their 4-bit values [..., 8 W], value j of word w at 8 w + j."""
+    raw = np.ascontiguousarray(words).view("<u1")
+    return np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(*words.shape[:-1], -1)
+
+
+def _portable(q: Array) -> Array:
+    """Unsigned values [N, K] (K even) -> two a byte, even k in the low nibble."""
+    packed: Array = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    return packed
+
+
+def unpack(scheme: Scheme, tensors: dict[str, Array], N: int, K: int) -> tuple[Array, Array, Array]:
+    """(codes uint8 [N, K / 2] in int4's byte order, scales [N, G] as stored, zero points uint8
+    [N, G] in [0, 15]) of one linear layer's GPTQ or AWQ tensors (keyed by suffix); ValueError for
+    shapes that do not fit [N, K], or GPTQ's act-order."""
+    group = scheme.group
+    G = K // group
+    if K % group or K % 8 or N % 8:
+        raise ValueError(f"[{N}, {K}] is not whole groups of {group} (and 8s) for {scheme.method}")
+    qweight, qzeros, scales = tensors[QWEIGHT], tensors[QZEROS], tensors[SCALES]
+    want = {QWEIGHT: (K // 8, N) if scheme.method == "gptq" else (K, N // 8), QZEROS: (G, N // 8), SCALES: (G, N)}
+    for suffix, shape in want.items():
+        if tensors[suffix].shape != shape:
+            raise ValueError(f"{suffix[1:]} has shape {list(tensors[suffix].shape)}; [{N}, {K}] needs {list(shape)}")
+    if scheme.method == "gptq":
+        g_idx = tensors.get(G_IDX)
+        if g_idx is not None and not np.array_equal(np.asarray(g_idx).reshape(-1), np.arange(K) // group):
+            raise ValueError(
+                "its g_idx is act-order (desc_act: groups not contiguous along K), which ktforge does not serve "
+                "yet; a checkpoint quantized with desc_act false is"
+            )
+        # words [K/8, N], byte b of word [i, n] holding k = 8i + 2b (low) and 8i + 2b + 1: per column,
+        # the bytes in i, b order are int4's portable layout already
+        codes = np.ascontiguousarray(qweight).view("<u1").reshape(K // 8, N, 4).transpose(1, 0, 2).reshape(N, K // 2)
+        zeros = (_nibbles(qzeros) + scheme.zero_offset) & 0x0F
+    else:
+        order = (np.arange(N).reshape(-1, 8)[:, list(AWQ_ORDER)]).reshape(-1)  # value 8c + i is column order[8c + i]
+        q = np.empty((K, N), np.uint8)
+        q[:, order] = _nibbles(qweight)
+        codes = _portable(np.ascontiguousarray(q.T))
+        zeros = np.empty((G, N), np.uint8)
+        zeros[:, order] = _nibbles(qzeros)
+    return np.ascontiguousarray(codes), np.ascontiguousarray(np.asarray(scales).T), np.ascontiguousarray(zeros.T)

@@ -1,0 +1,138 @@
+"""Tiny GPTQ and AWQ checkpoints, packed by the tools that define the formats, with their own
+dequantization.
+
+Each expert's weight is quantized on the asymmetric min/max grid (GPTQ's and AWQ's, float16
+scales), its values replaced by their quantized ones (what both packers expect of the weight they
+are given), then packed: GPTQ by AutoGPTQ's ``QuantLinear.pack`` (``qlinear_cuda_old``), AWQ by
+AutoAWQ's ``WQLinear_GEMM.from_linear``. The dense weights are the tools' own dequantization:
+AutoGPTQ's ``QuantLinear.forward`` on the identity (its torch path on a CPU), AutoAWQ's
+``dequantize_gemm`` in float64. Both tools are imported without their packages' ``__init__``,
+which pulls in datasets and model code these tests do not need.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .synthetic_checkpoints import NAMING, _config
+
+Array = np.ndarray[Any, Any]
+
+
+_ROOTS: dict[str, Path] = {}
+
+
+def _module_without_package_init(package: str, module: str) -> Any:
+    """``package.module``, the packages on the way made bare namespaces (their ``__init__`` not run)."""
+    if package not in _ROOTS:  # found before a namespace stands in for it
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.submodule_search_locations, f"{package} is not installed"
+        _ROOTS[package] = Path(next(iter(spec.submodule_search_locations)))
+    parts = [package, *module.split(".")]
+    for i in range(1, len(parts)):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            namespace = types.ModuleType(name)
+            namespace.__path__ = [str(_ROOTS[package].joinpath(*parts[1:i]))]
+            sys.modules[name] = namespace
+    return importlib.import_module(".".join(parts))
+
+
+def _grid(w: Any, group: int) -> tuple[Any, Any, Any]:
+    """(values on the grid [N, K], scales [N, G] float16-valued, zeros [N, G])."""
+    import torch
+
+    N, K = w.shape
+    groups = w.reshape(N, K // group, group)
+    low = torch.minimum(groups.amin(-1), torch.zeros(1))
+    high = torch.maximum(groups.amax(-1), torch.zeros(1))
+    scale = ((high - low) / 15).clamp(min=1e-8).half().float()
+    zero = torch.clamp(torch.round(-low / scale), 0, 15)
+    q = torch.clamp(torch.round(groups / scale[..., None]) + zero[..., None], 0, 15)
+    return ((q - zero[..., None]) * scale[..., None]).reshape(N, K), scale, zero
+
+
+def gptq(w: Any, group: int) -> tuple[dict[str, Any], Array]:
+    import torch
+
+    qlinear = _module_without_package_init("auto_gptq", "nn_modules.qlinear.qlinear_cuda_old")
+    N, K = w.shape
+    values, scale, zero = _grid(w, group)
+    linear = torch.nn.Linear(K, N, bias=False)
+    linear.weight.data = values
+    layer = qlinear.QuantLinear(4, group, K, N, bias=False)
+    layer.pack(linear, scale, zero, torch.arange(K, dtype=torch.int32) // group)
+    with torch.no_grad():
+        dense = layer(torch.eye(K)).T  # its own dequantization: x @ W^T of the identity
+    tensors = {s: getattr(layer, s).clone() for s in ("qweight", "qzeros", "scales", "g_idx")}
+    tensors["scales"] = tensors["scales"].half()
+    return tensors, dense.double().numpy()
+
+
+def awq(w: Any, group: int) -> tuple[dict[str, Any], Array]:
+    import torch
+
+    gemm = _module_without_package_init("awq", "modules.linear.gemm")
+    packing = _module_without_package_init("awq", "utils.packing_utils")
+    N, K = w.shape
+    values, scale, zero = _grid(w, group)
+    linear = torch.nn.Linear(K, N, bias=False)
+    linear.weight.data = values
+    layer = gemm.WQLinear_GEMM.from_linear(linear, 4, group, scales=scale.t().contiguous(), zeros=zero.t().contiguous())
+    dense = packing.dequantize_gemm(layer.qweight, layer.qzeros, layer.scales.double(), 4, group).T
+    return {s: getattr(layer, s).clone() for s in ("qweight", "qzeros", "scales")}, dense.numpy()
+
+
+def quantization_config(method: str, group: int) -> dict[str, Any]:
+    if method == "gptq":
+        return {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": group,
+            "desc_act": False,
+            "sym": False,
+            "checkpoint_format": "gptq",
+        }
+    return {"quant_method": "awq", "bits": 4, "group_size": group, "version": "gemm", "zero_point": True}
+
+
+def write_gptq_awq_checkpoint(
+    directory: Path,
+    method: str,
+    arch: str = "qwen3_moe",
+    *,
+    group: int = 128,
+    E: int = 4,
+    k: int = 2,
+    H: int = 256,
+    I: int = 128,
+    seed: int = 0,
+) -> dict[str, Array]:
+    """One shard, layer 1 of 2; returns the tool's dequantization {projection: [E, N, K]}."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    config = _config(arch, E, k, H, I, 2, None) | {"quantization_config": quantization_config(method, group)}
+    (directory / "config.json").write_text(json.dumps(config))
+    pattern, names = NAMING[arch]
+    tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
+    dense: dict[str, list[Array]] = {"gate": [], "up": [], "down": []}
+    for e in range(E):
+        for projection, p in zip(dense, names, strict=True):
+            shape = (H, I) if projection == "down" else (I, H)
+            w = torch.randn(*shape, generator=generator) / shape[1] ** 0.5
+            parts, values = (gptq if method == "gptq" else awq)(w, group)
+            base = pattern.format(L=1, E=e, P=p).removesuffix(".weight")
+            tensors.update({f"{base}.{name}": t.contiguous() for name, t in parts.items()})
+            dense[projection].append(values)
+    save_file(tensors, str(directory / "model.safetensors"))
+    return {p: np.stack(d) for p, d in dense.items()}
