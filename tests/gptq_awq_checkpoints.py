@@ -3,11 +3,13 @@ dequantization.
 
 Each expert's weight is quantized on the asymmetric min/max grid (GPTQ's and AWQ's, float16
 scales), its values replaced by their quantized ones (what both packers expect of the weight they
-are given), then packed: GPTQ by AutoGPTQ's ``QuantLinear.pack`` (``qlinear_cuda_old``), AWQ by
-AutoAWQ's ``WQLinear_GEMM.from_linear``. The dense weights are the tools' own dequantization:
-AutoGPTQ's ``QuantLinear.forward`` on the identity (its torch path on a CPU), AutoAWQ's
-``dequantize_gemm`` in float64. Both tools are imported without their packages' ``__init__``,
-which pulls in datasets and model code these tests do not need.
+are given), then packed: GPTQ by AutoGPTQ's ``QuantLinear.pack`` (``qlinear_cuda``, with its
+``g_idx``: act-order puts each input in the group of its rank in a random order, as GPTQ's
+``desc_act`` does by the Hessian's diagonal), AWQ by AutoAWQ's ``WQLinear_GEMM.from_linear``. The
+dense weights are the tools' own dequantization: AutoGPTQ's ``QuantLinear.forward`` on the
+identity (its torch path on a CPU), AutoAWQ's ``dequantize_gemm`` in float64. Both tools are
+imported without their packages' ``__init__``, which pulls in datasets and model code these
+tests do not need.
 """
 
 from __future__ import annotations
@@ -45,30 +47,44 @@ def _module_without_package_init(package: str, module: str) -> Any:
     return importlib.import_module(".".join(parts))
 
 
-def _grid(w: Any, group: int) -> tuple[Any, Any, Any]:
-    """(values on the grid [N, K], scales [N, G] float16-valued, zeros [N, G])."""
+def _grid(w: Any, group: int, g_idx: Any = None) -> tuple[Any, Any, Any]:
+    """(values on the grid [N, K], scales [N, G] float16-valued, zeros [N, G]); input k in group
+    g_idx[k] (k // group by default)."""
     import torch
 
     N, K = w.shape
-    groups = w.reshape(N, K // group, group)
+    order = torch.arange(K) if g_idx is None else torch.argsort(g_idx, stable=True)
+    groups = w[:, order].reshape(N, K // group, group)  # each group's inputs side by side
     low = torch.minimum(groups.amin(-1), torch.zeros(1))
     high = torch.maximum(groups.amax(-1), torch.zeros(1))
     scale = ((high - low) / 15).clamp(min=1e-8).half().float()
     zero = torch.clamp(torch.round(-low / scale), 0, 15)
     q = torch.clamp(torch.round(groups / scale[..., None]) + zero[..., None], 0, 15)
-    return ((q - zero[..., None]) * scale[..., None]).reshape(N, K), scale, zero
+    values = torch.empty_like(w)
+    values[:, order] = ((q - zero[..., None]) * scale[..., None]).reshape(N, K)
+    return values, scale, zero
 
 
-def gptq(w: Any, group: int) -> tuple[dict[str, Any], Array]:
+def act_order(K: int, group: int, seed: int) -> Any:
+    """A g_idx as GPTQ's desc_act makes one: input k in the group of its rank in a permutation."""
     import torch
 
-    qlinear = _module_without_package_init("auto_gptq", "nn_modules.qlinear.qlinear_cuda_old")
+    rank = torch.empty(K, dtype=torch.int64)
+    rank[torch.randperm(K, generator=torch.Generator().manual_seed(seed))] = torch.arange(K)
+    return (rank // group).to(torch.int32)
+
+
+def gptq(w: Any, group: int, g_idx: Any = None) -> tuple[dict[str, Any], Array]:
+    import torch
+
+    qlinear = _module_without_package_init("auto_gptq", "nn_modules.qlinear.qlinear_cuda")
     N, K = w.shape
-    values, scale, zero = _grid(w, group)
+    g_idx = torch.arange(K, dtype=torch.int32) // group if g_idx is None else g_idx
+    values, scale, zero = _grid(w, group, g_idx)
     linear = torch.nn.Linear(K, N, bias=False)
     linear.weight.data = values
-    layer = qlinear.QuantLinear(4, group, K, N, bias=False)
-    layer.pack(linear, scale, zero, torch.arange(K, dtype=torch.int32) // group)
+    layer = qlinear.QuantLinear(4, group, K, N, bias=False, weight_dtype=torch.float32)
+    layer.pack(linear, scale, zero, g_idx)
     with torch.no_grad():
         dense = layer(torch.eye(K)).T  # its own dequantization: x @ W^T of the identity
     tensors = {s: getattr(layer, s).clone() for s in ("qweight", "qzeros", "scales", "g_idx")}
@@ -114,6 +130,7 @@ def write_gptq_awq_checkpoint(
     H: int = 256,
     I: int = 128,
     seed: int = 0,
+    desc_act: bool = False,
 ) -> dict[str, Array]:
     """One shard, layer 1 of 2; returns the tool's dequantization {projection: [E, N, K]}."""
     import torch
@@ -122,6 +139,7 @@ def write_gptq_awq_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     config = _config(arch, E, k, H, I, 2, None) | {"quantization_config": quantization_config(method, group)}
+    config["quantization_config"] |= {"desc_act": True} if desc_act else {}
     (directory / "config.json").write_text(json.dumps(config))
     pattern, names = NAMING[arch]
     tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
@@ -130,7 +148,12 @@ def write_gptq_awq_checkpoint(
         for projection, p in zip(dense, names, strict=True):
             shape = (H, I) if projection == "down" else (I, H)
             w = torch.randn(*shape, generator=generator) / shape[1] ** 0.5
-            parts, values = (gptq if method == "gptq" else awq)(w, group)
+            if method == "gptq":
+                # gate and up take one input, so GPTQ gives them one Hessian and one order
+                shared = 2 * e if projection != "down" else 2 * e + 1
+                parts, values = gptq(w, group, act_order(shape[1], group, seed + shared) if desc_act else None)
+            else:
+                parts, values = awq(w, group)
             base = pattern.format(L=1, E=e, P=p).removesuffix(".weight")
             tensors.update({f"{base}.{name}": t.contiguous() for name, t in parts.items()})
             dense[projection].append(values)

@@ -36,6 +36,7 @@ class MoELayer:
     def load_weights(
         self, gate: np.ndarray[Any, Any], up: np.ndarray[Any, Any], down: np.ndarray[Any, Any]
     ) -> None: ...
+    def load_input_order(self, order: np.ndarray[Any, Any] | None) -> None: ...
     def load_quantized(
         self,
         gate: np.ndarray[Any, Any],

@@ -80,6 +80,30 @@ class PyMoE {
                          GateActivation{alpha, limit, up_offset}},
                backend, threads) {}
 
+  // int32 [E, H], each row a permutation of [0, H) (checked here: an index out of range would read
+  // outside x); None: x's own order
+  void load_input_order(const std::optional<py::array_t<int32_t, py::array::c_style>>& order) {
+    const auto& c = layer_.config();
+    const int32_t* o = nullptr;
+    if (order) {
+      require(*order, {c.experts, c.hidden}, "order");
+      o = order->data();
+      std::vector<char> seen(c.hidden);
+      for (int e = 0; e < c.experts; ++e) {
+        std::fill(seen.begin(), seen.end(), 0);
+        for (int j = 0; j < c.hidden; ++j) {
+          const int32_t v = o[static_cast<std::size_t>(e) * c.hidden + j];
+          if (v < 0 || v >= c.hidden || seen[v]++)
+            throw std::invalid_argument("order[" + std::to_string(e) + "] is not a permutation of range(" +
+                                        std::to_string(c.hidden) + ")");
+        }
+      }
+    }
+    py::gil_scoped_release release;
+    auto lock = layer_.lock_calls();
+    layer_.load_input_order(o);
+  }
+
   // gate, up: float32 [E, I]; down: float32 [E, H]; None: no bias
   void load_biases(const std::optional<py::array_t<float, py::array::c_style>>& gate,
                    const std::optional<py::array_t<float, py::array::c_style>>& up,
@@ -544,6 +568,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("method"), py::arg("group_size"), py::arg("backend"), py::arg("threads"), py::arg("swiglu_alpha") = 1.f,
            py::arg("swiglu_limit") = __builtin_inff(), py::arg("up_offset") = 0.f)
       .def("load_biases", &PyMoE::load_biases, py::arg("gate"), py::arg("up"), py::arg("down"))
+      .def("load_input_order", &PyMoE::load_input_order, py::arg("order"))
       .def("load_weights", &PyMoE::load, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("load_quantized", &PyMoE::load_quantized, py::arg("gate"), py::arg("gate_scale"), py::arg("up"),
            py::arg("up_scale"), py::arg("down"), py::arg("down_scale"), py::arg("gate_zero") = py::none(),

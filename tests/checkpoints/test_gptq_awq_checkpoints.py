@@ -60,18 +60,63 @@ def test_every_backend_serves_them(tmp_path: Path, method: str) -> None:
             assert int8_layer_error(got, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, (backend, T)
 
 
-def test_act_order_is_refused_and_another_method_requantizes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("group", [32, 128])
+def test_act_order_runs_exactly_on_every_backend(tmp_path: Path, group: int) -> None:
+    # desc_act: each input in the group of its rank; gate and up share one order (one input)
+    E, k, H, I = 3, 2, 256, 128
+    dense = write_gptq_awq_checkpoint(tmp_path, "gptq", group=group, E=E, k=k, H=H, I=I, desc_act=True)
+    with Checkpoint(tmp_path) as checkpoint:
+        stored = checkpoint.expert(1, 0, "gate")
+        assert stored.order is not None and not np.array_equal(stored.order, np.arange(H))
+        assert np.array_equal(stored.to_float32(), dense["gate"][0].astype(np.float32))  # in input order
+    for backend in host.runnable_backends():
+        moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend=backend)
+        assert moe.method == "int4z"
+        for T in (2, 70):
+            x, ids, w = _inputs(T, E, k, H)
+            got = moe.forward(x, ids, w)
+            assert int8_layer_error(got, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, (backend, T)
+    moe.load_input_order()  # x's own order: no longer the layer the file holds
+    x, ids, w = _inputs(9, E, k, H)
+    assert rel_err(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values())) > 0.1
+    nan = x.copy()
+    nan[4, 7] = np.nan
+    moe = ktforge.MoE.from_pretrained(tmp_path, layer=1)
+    with pytest.raises(ValueError, match=r"x contains NaN or infinite values \(row 4\)"):
+        moe.forward(nan, ids, w)
+
+
+def test_act_orders_that_cannot_be_served_are_refused(tmp_path: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
     E, k, H, I, T = 2, 1, 256, 128, 5
-    dense = write_gptq_awq_checkpoint(tmp_path, "gptq", group=32, E=E, k=k, H=H, I=I)
+    dense = write_gptq_awq_checkpoint(tmp_path, "gptq", group=32, E=E, k=k, H=H, I=I, desc_act=True)
     x, ids, w = _inputs(T, E, k, H)
-    int8g = ktforge.MoE.from_pretrained(tmp_path, layer=1, method="int8g", group_size=32)
-    assert rel_err(int8g.forward(x, ids, w), float_reference(x, ids, w, *dense.values())) < 3e-2
-    tensors = load_file(str(tmp_path / "model.safetensors"))
-    name = "model.layers.1.mlp.experts.0.gate_proj.g_idx"
-    tensors[name] = tensors[name][torch.randperm(H, generator=torch.Generator().manual_seed(0))].contiguous()
+    original = load_file(str(tmp_path / "model.safetensors"))
+    up = "model.layers.1.mlp.experts.0.up_proj.g_idx"
+    tensors = dict(original)
+    tensors[up] = tensors[up][torch.randperm(H, generator=torch.Generator().manual_seed(1))].contiguous()
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"gate_proj.qweight' \(gptq\): its g_idx is act-order"):
+    with pytest.raises(ValueError, match=r"expert 0: gate's and up's act-orders \(g_idx\) differ"):
         ktforge.MoE.from_pretrained(tmp_path, layer=1)
+    tensors[up] = torch.zeros(H, dtype=torch.int32)  # every input in group 0
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"up_proj.qweight' \(gptq\): its g_idx does not put 32 inputs in each of 8"):
+        ktforge.MoE.from_pretrained(tmp_path, layer=1)
+    save_file(original, str(tmp_path / "model.safetensors"))
+    int8g = ktforge.MoE.from_pretrained(tmp_path, layer=1, method="int8g", group_size=32)  # re-quantized
+    assert rel_err(int8g.forward(x, ids, w), float_reference(x, ids, w, *dense.values())) < 3e-2
+
+
+def test_input_orders_are_checked() -> None:
+    moe = ktforge.MoE(2, 1, 8, 16, method="int4z", group_size=32)
+    with pytest.raises(ValueError, match=r"order must be integers of shape \(2, 8\)"):
+        moe.load_input_order(np.zeros((2, 7), np.int64))
+    order = np.tile(np.arange(8), (2, 1))
+    order[1, 3] = 2
+    with pytest.raises(ValueError, match=r"order\[1\] is not a permutation of range\(8\)"):
+        moe.load_input_order(order)
+
+    with pytest.raises(ValueError, match=r"order\[0\] is not a permutation"):  # the extension checks too
+        moe._layer.load_input_order(np.full((2, 8), 9, np.int32))

@@ -423,12 +423,12 @@ class Checkpoint:
             tensors[gptq_awq.G_IDX] = self._tensor(base + gptq_awq.G_IDX, why)[1]
         N, K = self.shape(projection)
         try:
-            codes, scale, zero = gptq_awq.unpack(scheme, tensors, N, K)
+            codes, scale, zero, order = gptq_awq.unpack(scheme, tensors, N, K)
         except ValueError as error:
             raise CheckpointError(f"{where} ({scheme.method}): {error}") from None
         if not np.isfinite(scale.astype(np.float32)).all():
             raise CheckpointError(f"{where}: its scales hold NaN or infinite values")
-        return Int4Groups(codes, scale, scheme.group, K, zero.astype(np.int8) - 8)
+        return Int4Groups(codes, scale, scheme.group, K, zero.astype(np.int8) - 8, order)
 
     def _item(self, name: str, index: int, why: str) -> tuple[SafetensorsFile, Array]:
         shard = self.weight_map.get(name)

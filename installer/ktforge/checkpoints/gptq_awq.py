@@ -10,8 +10,9 @@ of tensors a linear layer, named from its weight's name without ``.weight``:
   float16 [G, N]; the zero as stored.
 
 Both are ``w[n, k] = (q - zero) * scale`` of k's group, read here into int4z's layout exactly.
-Groups must be contiguous: GPTQ's act-order (``desc_act``, a ``g_idx`` that is not k // group) is
-refused, naming it.
+GPTQ's act-order (``desc_act``: ``g_idx`` not k // group, each group a scattered set of inputs) is
+read with its columns sorted by group, so each group is contiguous, and that order returned: the
+layer takes its inputs in it (``MoE.load_input_order``).
 """
 
 from __future__ import annotations
@@ -71,10 +72,11 @@ def _portable(q: Array) -> Array:
     return packed
 
 
-def unpack(scheme: Scheme, tensors: dict[str, Array], N: int, K: int) -> tuple[Array, Array, Array]:
+def unpack(scheme: Scheme, tensors: dict[str, Array], N: int, K: int) -> tuple[Array, Array, Array, Array | None]:
     """(codes uint8 [N, K / 2] in int4's byte order, scales [N, G] as stored, zero points uint8
-    [N, G] in [0, 15]) of one linear layer's GPTQ or AWQ tensors (keyed by suffix); ValueError for
-    shapes that do not fit [N, K], or GPTQ's act-order."""
+    [N, G] in [0, 15], and for act-order the input each column of the codes takes, else None) of
+    one linear layer's GPTQ or AWQ tensors (keyed by suffix); ValueError for shapes that do not fit
+    [N, K], or a g_idx whose groups are not all ``group`` inputs."""
     group = scheme.group
     G = K // group
     if K % group or K % 8 or N % 8:
@@ -84,22 +86,25 @@ def unpack(scheme: Scheme, tensors: dict[str, Array], N: int, K: int) -> tuple[A
     for suffix, shape in want.items():
         if tensors[suffix].shape != shape:
             raise ValueError(f"{suffix[1:]} has shape {list(tensors[suffix].shape)}; [{N}, {K}] needs {list(shape)}")
+    order = None
     if scheme.method == "gptq":
-        g_idx = tensors.get(G_IDX)
-        if g_idx is not None and not np.array_equal(np.asarray(g_idx).reshape(-1), np.arange(K) // group):
-            raise ValueError(
-                "its g_idx is act-order (desc_act: groups not contiguous along K), which ktforge does not serve "
-                "yet; a checkpoint quantized with desc_act false is"
-            )
         # words [K/8, N], byte b of word [i, n] holding k = 8i + 2b (low) and 8i + 2b + 1: per column,
         # the bytes in i, b order are int4's portable layout already
         codes = np.ascontiguousarray(qweight).view("<u1").reshape(K // 8, N, 4).transpose(1, 0, 2).reshape(N, K // 2)
         zeros = (_nibbles(qzeros) + scheme.zero_offset) & 0x0F
+        g_idx = tensors.get(G_IDX)
+        g_idx = None if g_idx is None else np.asarray(g_idx, dtype=np.int64).reshape(-1)
+        if g_idx is not None and not np.array_equal(g_idx, np.arange(K) // group):
+            if g_idx.shape != (K,) or not np.array_equal(np.bincount(g_idx, minlength=G), np.full(G, group)):
+                raise ValueError(f"its g_idx does not put {group} inputs in each of {G} groups")
+            order = np.argsort(g_idx, kind="stable")  # column j of the sorted codes is input order[j]
+            q = _nibbles(qweight.T.copy()).reshape(N, K)  # [N, K] in input order
+            codes = _portable(np.ascontiguousarray(q[:, order]))
     else:
-        order = (np.arange(N).reshape(-1, 8)[:, list(AWQ_ORDER)]).reshape(-1)  # value 8c + i is column order[8c + i]
+        columns = (np.arange(N).reshape(-1, 8)[:, list(AWQ_ORDER)]).reshape(-1)  # value 8c + i: column columns[8c + i]
         q = np.empty((K, N), np.uint8)
-        q[:, order] = _nibbles(qweight)
+        q[:, columns] = _nibbles(qweight)
         codes = _portable(np.ascontiguousarray(q.T))
         zeros = np.empty((G, N), np.uint8)
-        zeros[:, order] = _nibbles(qzeros)
-    return np.ascontiguousarray(codes), np.ascontiguousarray(np.asarray(scales).T), np.ascontiguousarray(zeros.T)
+        zeros[:, columns] = _nibbles(qzeros)
+    return np.ascontiguousarray(codes), np.ascontiguousarray(np.asarray(scales).T), np.ascontiguousarray(zeros.T), order

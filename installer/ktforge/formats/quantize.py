@@ -64,6 +64,9 @@ class Quantized:
     weight: Array
     scale: Array | None
     zero: Array | None = None
+    # the input each column of ``weight`` takes (GPTQ's act-order, groups made contiguous); None:
+    # column k is input k. Not a stored part: the layer takes its inputs in that order.
+    order: Array | None = None
 
     def parts(self) -> dict[str, Array]:
         """``{"weight": ..., "scale": ..., "zero": ...}``, without the parts the format does not have."""
@@ -117,19 +120,27 @@ class Int4Groups:
     group: int
     K: int
     zero: Array | None = None
+    order: Array | None = None  # GPTQ act-order: column j of ``codes`` is input order[j]
 
     def to_float32(self) -> Array:
+        """The weights [N, K], in input order."""
         q = np.stack([self.codes & 0x0F, self.codes >> 4], axis=-1).reshape(self.codes.shape[0], -1)
         values = (q.astype(np.float32) - 8).reshape(q.shape[0], -1, self.group)
         if self.zero is not None:
             values -= self.zero.astype(np.float32)[..., None]
-        return (values * self.scale.astype(np.float32)[..., None]).reshape(q.shape[0], -1)[:, : self.K]
+        dense = (values * self.scale.astype(np.float32)[..., None]).reshape(q.shape[0], -1)[:, : self.K]
+        if self.order is None:
+            return dense
+        ordered = np.empty_like(dense)
+        ordered[:, self.order] = dense
+        return ordered
 
     def as_int4z(self) -> Quantized:
         """int4z's portable layout, bit for bit: the stored codes (q + 8), the scales widened to
         float32 (exactly), zero points + 8 (8 where the scheme is symmetric)."""
         zero = np.full(self.scale.shape, 8, np.uint8) if self.zero is None else (self.zero + 8).astype(np.uint8)
-        return Quantized(np.ascontiguousarray(self.codes), np.ascontiguousarray(self.scale, dtype=np.float32), zero)
+        scale = np.ascontiguousarray(self.scale, dtype=np.float32)
+        return Quantized(np.ascontiguousarray(self.codes), scale, zero, self.order)
 
     def why_not_int4(self, group_size: int) -> str | None:
         """Why int4 at ``group_size`` cannot hold these values exactly; None when it can."""
@@ -137,6 +148,8 @@ class Int4Groups:
 
         if self.zero is not None:
             return "it has zero points (an asymmetric scheme); int4 is symmetric"
+        if self.order is not None:
+            return "its groups are act-order (GPTQ desc_act); int4 takes contiguous groups"
         if self.group != group_size:
             return f"the checkpoint's groups are {self.group} values of K, not {group_size}"
         if self.group not in formats.by_name("int4").group_sizes:

@@ -25,6 +25,7 @@ from ktforge.builder import backends as backends_table
 from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
 from ktforge.formats.quantize import METHODS, Quantized
 from ktforge.kernels import MAX_THREADS
+from ktforge.kernels import stored as stored_formats
 
 # the kernel backends, then those that hand some methods to a library (amd-blis: AOCL)
 BACKENDS = ("auto", *backends_table.names(), *(lib.name for lib in backends_table.libraries()))
@@ -150,43 +151,6 @@ def _discover_blis_library() -> str | None:
             continue  # upstream BLIS without the add-on, or not loadable
         return path
     return None
-
-
-def _check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]]) -> None:
-    """A projection's scales (and zero points) checked, and viewed as the kernels take them, in
-    place: int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of
-    zeros (or an int4z group) may have any finite scale; an E8M0 code of 255 is NaN."""
-    element = formats.by_name(method).element
-    scale = parts["scale"].astype(np.float32)
-    ok = np.isfinite(scale)
-    if element == "fp4":
-        ok &= parts["scale"] != 255
-    elif element == "int4":
-        ok &= scale != 0
-    elif element not in ("fp8", "int4z"):
-        ok &= scale > 0
-    if not ok.all():
-        wanted = {"int4": "nonzero and finite", "fp4": "E8M0 codes other than 255 (NaN)", "fp8": "finite"}
-        expected = wanted.get(element, "finite" if element == "int4z" else "positive and finite")
-        raise ValueError(f"{name}.scale holds values that are not {expected}")
-    if "zero" in parts and (parts["zero"] > 15).any():
-        raise ValueError(f"{name}.zero holds zero points above 15")
-    if element == "fp8":
-        parts["weight"] = parts["weight"].view(np.uint8)  # E4M3 codes as their bytes
-    if element != "fp4":  # E8M0 codes are bytes already
-        parts["scale"] = _kernel_view(parts["scale"], f"{name}.scale", copy=False)  # bf16 scales as their bits
-
-
-def _stored_group(checkpoint: Any, method: str, stored: str | None) -> int:
-    """The group size at which ``method`` keeps a checkpoint's own scales: FP8's blocks along K,
-    packed INT4's (GPTQ's, AWQ's) groups; else 128 (or the format's first, for one without 128)."""
-    sizes = formats.by_name(method).group_sizes
-    if method == "fp8" and checkpoint.fp8_block[1] in sizes:
-        return int(checkpoint.fp8_block[1])
-    scheme = checkpoint.packed_scheme or checkpoint.linear_scheme  # compressed-tensors', or GPTQ's / AWQ's
-    if method == stored and method in ("int4", "int4z") and scheme is not None and scheme.group:
-        return int(scheme.group)
-    return 128 if not sizes or 128 in sizes else sizes[0]
 
 
 class MoE:
@@ -388,7 +352,7 @@ class MoE:
                 )
             stored = checkpoint.stored_method(layer)
             method = method or stored or "bf16"
-            group = group_size or _stored_group(checkpoint, method, stored)
+            group = group_size or stored_formats.stored_group(checkpoint, method, stored)
             activation = activation or checkpoint.activation()  # gpt-oss's, from its architecture
             moe = cls(
                 checkpoint.experts,
@@ -408,15 +372,22 @@ class MoE:
             )
             arrays = {name: np.empty(shape, _SAFETENSORS_NUMPY[dtype]) for name, (dtype, shape) in tensors.items()}
 
+            orders: dict[tuple[int, str], np.ndarray[Any, Any]] = {}  # GPTQ act-order
+
             def store(expert: int, projection: str, q: Quantized) -> None:
                 for part, array in q.parts().items():
                     arrays[f"{projection}.{part}"][expert] = array
+                if q.order is not None:
+                    orders[expert, projection] = q.order
 
             workers = threads or len(os.sched_getaffinity(0))
             with closing(convert.quantized_experts(checkpoint, layer, options, workers, store)) as experts:
                 for _ in experts:
                     pass
             biases = checkpoint.biases(layer)
+        input_order = (
+            stored_formats.act_order(arrays, orders, checkpoint.experts, checkpoint.hidden) if orders else None
+        )
         moe.load_quantized(
             *(
                 Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale"), arrays.get(f"{p}.zero"))
@@ -425,6 +396,8 @@ class MoE:
         )
         if biases is not None:
             moe.load_biases(*biases)
+        if input_order is not None:
+            moe.load_input_order(input_order)
         return moe
 
     @property
@@ -448,6 +421,23 @@ class MoE:
             _check_finite(array, name)
         self._layer.load_weights(arrays["gate"], arrays["up"], arrays["down"])
         self._loaded = True
+
+    def load_input_order(self, order: Any = None) -> None:
+        """Each expert's gate and up take the layer's input in its own order: ``order`` ``[E, H]``
+        integers, row e a permutation of range(H), expert e's input j being x[order[e, j]] (GPTQ's
+        act-order, its groups made contiguous); None restores the input's own order."""
+        E, H = self.num_experts, self.hidden_size
+        if order is None:
+            self._layer.load_input_order(None)
+            return
+        array = _as_numpy(order, "order")
+        if array.shape != (E, H) or array.dtype.kind not in "iu":
+            raise ValueError(f"order must be integers of shape {(E, H)}, got {array.dtype} {tuple(array.shape)}")
+        rows = np.sort(array, axis=1)
+        if not (rows == np.arange(H)).all():
+            bad = int(np.nonzero(~(rows == np.arange(H)).all(axis=1))[0][0])
+            raise ValueError(f"order[{bad}] is not a permutation of range({H})")
+        self._layer.load_input_order(np.ascontiguousarray(array, dtype=np.int32))
 
     def load_biases(self, gate: Any = None, up: Any = None, down: Any = None) -> None:
         """Per-expert biases (gpt-oss): gate, up ``[E, I]`` and down ``[E, H]``, any real dtype
@@ -497,7 +487,9 @@ class MoE:
             self.load_weights(*(parts[p]["weight"] for p in parts))
             return
         for name, projection in parts.items():
-            _check_scales(self.method, name, projection)
+            stored_formats.check_scales(self.method, name, projection)
+            if formats.by_name(self.method).element != "fp4":  # E8M0 codes are bytes already
+                projection["scale"] = _kernel_view(projection["scale"], f"{name}.scale", copy=False)  # bf16 as bits
         zeros = {f"{p}_zero": parts[p]["zero"] for p in parts if "zero" in parts[p]}
         self._layer.load_quantized(
             *(array for p in parts for array in (parts[p]["weight"], parts[p]["scale"])), **zeros

@@ -165,7 +165,41 @@ std::size_t MoeLayer::packed_bytes() const {
   return total;
 }
 
-void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const std::vector<int32_t>& token_of_pos) {
+void MoeLayer::load_input_order(const int32_t* order) {
+  const std::size_t size = static_cast<std::size_t>(config_.experts) * config_.hidden;
+  if (order)
+    input_order_.assign(order, order + size);
+  else
+    input_order_.clear();
+}
+
+void MoeLayer::order_inputs(const void* x, DType x_dtype, const std::vector<int64_t>& offsets,
+                            const std::vector<int32_t>& token_of_pos) {
+  const int H = config_.hidden;
+  // x's own rows checked first, so an error names the token, not a slot
+  const int64_t tokens = offsets.back() / config_.top_k;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int j = 0; j < H; ++j) {
+      const float v = x_dtype == DType::f32 ? static_cast<const float*>(x)[t * H + j]
+                                            : bf16_to_f32(static_cast<const uint16_t*>(x)[t * H + j]);
+      if (!std::isfinite(v))
+        throw std::invalid_argument("x contains NaN or infinite values (row " + std::to_string(t) + ")");
+    }
+  x_ordered_.resize(static_cast<std::size_t>(offsets.back()) * H);
+  pool().parallel_for(config_.experts, [&](int64_t e, int) {
+    const int32_t* order = input_order_.data() + e * H;
+    for (int64_t p = offsets[e]; p < offsets[e + 1]; ++p) {
+      const int64_t row = static_cast<int64_t>(token_of_pos[p]) * H;
+      float* dst = x_ordered_.data() + p * H;
+      if (x_dtype == DType::f32)
+        for (int j = 0; j < H; ++j) dst[j] = static_cast<const float*>(x)[row + order[j]];
+      else
+        for (int j = 0; j < H; ++j) dst[j] = bf16_to_f32(static_cast<const uint16_t*>(x)[row + order[j]]);
+    }
+  });
+}
+
+void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const int32_t* rows) {
   std::vector<Task> tasks;
   const int N = 2 * inter_padded_;
   for (int e = 0; e < config_.experts; ++e) {
@@ -177,7 +211,7 @@ void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const std::vecto
     auto& scratch = thread_scratch_[thread];
     const int cols = t.n1 - t.n0, m = static_cast<int>(t.r1 - t.r0);
     if (scratch.size() < static_cast<std::size_t>(m) * cols) scratch.resize(static_cast<std::size_t>(m) * cols);
-    providers_[t.provider]->gemm(ExpertGemm{&act_x_, token_of_pos.data() + t.r0, m, t.expert, Projection::gate_up,
+    providers_[t.provider]->gemm(ExpertGemm{&act_x_, rows + t.r0, m, t.expert, Projection::gate_up,
                                             &gate_up_[t.expert], t.n0, t.n1, scratch.data(), cols, thread});
     // silu(gate) * up for each 16-column pair, into A's rows (expert-sorted positions)
     const bool shaped = !config_.activation.plain() || !gate_bias_.empty();
@@ -285,13 +319,25 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
   const int Hp = static_cast<int>(round_up(H, 16));
   const int kp_hidden = gate_up_[0].Kp, kp_inter = down_[0].Kp;
   lap("route_ms");
-  prepare_activations(*kernels_, act_x_, element_of(config_.method), config_.group, kp_hidden, x, x_dtype, tokens, H, H, &pool(),
-                      "x");
+  // With input orders (GPTQ act-order) each slot takes x in its expert's order: one row a slot
+  std::vector<int32_t> positions;
+  const int32_t* gate_up_rows = token_of_pos.data();
+  if (!input_order_.empty()) {
+    order_inputs(x, x_dtype, offsets, token_of_pos);
+    positions.resize(static_cast<std::size_t>(slots));
+    std::iota(positions.begin(), positions.end(), 0);
+    gate_up_rows = positions.data();
+    prepare_activations(*kernels_, act_x_, element_of(config_.method), config_.group, kp_hidden, x_ordered_.data(),
+                        DType::f32, slots, H, H, &pool(), "x");
+  } else {
+    prepare_activations(*kernels_, act_x_, element_of(config_.method), config_.group, kp_hidden, x, x_dtype, tokens, H,
+                        H, &pool(), "x");
+  }
   lap("prepare_x_ms");
   a_buf_.resize(static_cast<std::size_t>(slots) * inter_padded_);
   slot_out_.resize(static_cast<std::size_t>(slots) * Hp);
 
-  run_gate_up(offsets, token_of_pos);
+  run_gate_up(offsets, gate_up_rows);
   lap("gate_up_ms");
   prepare_activations(*kernels_, act_a_, element_of(config_.method), config_.group, kp_inter, a_buf_.data(), DType::f32, slots,
                       I, inter_padded_, &pool(), "the expert intermediate activation");

@@ -43,6 +43,9 @@ class MoeLayer {
   // Per-expert biases, float32: gate, up [E, I], down [E, H]; nullptr for none (zero). Replaces
   // the ones loaded before; kept in float32 whatever the weights' format.
   void load_biases(const float* gate, const float* up, const float* down);
+  // Each expert's gate/up input order, int32 [E, H] (a permutation of the input a row): expert e's
+  // input j is x[order[e * H + j]] (GPTQ act-order). nullptr: x's own order.
+  void load_input_order(const int32_t* order);
 
   // x: [T, H]; ids: [T, k] in [0, E); weights: [T, k]; y: [T, H].
   void forward(const void* x, DType x_dtype, int64_t tokens, const int64_t* ids, const float* weights, void* y,
@@ -75,7 +78,10 @@ class MoeLayer {
  private:
   template <typename Row, typename GateUpRow, typename DownRow, typename Pack>
   void pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack);
-  void run_gate_up(const std::vector<int64_t>& offsets, const std::vector<int32_t>& token_of_pos);
+  void run_gate_up(const std::vector<int64_t>& offsets, const int32_t* rows);
+  // x's rows in their experts' input orders, one a slot (expert-sorted positions), widened to float32
+  void order_inputs(const void* x, DType x_dtype, const std::vector<int64_t>& offsets,
+                    const std::vector<int32_t>& token_of_pos);
   void run_down(const std::vector<int64_t>& offsets);
   void shape_gate_up(float* gate, float* up, int expert, int n) const;
   // The index of the provider that takes an expert with `rows` tokens.
@@ -100,9 +106,11 @@ class MoeLayer {
   bool loaded_ = false;
   // load_biases': [E][I] gate and up, [E][Hp] down (zero-padded), or empty
   aligned_vector<float> gate_bias_, up_bias_, down_bias_;
+  std::vector<int32_t> input_order_;  // load_input_order's [E][H], or empty
   // forward() scratch, kept between calls
   Activations act_x_, act_a_;
   aligned_vector<float> a_buf_, slot_out_;
+  aligned_vector<float> x_ordered_;  // with an input order: each slot's x in its expert's order
   std::vector<aligned_vector<float>> thread_scratch_;
   std::vector<int64_t> gate_up_task_counts_;
   std::map<std::string, double> profile_;

@@ -1,0 +1,71 @@
+"""What the layer does with weights as a checkpoint stores them: their scales checked, GPTQ's
+act-order made the layer's, and the group at which a stored format keeps its scales."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ktforge import formats
+
+
+def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]]) -> None:
+    """A projection's scales (and zero points) checked, FP8 codes viewed as their bytes in place.
+    int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of zeros
+    (or an int4z group) may have any finite scale; an E8M0 code of 255 is NaN."""
+    element = formats.by_name(method).element
+    scale = parts["scale"].astype(np.float32)
+    ok = np.isfinite(scale)
+    if element == "fp4":
+        ok &= parts["scale"] != 255
+    elif element == "int4":
+        ok &= scale != 0
+    elif element not in ("fp8", "int4z"):
+        ok &= scale > 0
+    if not ok.all():
+        wanted = {"int4": "nonzero and finite", "fp4": "E8M0 codes other than 255 (NaN)", "fp8": "finite"}
+        expected = wanted.get(element, "finite" if element == "int4z" else "positive and finite")
+        raise ValueError(f"{name}.scale holds values that are not {expected}")
+    if "zero" in parts and (parts["zero"] > 15).any():
+        raise ValueError(f"{name}.zero holds zero points above 15")
+    if element == "fp8":
+        parts["weight"] = parts["weight"].view(np.uint8)  # E4M3 codes as their bytes
+
+
+def act_order(
+    arrays: dict[str, np.ndarray[Any, Any]],
+    orders: dict[tuple[int, str], np.ndarray[Any, Any]],
+    experts: int,
+    hidden: int,
+) -> np.ndarray[Any, Any] | None:
+    """GPTQ's act-order made the layer's, in place: down's input order permutes the rows of gate
+    and up, so the intermediate activation comes out in it; gate's and up's (one order: they take
+    the same input) is returned [E, H] for ``MoE.load_input_order``, or None if neither has one."""
+    inputs = np.tile(np.arange(hidden, dtype=np.int32), (experts, 1))
+    for e in range(experts):
+        down = orders.get((e, "down"))
+        if down is not None:
+            for key in [k for k in arrays if k.startswith(("gate.", "up."))]:
+                arrays[key][e] = arrays[key][e][down]
+        gate, up = orders.get((e, "gate")), orders.get((e, "up"))
+        if (gate is None) != (up is None) or (gate is not None and up is not None and not np.array_equal(gate, up)):
+            raise ValueError(
+                f"expert {e}: gate's and up's act-orders (g_idx) differ; ktforge takes one input order for both "
+                "(they share their input); pass method= to re-quantize"
+            )
+        if gate is not None:
+            inputs[e] = gate
+    return inputs if any((e, "gate") in orders for e in range(experts)) else None
+
+
+def stored_group(checkpoint: Any, method: str, stored: str | None) -> int:
+    """The group size at which ``method`` keeps a checkpoint's own scales: FP8's blocks along K,
+    packed INT4's (GPTQ's, AWQ's) groups; else 128 (or the format's first, for one without 128)."""
+    sizes = formats.by_name(method).group_sizes
+    if method == "fp8" and checkpoint.fp8_block[1] in sizes:
+        return int(checkpoint.fp8_block[1])
+    scheme = checkpoint.packed_scheme or checkpoint.linear_scheme  # compressed-tensors', or GPTQ's / AWQ's
+    if method == stored and method in ("int4", "int4z") and scheme is not None and scheme.group:
+        return int(scheme.group)
+    return 128 if not sizes or 128 in sizes else sizes[0]
