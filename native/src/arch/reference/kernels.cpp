@@ -47,14 +47,17 @@ void gemm_int8(const GemmArgs& a) {
 
 // The grouped elements: each group's sum is exact in int32 and scaled at the group's end, as
 // every backend does. code(panel, k) reads value k of a column's panel; scale(block, g, c) is
-// column c of the block's scale for group g (bf16 unless given).
+// column c of the block's scale for group g (bf16 unless given), zero(block, g, c) what each of
+// its values is offset by (int4z's zero point; none unless given).
+using GroupValue = float (*)(const PackedMatrix&, int, int, int);
 inline float bf16_group_scale(const PackedMatrix& w, int block, int g, int c) {
   return bf16_to_f32(w.block_scales(block)[g * 16 + c]);
 }
+inline float no_zero(const PackedMatrix&, int, int, int) { return 0.f; }
 
 template <typename Code>
-void gemm_grouped(const GemmArgs& a, Code code, float (*scale)(const PackedMatrix&, int, int, int) = bf16_group_scale,
-                  float final_scale = 1.f) {
+void gemm_grouped(const GemmArgs& a, Code code, GroupValue scale = bf16_group_scale, float final_scale = 1.f,
+                  GroupValue zero = no_zero) {
   const PackedMatrix& w = *a.w;
   const int G = w.groups(), group = w.group;
   for (int i = 0; i < a.m; ++i) {
@@ -66,6 +69,7 @@ void gemm_grouped(const GemmArgs& a, Code code, float (*scale)(const PackedMatri
       for (int g = 0; g < G; ++g) {
         int32_t s = 0;
         for (int k = g * group; k < (g + 1) * group; ++k) s += code(panel, k) * x[k];
+        s -= static_cast<int32_t>(zero(w, n / 16, g, n % 16)) * a.act->gsum[r * G + g];
         acc += static_cast<float>(s) * scale(w, n / 16, g, n % 16);
       }
       a.out[i * a.ld_out + (n - a.n0)] = acc * (a.act->scale[r] * final_scale);
@@ -89,29 +93,16 @@ float e8m0_group_scale(const PackedMatrix& w, int block, int g, int c) {
   return e8m0_to_f32(w.block_e8m0(block)[g * 16 + c]);
 }
 
-// int4z: unsigned nibbles in int4's order; per group sum(q * x) - zero * sum(x), exact in int32,
-// times the group's float32 scale
-void gemm_int4z(const GemmArgs& a) {
-  const PackedMatrix& w = *a.w;
-  const int G = w.groups(), group = w.group;
-  for (int i = 0; i < a.m; ++i) {
-    const int64_t r = a.rows[i];
-    const int8_t* x = a.act->q.data() + r * a.act->Kp;
-    for (int n = a.n0; n < a.n1; ++n) {
-      const uint8_t* panel = w.block(n / 16) + (n % 16) * 4;
-      float acc = 0.f;
-      for (int g = 0; g < G; ++g) {
-        const uint8_t* record = w.block_meta(n / 16) + g * kInt4zGroupBytes;
-        int32_t s = 0;
-        for (int k = g * group; k < (g + 1) * group; ++k) s += (int4_code(panel, k) + 8) * x[k];
-        s -= record[64 + n % 16] * a.act->gsum[r * G + g];
-        float scale;
-        std::memcpy(&scale, record + 4 * (n % 16), 4);
-        acc += static_cast<float>(s) * scale;
-      }
-      a.out[i * a.ld_out + (n - a.n0)] = acc * a.act->scale[r];
-    }
-  }
+// int4z: unsigned nibbles in int4's order, a float32 scale and a zero point per group (its record
+// of kernels/types.hpp): per group sum(q * x) - zero * sum(x), exact in int32
+int nibble_code(const uint8_t* panel, int k) { return int4_code(panel, k) + 8; }
+float int4z_scale(const PackedMatrix& w, int block, int g, int c) {
+  float scale;
+  std::memcpy(&scale, w.block_meta(block) + g * kInt4zGroupBytes + 4 * c, 4);
+  return scale;
+}
+float int4z_zero(const PackedMatrix& w, int block, int g, int c) {
+  return w.block_meta(block)[g * kInt4zGroupBytes + 64 + c];
 }
 
 // int8g: bytes q + 128 in int8's order
@@ -146,7 +137,7 @@ void gemm(const GemmArgs& a) {
     case Element::int4: return gemm_grouped(a, int4_code);
     case Element::int8g: return gemm_grouped(a, int8g_code);
     case Element::fp4: return gemm_grouped(a, fp4_doubled, e8m0_group_scale, 0.5f);
-    case Element::int4z: return gemm_int4z(a);
+    case Element::int4z: return gemm_grouped(a, nibble_code, int4z_scale, 1.f, int4z_zero);
   }
 }
 
