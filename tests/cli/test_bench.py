@@ -159,3 +159,10 @@ def test_cli_bench_names_a_backend_this_machine_cannot_run_in_one_line(monkeypat
     assert result.exit_code == 2
     assert result.stderr.startswith("kt bench: ") and "Traceback" not in result.output
     assert "not compiled into this build" in result.stderr or "kt build --backend amd-blis" in result.stderr
+
+
+def test_every_element_has_its_compute_bound() -> None:
+    from ktforge import formats
+
+    # kt bench --method takes every format: each element family names the peak that bounds it
+    assert set(bench.DOT_PEAK) == set(formats.ELEMENTS)

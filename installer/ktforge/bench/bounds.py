@@ -18,6 +18,7 @@ DOT_PEAK = {
     "int4": "int4_dot",
     "fp8": "bf16_dot",
     "fp4": "int4_dot",  # int4's dot products, on codes looked up by one byte shuffle
+    "int4z": "int4_dot",  # int4's, less the zero points per group
 }
 
 PEAK_RUNS = 7
