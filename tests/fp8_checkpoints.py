@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .synthetic_checkpoints import NAMING, _config
+from .synthetic_checkpoints import write_quantized_experts
 
 Array = np.ndarray[Any, Any]
 STYLES = ("block", "ct-channel", "ct-block", "ct-tensor")
@@ -95,30 +95,14 @@ def write_fp8_checkpoint(
 ) -> dict[int, tuple[Array, Array, Array]]:
     """Writes the checkpoint (one shard); returns {layer: (gate, up, down)} as the tool
     dequantizes them, float64."""
-    import torch
-    from safetensors.torch import save_file
 
-    directory.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed)
-    config = _config(arch, E, k, H, I, max(moe_layers) + 1, None) | {"quantization_config": quantization_config(style)}
-    (directory / "config.json").write_text(json.dumps(config))
-    pattern, names = NAMING[arch]
-    tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
-    dense: dict[int, tuple[Array, Array, Array]] = {}
-    for layer in moe_layers:
-        projections: list[list[Array]] = [[], [], []]
-        for e in range(E):
-            for j, p in enumerate(names):
-                shape = (H, I) if j == 2 else (I, H)
-                w = torch.randn(*shape, generator=generator) / shape[1] ** 0.5
-                parts, values = _torch_block(w) if style == "block" else _compressed_tensors(w, style)
-                name = pattern.format(L=layer, E=e, P=p)
-                for part, tensor in parts.items():
-                    tensors[name.removesuffix("weight") + part] = tensor.contiguous()
-                projections[j].append(values)
-        dense[layer] = tuple(np.stack(p) for p in projections)  # type: ignore[assignment]
-    save_file(tensors, str(directory / "model.safetensors"))
-    return dense
+    def one(w: Any, expert: int, projection: str) -> tuple[dict[str, Any], Array]:
+        return _torch_block(w) if style == "block" else _compressed_tensors(w, style)
+
+    kept = write_quantized_experts(
+        directory, arch, (E, k, H, I), quantization_config(style), one, layers=moe_layers, seed=seed
+    )
+    return {layer: (np.stack(d["gate"]), np.stack(d["up"]), np.stack(d["down"])) for layer, d in kept.items()}
 
 
 # what an FP8 release quantizes: the linear layers of attention and of the routed experts (the

@@ -15,7 +15,6 @@ tests do not need.
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 import types
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .synthetic_checkpoints import NAMING, _config
+from .synthetic_checkpoints import write_quantized_experts
 
 Array = np.ndarray[Any, Any]
 
@@ -133,29 +132,15 @@ def write_gptq_awq_checkpoint(
     desc_act: bool = False,
 ) -> dict[str, Array]:
     """One shard, layer 1 of 2; returns the tool's dequantization {projection: [E, N, K]}."""
-    import torch
-    from safetensors.torch import save_file
 
-    directory.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed)
-    config = _config(arch, E, k, H, I, 2, None) | {"quantization_config": quantization_config(method, group)}
-    config["quantization_config"] |= {"desc_act": True} if desc_act else {}
-    (directory / "config.json").write_text(json.dumps(config))
-    pattern, names = NAMING[arch]
-    tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
-    dense: dict[str, list[Array]] = {"gate": [], "up": [], "down": []}
-    for e in range(E):
-        for projection, p in zip(dense, names, strict=True):
-            shape = (H, I) if projection == "down" else (I, H)
-            w = torch.randn(*shape, generator=generator) / shape[1] ** 0.5
-            if method == "gptq":
-                # gate and up take one input, so GPTQ gives them one Hessian and one order
-                shared = 2 * e if projection != "down" else 2 * e + 1
-                parts, values = gptq(w, group, act_order(shape[1], group, seed + shared) if desc_act else None)
-            else:
-                parts, values = awq(w, group)
-            base = pattern.format(L=1, E=e, P=p).removesuffix(".weight")
-            tensors.update({f"{base}.{name}": t.contiguous() for name, t in parts.items()})
-            dense[projection].append(values)
-    save_file(tensors, str(directory / "model.safetensors"))
-    return {p: np.stack(d) for p, d in dense.items()}
+    def one(w: Any, expert: int, projection: str) -> tuple[dict[str, Any], Array]:
+        if method == "awq":
+            parts, values = awq(w, group)
+        else:  # gate and up take one input, so GPTQ gives them one Hessian and one order
+            shared = 2 * expert if projection != "down" else 2 * expert + 1
+            parts, values = gptq(w, group, act_order(w.shape[1], group, seed + shared) if desc_act else None)
+        return parts, values  # qweight, qzeros, scales (g_idx), after the weight's name without "weight"
+
+    config = quantization_config(method, group) | ({"desc_act": True} if desc_act else {})
+    kept = write_quantized_experts(directory, arch, (E, k, H, I), config, one, seed=seed)
+    return {p: np.stack(d) for p, d in kept[1].items()}

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .synthetic_checkpoints import NAMING, _config
+from .synthetic_checkpoints import write_quantized_experts
 
 Array = np.ndarray[Any, Any]
 
@@ -73,31 +73,25 @@ def write_int4_checkpoint(
     """Writes the checkpoint (one shard, experts in ``scale_dtype``, the scales' dtype); returns
     ``{layer: {projection: (dense float64 [E, N, K], codes [E, N, K])}}``."""
     import torch
-    from safetensors.torch import save_file
 
-    directory.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed)
-    config = _config(arch, E, k, H, I, max(moe_layers) + 1, None)
-    config["quantization_config"] = quantization_config(group, symmetric)
-    (directory / "config.json").write_text(json.dumps(config))
-    pattern, names = NAMING[arch]
-    dtype = getattr(torch, scale_dtype)
-    tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
-    layers: dict[int, dict[str, tuple[Array, Array]]] = {}
-    for layer in moe_layers:
-        dense: dict[str, list[tuple[Array, Array]]] = {p: [] for p in ("gate", "up", "down")}
-        for e in range(E):
-            for projection, p in zip(dense, names, strict=True):
-                shape = (H, I) if projection == "down" else (I, H)
-                w = (torch.randn(*shape, generator=generator) / shape[1] ** 0.5).to(dtype)
-                parts, values, q = compress(w, group, symmetric)
-                name = pattern.format(L=layer, E=e, P=p)
-                for part, tensor in parts.items():
-                    tensors[name.removesuffix("weight") + part] = tensor.contiguous()
-                dense[projection].append((values, q))
-        layers[layer] = {p: (np.stack([v for v, _ in d]), np.stack([q for _, q in d])) for p, d in dense.items()}
-    save_file(tensors, str(directory / "model.safetensors"))
-    return layers
+    def one(w: Any, expert: int, projection: str) -> tuple[dict[str, Any], tuple[Array, Array]]:
+        parts, values, q = compress(w, group, symmetric)
+        return parts, (values, q)
+
+    kept = write_quantized_experts(
+        directory,
+        arch,
+        (E, k, H, I),
+        quantization_config(group, symmetric),
+        one,
+        layers=moe_layers,
+        seed=seed,
+        dtype=getattr(torch, scale_dtype),
+    )
+    return {
+        layer: {p: (np.stack([v for v, _ in d]), np.stack([q for _, q in d])) for p, d in projections.items()}
+        for layer, projections in kept.items()
+    }
 
 
 def int4_copy(model_dir: Path, out_dir: Path, group: int = 32) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .synthetic_checkpoints import NAMING, _config
+from .synthetic_checkpoints import write_quantized_experts
 
 Array = np.ndarray[Any, Any]
 
@@ -51,27 +51,15 @@ def write_ct_mxfp4_checkpoint(
     """One shard, layer 1 of 2; returns the library's dequantization {projection: [E, N, K]}."""
     import torch
     from compressed_tensors.quantization import QuantizationConfig
-    from safetensors.torch import save_file
 
-    directory.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed)
-    config = _config(arch, E, k, H, I, 2, None)
+    def one(w: Any, expert: int, projection: str) -> tuple[dict[str, Any], Array]:
+        codes, scale, values = compress(w)
+        return {"weight_packed": codes, "weight_scale": scale}, values
+
     quantization = QuantizationConfig(config_groups={"group_0": scheme()}, format="mxfp4-pack-quantized")
-    config["quantization_config"] = json.loads(quantization.model_dump_json(exclude_none=True))
-    (directory / "config.json").write_text(json.dumps(config))
-    pattern, names = NAMING[arch]
-    tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
-    dense: dict[str, list[Array]] = {"gate": [], "up": [], "down": []}
-    for e in range(E):
-        for projection, p in zip(dense, names, strict=True):
-            shape = (H, I) if projection == "down" else (I, H)
-            w = (torch.randn(*shape, generator=generator) / shape[1] ** 0.5).to(torch.bfloat16)
-            codes, scale, values = compress(w)
-            name = pattern.format(L=1, E=e, P=p).removesuffix("weight")
-            tensors[name + "weight_packed"], tensors[name + "weight_scale"] = codes, scale
-            dense[projection].append(values)
-    save_file(tensors, str(directory / "model.safetensors"))
-    return {p: np.stack(d) for p, d in dense.items()}
+    config = json.loads(quantization.model_dump_json(exclude_none=True))
+    kept = write_quantized_experts(directory, arch, (E, k, H, I), config, one, seed=seed, dtype=torch.bfloat16)
+    return {p: np.stack(d) for p, d in kept[1].items()}
 
 
 def gpt_oss_release(model_dir: Path, out_dir: Path) -> None:

@@ -133,3 +133,44 @@ def shard_of(directory: Path, tensor: str) -> Path:
     if index.is_file():
         return directory / json.loads(index.read_text())["weight_map"][tensor]
     return directory / "model.safetensors"
+
+
+def write_quantized_experts(
+    directory: Path,
+    arch: str,
+    sizes: tuple[int, int, int, int],
+    quantization_config: dict[str, Any],
+    quantize: Any,
+    *,
+    layers: tuple[int, ...] = (1,),
+    seed: int = 0,
+    dtype: Any = None,
+) -> dict[int, dict[str, list[Any]]]:
+    """A one-shard checkpoint of random experts as a quantizing tool writes them. ``sizes`` is (E,
+    k, H, I); each projection's weight (normal / sqrt(K), torch, in ``dtype``) is given to
+    ``quantize(w, expert, projection)``, which returns the tool's tensors, named by what follows
+    the weight's name without ``weight`` (``weight_packed``, ``qweight``, ``weight_scale_inv``),
+    and what the caller keeps of it; returns {layer: {projection: [that, one an expert]}}."""
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    E, k, H, I = sizes
+    directory.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    config = _config(arch, E, k, H, I, max(layers) + 1, None) | {"quantization_config": quantization_config}
+    (directory / "config.json").write_text(json.dumps(config))
+    pattern, names = NAMING[arch]
+    tensors: dict[str, Any] = {"model.embed_tokens.weight": torch.randn(16, H, generator=generator)}
+    kept: dict[int, dict[str, list[Any]]] = {}
+    for layer in layers:
+        kept[layer] = {p: [] for p in ("gate", "up", "down")}
+        for e in range(E):
+            for projection, p in zip(kept[layer], names, strict=True):
+                shape = (H, I) if projection == "down" else (I, H)
+                w = torch.randn(*shape, generator=generator) / shape[1] ** 0.5
+                parts, result = quantize(w if dtype is None else w.to(dtype), e, projection)
+                stem = pattern.format(L=layer, E=e, P=p).removesuffix("weight")
+                tensors.update({stem + suffix: tensor.contiguous() for suffix, tensor in parts.items()})
+                kept[layer][projection].append(result)
+    save_torch(tensors, str(directory / "model.safetensors"))
+    return kept

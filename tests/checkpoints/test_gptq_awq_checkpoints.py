@@ -10,7 +10,6 @@ intermediate value rounds to the next int8 step).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -20,15 +19,11 @@ from ktforge.checkpoints.checkpoint import Checkpoint
 
 from .. import host
 from ..gptq_awq_checkpoints import write_gptq_awq_checkpoint
-from ..moe_reference import float_reference, int8_activations_reference, int8_layer_error, rel_err, routing
+from ..moe_reference import float_reference, int8_activations_reference, int8_layer_error, rel_err
+from .serving import assert_every_backend_serves, inputs
 
 BOUND = 1e-4
 PROJECTIONS = ("gate", "up", "down")
-
-
-def _inputs(T: int, E: int, k: int, H: int) -> tuple[Any, Any, Any]:
-    ids, w = routing(T, E, k, seed=T)
-    return np.random.default_rng(T).standard_normal((T, H)).astype(np.float32), ids, w
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])
@@ -39,7 +34,7 @@ def test_the_tools_checkpoint_runs_on_its_own_values(tmp_path: Path, method: str
     moe = ktforge.MoE.from_pretrained(tmp_path, layer=1)
     assert moe.method == "int4z" and moe._group == group
     for T in (1, 3, 40):
-        x, ids, w = _inputs(T, E, k, H)
+        x, ids, w = inputs(T, E, k, H)
         y = moe.forward(x, ids, w)
         assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, T
     with Checkpoint(tmp_path) as checkpoint:
@@ -52,12 +47,7 @@ def test_the_tools_checkpoint_runs_on_its_own_values(tmp_path: Path, method: str
 def test_every_backend_serves_them(tmp_path: Path, method: str) -> None:
     E, k, H, I = 3, 2, 256, 128
     dense = write_gptq_awq_checkpoint(tmp_path, method, group=32, E=E, k=k, H=H, I=I)
-    for backend in host.runnable_backends():
-        moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend=backend)
-        for T in (2, 70):  # 70 tokens: > 32 an expert, the AMX tile kernels' path
-            x, ids, w = _inputs(T, E, k, H)
-            got = moe.forward(x, ids, w)
-            assert int8_layer_error(got, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, (backend, T)
+    assert_every_backend_serves(tmp_path, list(dense.values()), E, k, H, "int4z")
 
 
 @pytest.mark.parametrize("group", [32, 128])
@@ -73,11 +63,11 @@ def test_act_order_runs_exactly_on_every_backend(tmp_path: Path, group: int) -> 
         moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend=backend)
         assert moe.method == "int4z"
         for T in (2, 70):
-            x, ids, w = _inputs(T, E, k, H)
+            x, ids, w = inputs(T, E, k, H)
             got = moe.forward(x, ids, w)
             assert int8_layer_error(got, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, (backend, T)
     moe.load_input_order()  # x's own order: no longer the layer the file holds
-    x, ids, w = _inputs(9, E, k, H)
+    x, ids, w = inputs(9, E, k, H)
     assert rel_err(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values())) > 0.1
     nan = x.copy()
     nan[4, 7] = np.nan
@@ -92,7 +82,7 @@ def test_act_orders_that_cannot_be_served_are_refused(tmp_path: Path) -> None:
 
     E, k, H, I, T = 2, 1, 256, 128, 5
     dense = write_gptq_awq_checkpoint(tmp_path, "gptq", group=32, E=E, k=k, H=H, I=I, desc_act=True)
-    x, ids, w = _inputs(T, E, k, H)
+    x, ids, w = inputs(T, E, k, H)
     original = load_file(str(tmp_path / "model.safetensors"))
     up = "model.layers.1.mlp.experts.0.up_proj.g_idx"
     tensors = dict(original)

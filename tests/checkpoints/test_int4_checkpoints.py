@@ -23,16 +23,12 @@ from ktforge.formats.quantize import quantize
 
 from .. import host
 from ..int4_checkpoints import write_int4_checkpoint
-from ..moe_reference import float_reference, int8_activations_reference, int8_layer_error, rel_err, routing
+from ..moe_reference import float_reference, int8_activations_reference, int8_layer_error, rel_err
+from .serving import assert_every_backend_serves, inputs
 
 BOUND = 1e-4  # fp32 sums against float64 over the same weights and int8 activations
 ACTIVATION_ROUNDING = 3e-2  # int8 activations per token, against exact ones
 PROJECTIONS = ("gate", "up", "down")
-
-
-def _inputs(T: int, E: int, k: int, H: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # type: ignore[type-arg]
-    ids, w = routing(T, E, k, seed=T)
-    return np.random.default_rng(T).standard_normal((T, H)).astype(np.float32), ids, w
 
 
 @pytest.mark.parametrize(("arch", "group"), [("qwen3_moe", 32), ("deepseek_v3", 128), ("mixtral", 64)])
@@ -43,7 +39,7 @@ def test_int4_checkpoint_runs_on_its_own_values(tmp_path: Path, arch: str, group
     moe = ktforge.MoE.from_pretrained(tmp_path, layer=1)
     assert moe.method == "int4" and moe.info["method"] == "int4"
     for T in (1, 3, 40):
-        x, ids, w = _inputs(T, E, k, H)
+        x, ids, w = inputs(T, E, k, H)
         y = moe.forward(x, ids, w)
         assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense)) < BOUND, T
         assert rel_err(y, float_reference(x, ids, w, *dense)) < ACTIVATION_ROUNDING, T
@@ -68,15 +64,7 @@ def test_the_repack_keeps_every_code_and_scale(tmp_path: Path) -> None:
 def test_every_backend_at_the_decode_and_tile_paths(tmp_path: Path) -> None:
     E, k, H, I = 3, 2, 192, 96
     layers = write_int4_checkpoint(tmp_path, group=32, E=E, k=k, H=H, I=I)
-    dense = [layers[1][p][0] for p in PROJECTIONS]
-    for backend in host.runnable_backends():
-        moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend=backend)
-        for T in (2, 70):  # 70 tokens: > 32 an expert, the AMX tile kernels' path
-            x, ids, w = _inputs(T, E, k, H)
-            assert int8_layer_error(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense)) < BOUND, (
-                backend,
-                T,
-            )
+    assert_every_backend_serves(tmp_path, [layers[1][p][0] for p in PROJECTIONS], E, k, H, "int4")
 
 
 @pytest.mark.parametrize(
@@ -98,7 +86,7 @@ def test_what_int4_cannot_hold_runs_as_int4z(tmp_path: Path, scale_dtype: str, s
         moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend=backend)
         assert moe.method == "int4z" and moe._group == 32
         for T in (2, 70):
-            x, ids, w = _inputs(T, E, k, H)
+            x, ids, w = inputs(T, E, k, H)
             assert int8_layer_error(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense)) < BOUND, (
                 backend
             )
@@ -107,7 +95,7 @@ def test_what_int4_cannot_hold_runs_as_int4z(tmp_path: Path, scale_dtype: str, s
     # float32 scales and a byte a zero point: 5 bytes a group of 32 against the file's 2 or 4 (+ 0.5)
     assert moe.info["packed_bytes"] / file_bytes < 1.2
     int4 = ktforge.MoE.from_pretrained(tmp_path, layer=1, method="int4", group_size=32)  # asked for: re-quantized
-    x, ids, w = _inputs(5, E, k, H)
+    x, ids, w = inputs(5, E, k, H)
     assert int4.method == "int4" and rel_err(int4.forward(x, ids, w), float_reference(x, ids, w, *dense)) < 0.3
 
 

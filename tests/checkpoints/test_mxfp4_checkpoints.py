@@ -22,18 +22,13 @@ import pytest
 import ktforge
 from ktforge.checkpoints.checkpoint import Checkpoint
 
-from .. import host
-from ..moe_reference import int8_activations_reference, int8_layer_error, rel_err, routing
+from ..moe_reference import int8_activations_reference, int8_layer_error, rel_err
 from ..mxfp4_checkpoints import gpt_oss_dense, gpt_oss_release, write_ct_mxfp4_checkpoint
+from .serving import assert_every_backend_serves, inputs
 
 BOUND = 1e-4
 PROJECTIONS = ("gate", "up", "down")
 GPT_OSS_ACTIVATION = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0, "up_offset": 1.0}
-
-
-def _inputs(T: int, E: int, k: int, H: int) -> tuple[Any, Any, Any]:
-    ids, w = routing(T, E, k, seed=T)
-    return np.random.default_rng(T).standard_normal((T, H)).astype(np.float32), ids, w
 
 
 def _file_bytes(path: Path, layer: int, experts: int) -> int:
@@ -48,7 +43,7 @@ def test_compressed_tensors_mxfp4_runs_on_its_own_values(tmp_path: Path, arch: s
     moe = ktforge.MoE.from_pretrained(tmp_path, layer=1)
     assert moe.method == "mxfp4" and moe.info["method"] == "mxfp4"
     for T in (1, 3, 40):
-        x, ids, w = _inputs(T, E, k, H)
+        x, ids, w = inputs(T, E, k, H)
         assert int8_layer_error(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values())) < BOUND
     assert moe.info["packed_bytes"] == _file_bytes(tmp_path, 1, E)  # the file's codes and scales, no more
 
@@ -56,12 +51,7 @@ def test_compressed_tensors_mxfp4_runs_on_its_own_values(tmp_path: Path, arch: s
 def test_every_backend_serves_compressed_tensors_mxfp4(tmp_path: Path) -> None:
     E, k, H, I = 3, 2, 192, 96
     dense = write_ct_mxfp4_checkpoint(tmp_path, E=E, k=k, H=H, I=I)
-    for backend in host.runnable_backends():
-        moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend=backend)
-        for T in (2, 70):  # 70 tokens: > 32 an expert, the AMX tile kernels' path
-            x, ids, w = _inputs(T, E, k, H)
-            got = moe.forward(x, ids, w)
-            assert int8_layer_error(got, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, (backend, T)
+    assert_every_backend_serves(tmp_path, list(dense.values()), E, k, H, "mxfp4")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +82,7 @@ def test_gpt_oss_release_runs_with_its_activation_and_biases(gpt_oss: Path, laye
     assert moe.method == "mxfp4" and moe._group == 32
     biases = _biases(release, layer)
     for T in (1, 5, 40):
-        x, ids, w = _inputs(T, E, k, H)
+        x, ids, w = inputs(T, E, k, H)
         want = int8_activations_reference(x, ids, w, *dense.values(), biases=biases, activation=GPT_OSS_ACTIVATION)
         assert int8_layer_error(moe.forward(x, ids, w), want) < BOUND, T
         # the plain SwiGLU without biases is something else: the file's gating is what ran
@@ -104,7 +94,7 @@ def test_gpt_oss_can_be_requantized(gpt_oss: Path) -> None:
     release = gpt_oss / "release"
     int8 = ktforge.MoE.from_pretrained(release, layer=1, method="int8")
     native = ktforge.MoE.from_pretrained(release, layer=1)
-    x, ids, w = _inputs(6, 8, 2, 64)
+    x, ids, w = inputs(6, 8, 2, 64)
     assert int8.method == "int8" and rel_err(int8.forward(x, ids, w), native.forward(x, ids, w)) < 5e-2
 
 
