@@ -9,6 +9,7 @@ forgives 1 token in 50 whose intermediate value rounds to the next int8 step).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -155,3 +156,22 @@ def test_float_weights_quantize_on_load_as_the_portable_path() -> None:
     portable = ktforge.MoE(E, k, H, I, method="mxfp4", group_size=32)
     portable.load_quantized(*(quantize(p, "mxfp4", 32) for p in (gate, up, down)))
     assert np.array_equal(from_floats.forward(x, ids, w), portable.forward(x, ids, w))
+
+
+def test_kt_convert_writes_mxfp4_as_from_pretrained_quantizes(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ktforge.cli import commands as cli
+
+    from ..synthetic_checkpoints import write_checkpoint
+
+    write_checkpoint(tmp_path / "src", "qwen3_moe", E=4, H=64, I=32)
+    args = ["convert", "--input", str(tmp_path / "src"), "--output", str(tmp_path / "out"), "--quant", "mxfp4"]
+    result = CliRunner().invoke(cli.app, args)  # no --group-size: mxfp4 has one, 32
+    assert result.exit_code == 0, result.output
+    converted = ktforge.MoE.from_pretrained(tmp_path / "out", layer=1)
+    direct = ktforge.MoE.from_pretrained(tmp_path / "src", layer=1, method="mxfp4")
+    assert converted.method == direct.method == "mxfp4" and converted._group == 32
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    ids, w = routing(3, 4, 2)
+    assert np.array_equal(converted.forward(x, ids, w), direct.forward(x, ids, w))

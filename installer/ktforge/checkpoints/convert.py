@@ -301,6 +301,7 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
             f"--quant {method}: a checkpoint in it needs no conversion, MoE.from_pretrained(checkpoint, layer) serves "
             "its experts as they are; kt convert writes the smaller formats (int8, int8g, int4, mxfp4) or bf16"
         )
+    group_size = formats.group_for(method, group_size)  # mxfp4's 32, whatever the default
     try:
         formats.check_group(method, group_size, option="--group-size")
     except ValueError as error:

@@ -217,7 +217,7 @@ def bench(
     peer: Annotated[bool, typer.Option(help="Time a plain PyTorch bf16 loop beside each case.")] = True,
     max_weight_gib: Annotated[float | None, typer.Option(help="Memory for weights (default 45% of available).")] = None,
     group_size: Annotated[
-        int, typer.Option("--group-size", help="int8g, int4 and fp8 group size: 32, 64 or 128.")
+        int, typer.Option("--group-size", help="int8g, int4, int4z and fp8 group size: 32, 64 or 128 (mxfp4: 32).")
     ] = 128,
     json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
 ) -> None:
@@ -307,7 +307,7 @@ def convert(
     ],
     output: Annotated[Path, typer.Option("--output", help="Directory for the converted layers and manifest.json.")],
     quant: Annotated[str, typer.Option("--quant", help="int8, int8g, int4 or bf16.")] = "int8",
-    group_size: Annotated[int, typer.Option("--group-size", help="int8g and int4 group size: 32, 64 or 128.")] = 128,
+    group_size: Annotated[int, typer.Option("--group-size", help="int8g and int4 group size: 32, 64 or 128 (mxfp4 has one: 32).")] = 128,
     input_type: Annotated[str, typer.Option("--input-type", help="auto, bf16, fp16, fp32 or fp8.")] = "auto",
     layers: Annotated[
         str | None, typer.Option("--layers", help="MoE layers, e.g. 3 or 0-5 or 1,4,7-9 (default all).")
