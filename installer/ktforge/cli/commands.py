@@ -306,8 +306,10 @@ def convert(
         Path, typer.Option("--input", help="Hugging Face checkpoint directory (config.json, *.safetensors).")
     ],
     output: Annotated[Path, typer.Option("--output", help="Directory for the converted layers and manifest.json.")],
-    quant: Annotated[str, typer.Option("--quant", help="int8, int8g, int4 or bf16.")] = "int8",
-    group_size: Annotated[int, typer.Option("--group-size", help="int8g and int4 group size: 32, 64 or 128 (mxfp4 has one: 32).")] = 128,
+    quant: Annotated[str, typer.Option("--quant", help="int8, int8g, int4, mxfp4 or bf16.")] = "int8",
+    group_size: Annotated[
+        int, typer.Option("--group-size", help="int8g and int4 group size: 32, 64 or 128 (mxfp4 has one: 32).")
+    ] = 128,
     input_type: Annotated[str, typer.Option("--input-type", help="auto, bf16, fp16, fp32 or fp8.")] = "auto",
     layers: Annotated[
         str | None, typer.Option("--layers", help="MoE layers, e.g. 3 or 0-5 or 1,4,7-9 (default all).")
