@@ -223,7 +223,7 @@ def quantize(w: Stored, method: str, group_size: int = 128, *, exact: bool = Fal
         if not isinstance(w, Fp8Blocks):
             raise ValueError(
                 "fp8 takes the FP8 weights of a checkpoint as they are; float weights are packed to fp8 by "
-                "MoE.load_weights (kt convert writes int8, int8g, int4 or bf16)"
+                "MoE.load_weights (kt convert writes int8, int8g, int4, mxfp4 or bf16)"
             )
         return w.per_row(group_size)
     if isinstance(w, Fp8Blocks):
