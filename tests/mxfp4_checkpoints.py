@@ -4,6 +4,10 @@ format's own library's dequantization.
 - ``write_ct_mxfp4_checkpoint``: compressed-tensors' ``mxfp4-pack-quantized`` format, one
   ``weight_packed`` / ``weight_scale`` per expert, from the library's ``calculate_qparams`` (its
   MXFP4A16 preset) and ``MXFP4PackedCompressor``, which also dequantizes (``decompress``).
+- ``write_deepseek_v4_flash``: DeepSeek-V4-Flash's experts as released: ``w1``/``w3``/``w2.weight``
+  I8 [N, K / 2] (two E2M1 codes a byte) and ``.scale`` F8_E8M0 [N, K / 32], ``expert_dtype =
+  "fp4"``, the codes compressed-tensors'. Its dequantization: transformers' own
+  (``Fp8Dequantize``, the FP8 quantizer's path for these experts).
 - ``gpt_oss_release``: a saved transformers gpt-oss model as OpenAI releases it: each layer's
   experts fused, ``gate_up_proj_blocks`` [E, 2I, H / 32, 16] and ``gate_up_proj_scales`` [E, 2I,
   H / 32] (gate and up rows interleaved), ``down_proj_blocks`` / ``_scales``, biases as they were,
@@ -111,3 +115,62 @@ def gpt_oss_dense(release: Path, layer: int) -> dict[str, Array]:
         )
         out[fused] = w.transpose(1, 2).double().numpy()
     return {"gate": out["gate_up_proj"][:, 0::2], "up": out["gate_up_proj"][:, 1::2], "down": out["down_proj"]}
+
+
+def write_deepseek_v4_flash(
+    directory: Path, *, E: int = 4, k: int = 2, H: int = 256, I: int = 128, seed: int = 0
+) -> dict[str, Array]:
+    """One shard, layer 1 of 2; returns transformers' dequantization {projection: [E, N, K]}."""
+    import torch
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    dequantize = Fp8Dequantize(None)
+
+    def one(w: Any, expert: int, projection: str) -> tuple[dict[str, Any], Array]:
+        codes, scale, _ = compress(w)
+        packed, e8m0 = codes.view(torch.int8), scale.view(torch.float8_e8m0fnu)
+        dense = dequantize._dequantize_one(packed, e8m0, output_dtype=torch.float32)
+        return {"weight": packed, "scale": e8m0}, dense.double().numpy()
+
+    config = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+        "expert_dtype": "fp4",
+    }
+    kept = write_quantized_experts(directory, "deepseek_v4", (E, k, H, I), config, one, seed=seed, dtype=torch.bfloat16)
+    return {p: np.stack(d) for p, d in kept[1].items()}
+
+
+def write_deepseek_v4_base(
+    directory: Path, *, E: int = 4, k: int = 2, H: int = 256, I: int = 128, seed: int = 0
+) -> dict[str, Array]:
+    """DeepSeek-V4-Flash-Base's FP8 experts: ``.weight`` F8_E4M3 and ``.scale`` per 128 x 128 block
+    in F8_E8M0 (``scale_fmt = "ue8m0"``: a power of two, the least with max|w| / scale <= 448), by
+    torch's float8 cast; transformers' Fp8Dequantize dequantizes them."""
+    import torch
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    dequantize = Fp8Dequantize(None)
+
+    def one(w: Any, expert: int, projection: str) -> tuple[dict[str, Any], Array]:
+        N, K = w.shape
+        blocks = w.reshape(N // 128, 128, K // 128, 128).abs().amax(dim=(1, 3))
+        scale = torch.exp2(torch.ceil(torch.log2(blocks.clamp(min=1e-30) / 448.0)))
+        q = (w / scale.repeat_interleave(128, 0).repeat_interleave(128, 1)).to(torch.float8_e4m3fn)
+        e8m0 = scale.to(torch.float8_e8m0fnu)
+        dense = dequantize._dequantize_one(q, e8m0, output_dtype=torch.float32)
+        return {"weight": q, "scale": e8m0}, dense.double().numpy()
+
+    config = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+        "expert_dtype": "fp8",
+    }
+    kept = write_quantized_experts(directory, "deepseek_v4", (E, k, H, I), config, one, seed=seed)
+    return {p: np.stack(d) for p, d in kept[1].items()}

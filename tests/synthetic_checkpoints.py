@@ -21,6 +21,7 @@ NAMING = {
     "qwen3_moe": ("model.layers.{L}.mlp.experts.{E}.{P}.weight", ("gate_proj", "up_proj", "down_proj")),
     "deepseek_v3": ("model.layers.{L}.mlp.experts.{E}.{P}.weight", ("gate_proj", "up_proj", "down_proj")),
     "mixtral": ("model.layers.{L}.block_sparse_moe.experts.{E}.{P}.weight", ("w1", "w3", "w2")),
+    "deepseek_v4": ("layers.{L}.ffn.experts.{E}.{P}.weight", ("w1", "w3", "w2")),
 }
 DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 
@@ -38,6 +39,13 @@ def _config(
             "n_routed_experts": E,
             "first_k_dense_replace": 1,
             "n_shared_experts": 1,
+        }
+    elif arch == "deepseek_v4":
+        base |= {
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "moe_intermediate_size": I,
+            "n_routed_experts": E,
+            "swiglu_limit": 10.0,
         }
     else:
         base |= {"architectures": ["MixtralForCausalLM"], "intermediate_size": I, "num_local_experts": E}

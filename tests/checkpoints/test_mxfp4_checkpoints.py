@@ -22,8 +22,14 @@ import pytest
 import ktforge
 from ktforge.checkpoints.checkpoint import Checkpoint
 
-from ..moe_reference import int8_activations_reference, int8_layer_error, rel_err
-from ..mxfp4_checkpoints import gpt_oss_dense, gpt_oss_release, write_ct_mxfp4_checkpoint
+from ..moe_reference import float_reference, int8_activations_reference, int8_layer_error, rel_err
+from ..mxfp4_checkpoints import (
+    gpt_oss_dense,
+    gpt_oss_release,
+    write_ct_mxfp4_checkpoint,
+    write_deepseek_v4_base,
+    write_deepseek_v4_flash,
+)
 from .serving import assert_every_backend_serves, inputs
 
 BOUND = 1e-4
@@ -108,3 +114,29 @@ def test_gpt_oss_not_in_mxfp4_and_a_wrong_expert_count_are_refused(gpt_oss: Path
     (wrong / "config.json").write_text(json.dumps(config | {"num_local_experts": 16}))
     with pytest.raises(ValueError, match=r"num_local_experts = 16, but .* holds 8 experts"):
         ktforge.MoE.from_pretrained(wrong, layer=1)
+
+
+def test_deepseek_v4_flash_fp4_experts_run_as_released(tmp_path: Path) -> None:
+    # I8-packed E2M1 with E8M0 `.scale`s, the clamped SwiGLU's limit from the config
+    E, k, H, I = 4, 2, 256, 128
+    dense = write_deepseek_v4_flash(tmp_path, E=E, k=k, H=H, I=I)  # transformers' own dequantization
+    moe = ktforge.MoE.from_pretrained(tmp_path, layer=1)
+    assert moe.method == "mxfp4"
+    for T in (1, 40):
+        x, ids, w = inputs(T, E, k, H)
+        x *= 8  # gate values past the limit
+        want = int8_activations_reference(x, ids, w, *dense.values(), activation={"swiglu_limit": 10.0})
+        assert int8_layer_error(moe.forward(x, ids, w), want) < BOUND, T
+        assert rel_err(int8_activations_reference(x, ids, w, *dense.values()), want) > 0.05  # the clamp acted
+    assert moe.info["packed_bytes"] == _file_bytes(tmp_path, 1, E)
+    assert_every_backend_serves(tmp_path, list(dense.values()), E, k, H, "mxfp4")
+
+
+def test_deepseek_v4_base_fp8_experts_with_e8m0_block_scales(tmp_path: Path) -> None:
+    E, k, H, I = 3, 2, 256, 128
+    dense = write_deepseek_v4_base(tmp_path, E=E, k=k, H=H, I=I)
+    moe = ktforge.MoE.from_pretrained(tmp_path, layer=1)
+    assert moe.method == "fp8"
+    x, ids, w = inputs(3, E, k, H)  # under 16 tokens an expert: fp8's exact fp32 activations
+    want = float_reference(x, ids, w, *dense.values())
+    assert rel_err(moe.forward(x, ids, w), np.asarray(want)) < 1e-4

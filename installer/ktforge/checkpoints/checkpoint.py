@@ -33,6 +33,7 @@ PROJECTIONS = ("gate", "up", "down")
 INPUT_TYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32", "fp8": "F8_E4M3"}
 INDEX_NAME = "model.safetensors.index.json"
 FP8_SCALE_SUFFIXES = ("_scale_inv", "_scale")
+SCALE_SIBLING = ".scale"  # DeepSeek-V4's: {base}.scale beside {base}.weight
 MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"  # gpt-oss's fused MXFP4 tensors
 
 
@@ -131,6 +132,12 @@ class Checkpoint:
                 f"{config_path}: {field} = {self.top_k} routes to more experts than there are ({self.experts})"
             )
         self.fp8_block = self._fp8_block(config_path)
+        # DeepSeek-V4-Flash: its experts FP4-packed (top-level, or in the quantization config)
+        quantization_dict = self.config.get("quantization_config")
+        expert_dtype = self.config.get(
+            "expert_dtype", quantization_dict.get("expert_dtype") if isinstance(quantization_dict, dict) else None
+        )
+        self.fp4_experts = expert_dtype == "fp4"
         quantization = self.config.get("quantization_config")
         try:
             self.packed_scheme = ct_packed.scheme_of(quantization, str(config_path)) if quantization else None
@@ -291,7 +298,8 @@ class Checkpoint:
         found = []
         suffixes = dict.fromkeys((*FP8_SCALE_SUFFIXES, *ct_packed.SUFFIXES, MXFP4_BLOCKS, MXFP4_SCALES))
         base = name.removesuffix(".weight")
-        for tensor in (name, *(name + s for s in suffixes), *(base + s for s in gptq_awq.SUFFIXES)):
+        siblings = (*(base + s for s in gptq_awq.SUFFIXES), base + SCALE_SIBLING)
+        for tensor in (name, *(name + s for s in suffixes), *siblings):
             shard = self.weight_map.get(tensor)
             if shard is not None and tensor in self._open(shard).tensors:
                 found.append((self._open(shard), tensor))
@@ -345,12 +353,14 @@ class Checkpoint:
         dtype = f.info(name).dtype
         if self.input_type != "auto" and dtype != INPUT_TYPES[self.input_type]:
             raise CheckpointError(f"{where} is {dtype}, but the input type was given as {self.input_type}")
-        if w.shape != self.shape(projection):
+        if w.shape != self.shape(projection) and not (dtype == "I8" and self.fp4_experts):
             raise CheckpointError(
                 f"{where} has shape {list(w.shape)}; config.json implies {list(self.shape(projection))}"
             )
         if dtype == "F8_E4M3":
             return self._fp8_blocks(name, where, w)
+        if dtype == "I8" and self.fp4_experts:
+            return self._fp4_packed(name, projection, where, w)
         if dtype not in ("BF16", "F16", "F32"):
             raise CheckpointError(f"{where} is {dtype}; expected bf16, fp16, fp32 or fp8 (F8_E4M3) weights")
         return w if dtype in ("BF16", "F32") else w.astype(np.float32)
@@ -374,7 +384,8 @@ class Checkpoint:
             bf16 = scale_file.info(name + ct_packed.SCALE).dtype == "BF16"
             return "int4" if scheme.symmetric and bf16 and scheme.group in (32, 64, 128) else "int4z"
         f, _ = self._tensor(name, f"layer {layer}, expert 0, gate")
-        return "fp8" if f.info(name).dtype == "F8_E4M3" else None
+        dtype = f.info(name).dtype
+        return "fp8" if dtype == "F8_E4M3" else "mxfp4" if dtype == "I8" and self.fp4_experts else None
 
     def _fused_mxfp4(self, name: str, expert: int, projection: str, why: str) -> Mxfp4Groups:
         """One expert's rows of gpt-oss's fused MXFP4 tensors: ``{name}_blocks`` uint8 [E, N, K / 32,
@@ -505,12 +516,31 @@ class Checkpoint:
             zero = ct_packed.zero_points(packed_zero, N, groups[1])
         return Int4Groups(ct_packed.codes(packed, N, K, group), np.asarray(scale), group, K, zero)
 
+    def _scale_name(self, name: str) -> str:
+        """The scales of weight ``name``: DeepSeek-V3's and transformers' weight_scale_inv,
+        compressed-tensors' weight_scale, or DeepSeek-V4's sibling ``.scale``."""
+        candidates = (*(name + s for s in FP8_SCALE_SUFFIXES), name.removesuffix(".weight") + SCALE_SIBLING)
+        return next((c for c in candidates if c in self.weight_map), candidates[0])
+
+    def _fp4_packed(self, name: str, projection: str, where: str, w: Array) -> Mxfp4Groups:
+        """DeepSeek-V4-Flash's FP4 experts: I8 [N, K / 2], two E2M1 codes a byte (even k low), with
+        E8M0 scales [N, K / 32]: mxfp4's portable layout as it is."""
+        N, K = self.shape(projection)
+        scale_name = self._scale_name(name)
+        scale_file, scale = self._tensor(scale_name, f"the scales of {name}")
+        groups = -(-K // 32)
+        if w.shape != (N, groups * 16) or scale.shape != (N, groups) or scale_file.info(scale_name).dtype != "F8_E8M0":
+            raise CheckpointError(
+                f"{where} is FP4-packed {list(w.shape)} with {scale_file.info(scale_name).dtype} scales "
+                f"{list(scale.shape)}; [{N}, {K}] needs I8 {[N, groups * 16]} and F8_E8M0 {[N, groups]}"
+            )
+        return Mxfp4Groups(np.ascontiguousarray(w).view(np.uint8), np.ascontiguousarray(scale, dtype=np.uint8), K)
+
     def _fp8_blocks(self, name: str, where: str, w: Array) -> Fp8Blocks:
-        # DeepSeek-V3 and transformers' FP8 name the multiplier weight_scale_inv; compressed-tensors weight_scale
-        scale_name = next(
-            (name + s for s in FP8_SCALE_SUFFIXES if name + s in self.weight_map), name + FP8_SCALE_SUFFIXES[0]
-        )
-        _, scale = self._tensor(scale_name, f"the block scales of {name}")
+        scale_name = self._scale_name(name)
+        scale_file, scale = self._tensor(scale_name, f"the block scales of {name}")
+        if scale_file.info(scale_name).dtype == "F8_E8M0":  # DeepSeek-V4's ue8m0 scales: 2^(e - 127)
+            scale = np.ldexp(np.float32(1), scale.astype(np.int32) - 127).astype(np.float32)
         (bn, bk), (N, K) = self.fp8_block, w.shape
         if scale.shape == (N, 1):  # one scale per output channel
             bn, bk = 1, K

@@ -37,6 +37,7 @@ DTYPES: dict[str, Any] = {
     "F16": np.float16,
     "BF16": ml_dtypes.bfloat16,
     "F8_E4M3": ml_dtypes.float8_e4m3fn,
+    "F8_E8M0": np.uint8,  # E8M0 scale codes as their bytes (2^(e - 127))
     "I64": np.int64,
     "I32": np.int32,
     "I16": np.int16,
