@@ -3,11 +3,13 @@
 ``Checkpoint(path)`` reads ``config.json``, the shard index (or the shards' own headers) and
 finds the layers holding routed experts by the naming of the architecture in
 ``data/checkpoint_architectures.toml``. ``expert(layer, e, projection)`` returns one expert's
-weights ``[N, K]`` in Hugging Face orientation: float as stored, FP8 E4M3 with its scales
-(DeepSeek-V3's ``weight_scale_inv`` per 128 x 128 block, from
-``quantization_config.weight_block_size``; compressed-tensors' channel, block and tensor scales),
-or compressed-tensors' INT4 ``pack-quantized`` with its group scales. Every failure names the file
-and the tensor.
+weights ``[N, K]`` in Hugging Face orientation: float as stored, or a quantized format as stored
+(``formats.quantize.Stored``): FP8 E4M3 with its scales (DeepSeek-V3's ``weight_scale_inv`` per
+128 x 128 block, from ``quantization_config.weight_block_size``; compressed-tensors' channel,
+block and tensor scales; DeepSeek-V4's E8M0 ``.scale``), INT4 with its group scales and zero
+points (compressed-tensors' ``pack-quantized``, GPTQ's and AWQ's layouts: ``packed``,
+``gptq_awq``), or MXFP4 (gpt-oss's fused blocks, DeepSeek-V4-Flash's FP4, compressed-tensors').
+Every failure names the file and the tensor.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ktforge import formats
 from ktforge.checkpoints import gptq_awq
 from ktforge.checkpoints import packed as ct_packed
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
@@ -132,13 +135,12 @@ class Checkpoint:
                 f"{config_path}: {field} = {self.top_k} routes to more experts than there are ({self.experts})"
             )
         self.fp8_block = self._fp8_block(config_path)
+        quantization = self.config.get("quantization_config")
         # DeepSeek-V4-Flash: its experts FP4-packed (top-level, or in the quantization config)
-        quantization_dict = self.config.get("quantization_config")
         expert_dtype = self.config.get(
-            "expert_dtype", quantization_dict.get("expert_dtype") if isinstance(quantization_dict, dict) else None
+            "expert_dtype", quantization.get("expert_dtype") if isinstance(quantization, dict) else None
         )
         self.fp4_experts = expert_dtype == "fp4"
-        quantization = self.config.get("quantization_config")
         try:
             self.packed_scheme = ct_packed.scheme_of(quantization, str(config_path)) if quantization else None
             self.linear_scheme = gptq_awq.scheme_of(quantization, str(config_path)) if quantization else None
@@ -335,9 +337,8 @@ class Checkpoint:
         return f"{self.path / self.weight_map.get(name, '?')}: tensor {name!r}"
 
     def expert(self, layer: int, expert: int, projection: str) -> Stored:
-        """One expert's weights [N, K]: bfloat16 and float32 as stored, float16
-        widened to float32, FP8 with its block scales, INT4 with its group scales
-        (ktforge.formats.quantize takes each of them)."""
+        """One expert's weights [N, K]: bfloat16 and float32 as stored, float16 widened to float32,
+        or a quantized format as stored (ktforge.formats.quantize takes each of them)."""
         name = self.arch.tensor_name(layer, expert, projection)
         why = f"layer {layer}, expert {expert}, {projection}"
         if self.arch.fused:
@@ -382,7 +383,8 @@ class Checkpoint:
             # int4 holds symmetric groups with bfloat16 scales exactly; int4z any (float32 scales, zero points)
             scale_file, _ = self._tensor(name + ct_packed.SCALE, f"the group scales of {name}")
             bf16 = scale_file.info(name + ct_packed.SCALE).dtype == "BF16"
-            return "int4" if scheme.symmetric and bf16 and scheme.group in (32, 64, 128) else "int4z"
+            exact = scheme.symmetric and bf16 and scheme.group in formats.by_name("int4").group_sizes
+            return "int4" if exact else "int4z"
         f, _ = self._tensor(name, f"layer {layer}, expert 0, gate")
         dtype = f.info(name).dtype
         return "fp8" if dtype == "F8_E4M3" else "mxfp4" if dtype == "I8" and self.fp4_experts else None

@@ -191,10 +191,11 @@ Stored = Array | Fp8Blocks | Int4Groups | Mxfp4Groups
 
 def quantize(w: Stored, method: str, group_size: int = 128, *, exact: bool = False) -> Quantized:
     """Quantizes weights ``[..., N, K]`` given as float32 or bfloat16 (others are widened to
-    float32 first), FP8 blocks (de-quantized row by row on the way) or a checkpoint's INT4
-    (repacked as it is for int4 at its own group size where its scales are exact in bfloat16,
-    else de-quantized; with ``exact``, a ValueError saying why instead); NaN or infinity
-    raises ValueError."""
+    float32 first), FP8 blocks (de-quantized row by row on the way), a checkpoint's INT4 (repacked
+    as it is for int4z at its own group size, and for int4 where its scales are exact in bfloat16
+    and it has no zero points or act-order) or its MXFP4 (repacked for mxfp4); a stored format
+    another method takes is de-quantized first, or with ``exact`` refused with a ValueError saying
+    why. NaN or infinity raises ValueError."""
     import ml_dtypes
 
     import ktforge._native as _native
