@@ -117,6 +117,23 @@ def gpt_oss_dense(release: Path, layer: int) -> dict[str, Array]:
     return {"gate": out["gate_up_proj"][:, 0::2], "up": out["gate_up_proj"][:, 1::2], "down": out["down_proj"]}
 
 
+def _deepseek_v4(
+    directory: Path, expert_dtype: str, one: Any, sizes: tuple[int, int, int, int], seed: int
+) -> dict[str, Array]:
+    """A DeepSeek-V4 release's layer 1 (its FP8 quantization_config with ue8m0 scales and the
+    experts' dtype), each expert's tensors from ``one``; the dense weights it returned."""
+    config = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+        "expert_dtype": expert_dtype,
+    }
+    kept = write_quantized_experts(directory, "deepseek_v4", sizes, config, one, seed=seed)
+    return {p: np.stack(d) for p, d in kept[1].items()}
+
+
 def write_deepseek_v4_flash(
     directory: Path, *, E: int = 4, k: int = 2, H: int = 256, I: int = 128, seed: int = 0
 ) -> dict[str, Array]:
@@ -127,21 +144,12 @@ def write_deepseek_v4_flash(
     dequantize = Fp8Dequantize(None)
 
     def one(w: Any, expert: int, projection: str) -> tuple[dict[str, Any], Array]:
-        codes, scale, _ = compress(w)
+        codes, scale, _ = compress(w.to(torch.bfloat16))
         packed, e8m0 = codes.view(torch.int8), scale.view(torch.float8_e8m0fnu)
         dense = dequantize._dequantize_one(packed, e8m0, output_dtype=torch.float32)
         return {"weight": packed, "scale": e8m0}, dense.double().numpy()
 
-    config = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "activation_scheme": "dynamic",
-        "scale_fmt": "ue8m0",
-        "weight_block_size": [128, 128],
-        "expert_dtype": "fp4",
-    }
-    kept = write_quantized_experts(directory, "deepseek_v4", (E, k, H, I), config, one, seed=seed, dtype=torch.bfloat16)
-    return {p: np.stack(d) for p, d in kept[1].items()}
+    return _deepseek_v4(directory, "fp4", one, (E, k, H, I), seed)
 
 
 def write_deepseek_v4_base(
@@ -164,13 +172,4 @@ def write_deepseek_v4_base(
         dense = dequantize._dequantize_one(q, e8m0, output_dtype=torch.float32)
         return {"weight": q, "scale": e8m0}, dense.double().numpy()
 
-    config = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "activation_scheme": "dynamic",
-        "scale_fmt": "ue8m0",
-        "weight_block_size": [128, 128],
-        "expert_dtype": "fp8",
-    }
-    kept = write_quantized_experts(directory, "deepseek_v4", (E, k, H, I), config, one, seed=seed)
-    return {p: np.stack(d) for p, d in kept[1].items()}
+    return _deepseek_v4(directory, "fp8", one, (E, k, H, I), seed)
