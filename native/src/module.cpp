@@ -163,6 +163,7 @@ class PyMoE {
         throw std::invalid_argument(std::string(name) + "_zero holds zero points above 15");
       return {values.data(), values.shape(2), scales.data(), groups * 4, zero.data(), groups};
     }
+    if (element_of(c.method) == Element::q4k) return q4k_weights(values, scales, N, K, name);
     if (element_of(c.method) == Element::fp8) {
       const py::ssize_t groups = (K + c.group - 1) / c.group;
       if (!values.dtype().is(py::dtype::of<uint8_t>()))
@@ -198,6 +199,26 @@ class PyMoE {
         throw std::invalid_argument(scale_name + " must be bfloat16 (passed as uint16)");
       return {values.data(), values.shape(2), scales.data(), scales.shape(2) * 2};
     }
+  }
+
+  // q4k: values uint8 [E, N, Kp / 2] (int4's byte order, unsigned codes), scales uint8
+  // [E, N, Kp / 256, kQ4kRowRecordBytes] (d, dmin float16, sc[8], m[8]), Kp = K rounded up to 256.
+  MoeLayer::QuantizedWeights q4k_weights(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
+                                         const char* name) {
+    const py::ssize_t E = layer_.config().experts, supers = (K + kQ4kSuperBlock - 1) / kQ4kSuperBlock;
+    const std::string scale_name = std::string(name) + "_scale";
+    if (!values.dtype().is(py::dtype::of<uint8_t>()))
+      throw std::invalid_argument(std::string(name) + " must be uint8 (two 4-bit values per byte)");
+    if (!scales.dtype().is(py::dtype::of<uint8_t>()))
+      throw std::invalid_argument(scale_name + " must be uint8 (q4_k's super-block records)");
+    require(values, {E, N, supers * kQ4kSuperBlock / 2}, name);
+    require(scales, {E, N, supers, kQ4kRowRecordBytes}, scale_name.c_str());
+    const auto* r = static_cast<const uint8_t*>(scales.data());
+    for (py::ssize_t i = 0; i < scales.size(); i += kQ4kRowRecordBytes)
+      for (int h = 0; h < 2; ++h)
+        if (((r[i + 2 * h + 1] >> 2) & 0x1F) == 0x1F)  // a float16 exponent of all ones: inf or NaN
+          throw std::invalid_argument(scale_name + " holds a d or dmin that is not finite");
+    return {values.data(), values.shape(2), scales.data(), supers * kQ4kRowRecordBytes};
   }
 
   void load_quantized(const py::array& gate, const py::array& gate_scale, const py::array& up,
@@ -316,6 +337,9 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   if (method == Element::fp8)
     throw std::invalid_argument("fp8 weights are served from FP8 checkpoints as they are (or packed by load_weights), "
                                 "not quantized to a portable layout");
+  if (method == Element::q4k)
+    throw std::invalid_argument("q4_k serves GGUF Q4_K tensors as they are (or packs floats in load_weights); "
+                                "kt convert writes int4, int8g, int8 or bf16");
   if (method == Element::int4z)
     throw std::invalid_argument("int4z serves checkpoints' asymmetric INT4 as they are (or packs floats in "
                                 "load_weights); kt convert writes int4, int8g, int8 or bf16");

@@ -24,6 +24,7 @@ ELEMENTS = (
     "fp8",
     "fp4",
     "int4z",
+    "q4k",
 )  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 
@@ -32,6 +33,12 @@ KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 class Scale:
     type: str  # f32
     per: str  # row, group or block (a 16-row block's group of K)
+
+
+@dataclass(frozen=True)
+class SuperBlock:
+    values: int  # of K a super-block covers (K is padded to it)
+    scales: tuple[str, ...]  # the types of its scales (q4_k: d and dmin, float16)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Format:
     activations: str
     providers: dict[str, str]  # provider -> what it runs, preferred first
     checkpoint: CheckpointNames
+    super_block: SuperBlock | None = None
 
     @property
     def grouped(self) -> bool:
@@ -65,6 +73,8 @@ class Format:
         for part in (self.scale, self.zero_point):
             if part is not None and part.per == "group":
                 extra += _type_bytes(part.type) / (group_size or self.group_sizes[0])
+        if self.super_block is not None:
+            extra += sum(_type_bytes(t) for t in self.super_block.scales) / self.super_block.values
         return self.bits / 8 + extra
 
 
@@ -80,6 +90,9 @@ def _format(row: dict[str, object]) -> Format:
     checkpoint = dict(fields["checkpoint"])  # type: ignore[call-overload]
     fields["checkpoint"] = CheckpointNames(**{**checkpoint, "names": tuple(checkpoint["names"])})
     fields["group_sizes"] = tuple(fields["group_sizes"])  # type: ignore[arg-type]
+    if isinstance(fields.get("super_block"), dict):
+        block = dict(fields["super_block"])  # type: ignore[call-overload]
+        fields["super_block"] = SuperBlock(int(block["values"]), tuple(block["scales"]))
     made = Format(**fields)  # type: ignore[arg-type]
     if made.element not in ELEMENTS:
         raise ValueError(f"format {made.name!r}: element {made.element!r} is none of {', '.join(ELEMENTS)}")

@@ -31,6 +31,11 @@ Hugging Face checkpoints):
   ``Kg``: ``weight`` uint8 ``[..., N, Kg / 2]``, unsigned codes q in [0, 15] two a byte (even k
   low), ``scale`` float32 and ``zero`` uint8 (in [0, 15]) ``[..., N, Kg / group]``: ``w = (q -
   zero) * scale``. A checkpoint's own, repacked: float weights are not converted to it.
+- q4_k (element q4k): GGUF's Q4_K, K zero-padded to ``Kg``, a multiple of 256: ``weight`` uint8
+  ``[..., N, Kg / 2]``, unsigned codes q in [0, 15] two a byte (even k low, as int4z), ``scale``
+  uint8 ``[..., N, Kg / 256, 20]``, a record a super-block: d and dmin (float16, little endian),
+  then sc[8] and m[8] (6-bit, one a group of 32): ``w = d * sc * q - dmin * m``. A GGUF's own,
+  repacked (:mod:`ktforge.checkpoints.gguf_quants`); MoE.load_weights packs floats to it.
 - fp8: a checkpoint's own FP8 E4M3 codes, ``weight`` float8_e4m3fn ``[..., N, K]``, and its
   scales as float32 ``[..., N, Kg / group]``, one per row and group of K (a 128 x 128 block's
   scale repeated over its rows, a channel's over its groups): a repack, not a quantization.
@@ -274,6 +279,10 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
         per_value = np.repeat(q.scale.astype(np.float32), group, axis=-1)[..., :K]
         return q.weight.astype(np.float32) * per_value
     codes = np.stack([q.weight & 0x0F, q.weight >> 4], axis=-1).reshape(*q.weight.shape[:-1], -1)
+    if element == "q4k":
+        scale, minimum = q4k_group_scales(q.scale)
+        grouped = codes.astype(np.float32).reshape(*scale.shape, -1) * scale[..., None] - minimum[..., None]
+        return grouped.reshape(codes.shape)[..., :K]
     groups = q.scale.shape[-1]
     if element == "fp4":
         values = FP4_VALUES[codes]
@@ -290,6 +299,19 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     return grouped.reshape(values.shape)[..., :K]
 
 
+Q4K_RECORD = 20  # bytes of q4_k's portable record: d, dmin (float16), sc[8], m[8]
+
+
+def q4k_group_scales(records: Array) -> tuple[Array, Array]:
+    """q4_k's records ``[..., S, 20]`` -> each group's scale d * sc and min dmin * m, float32
+    ``[..., S * 8]`` (exact: 11 + 6 significant bits)."""
+    halves = np.ascontiguousarray(records[..., :4]).view("<f2").astype(np.float32)  # [..., S, 2]
+    sc, m = records[..., 4:12].astype(np.float32), records[..., 12:20].astype(np.float32)
+    scale = (halves[..., 0:1] * sc).reshape(*records.shape[:-2], -1)
+    minimum = (halves[..., 1:2] * m).reshape(*records.shape[:-2], -1)
+    return scale, minimum
+
+
 def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """Per-expert shape and safetensors dtype of ``weight``, ``scale`` (and ``zero``) for one projection."""
     f = formats.by_name(method)
@@ -298,6 +320,12 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
         return {"weight": ((N, K), weight)}
     if f.element == "int8":
         return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}
+    if f.super_block is not None:
+        supers = -(-K // f.super_block.values)
+        return {
+            "weight": ((N, supers * f.super_block.values // 2), weight),
+            "scale": ((N, supers, Q4K_RECORD), scale or "U8"),
+        }
     groups = -(-K // group_size)
     if f.element in ("int8g", "fp8"):
         return {"weight": ((N, K), weight), "scale": ((N, groups), scale or "F32")}

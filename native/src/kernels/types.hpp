@@ -10,6 +10,7 @@
 //                                         stored as w+8 in [0, 15]
 //   fp4:  [N/16][K/8][16][4]  nibbles     int4's order, each an E2M1 code (MXFP4's values)
 //   int4z: [N/16][K/8][16][4] nibbles     int4's order, each q in [0, 15]: w = (q - zero) * scale
+//   q4k:  [N/16][K/8][16][4]  nibbles     int4's order, each q in [0, 15]: GGUF's Q4_K (below)
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
 //                                         unsigned operand of u8 x s8 dot products)
 //   fp8:  [N/16][K][16]       E4M3 codes  one 64-byte line = 16 columns x 4 k: a k's 16
@@ -31,22 +32,75 @@ namespace kt {
 
 // K is padded to whole AMX tiles (32 bf16 or 64 int8 values a row), so every backend reads
 // the same layout and the tile kernels have no K tail.
-inline int k_step(Element m, int group) { return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : group; }
+// q4k: K is padded to whole super-blocks (formats.json's k_step), its groups are their 32-value sub-blocks.
+constexpr int kQ4kSuperBlock = 256, kQ4kGroupsPerSuper = 8;
+inline int k_step(Element m, int group) {
+  return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : m == Element::q4k ? kQ4kSuperBlock : group;
+}
 // Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
 inline bool grouped(Element m) {
-  return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z;
+  return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z ||
+         m == Element::q4k;
 }
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
 inline bool int8_activations(Element m) {
-  return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z;
+  return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z ||
+         m == Element::q4k;
 }
 // Nibble elements: int4's panel layout, two values a byte.
-inline bool nibbles(Element m) { return m == Element::int4 || m == Element::fp4 || m == Element::int4z; }
+inline bool nibbles(Element m) {
+  return m == Element::int4 || m == Element::fp4 || m == Element::int4z || m == Element::q4k;
+}
 inline bool group_sums(Element m) { return m == Element::int8g || nibbles(m); }
 
 // int4z: per 16-column block and group, 16 float32 scales then 16 zero points (uint8, in
 // [0, 15]): one 80-byte record, so a tile reads one pointer a block.
 constexpr int kInt4zGroupBytes = 16 * 4 + 16;
+
+// q4k, GGUF's Q4_K as llama.cpp defines it: per super-block of 256 values of K, float16 d and dmin,
+// and per 32-value group j a 6-bit scale sc_j and min m_j: w = d * sc_j * q - dmin * m_j. Per
+// 16-column block and super-block one record: d[16], dmin[16] (float16 bits), sc[8][16], m[8][16]
+// (bytes). d * sc_j and dmin * m_j are exact in float32 (11 + 6 significant bits), so a group's
+// int32 sum of q * x is scaled once and its activation sum times the min taken off once.
+constexpr int kQ4kSuperBytes = 16 * 2 * 2 + kQ4kGroupsPerSuper * 16 * 2;
+constexpr int kQ4kSubScales = 64, kQ4kMins = 64 + kQ4kGroupsPerSuper * 16;  // offsets in a record
+// IEEE half to float, exactly (subnormals included), without F16C (the reference backend).
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else {
+    float f = static_cast<float>(mant) * 0x1p-24f;  // subnormal or zero: exact
+    __builtin_memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+// float to IEEE half, round to nearest even (a finite f below 65520 in magnitude; larger saturate
+// to infinity).
+inline uint16_t f32_to_f16(float f) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  const float m = f < 0 ? -f : f;
+  if (!(m < 65520.f)) return static_cast<uint16_t>(sign | 0x7C00);
+  if (m < 0x1p-14f) {  // subnormal: a multiple of 2^-24, rounded to even by the float addition
+    const float scaled = m * 0x1p24f + 0x1p23f;
+    uint32_t s;
+    __builtin_memcpy(&s, &scaled, 4);
+    return static_cast<uint16_t>(sign | (s & 0x7FF));
+  }
+  const uint32_t a = bits & 0x7FFFFFFFu, rounded = a + 0x0FFF + ((a >> 13) & 1);
+  return static_cast<uint16_t>(sign | (((rounded >> 13) - (112u << 10)) & 0x7FFF));
+}
+// q4k's portable row record, one a super-block (ktforge.formats.quantize): d, dmin (float16, little
+// endian), sc[8], m[8].
+constexpr int kQ4kRowRecordBytes = 2 + 2 + 2 * kQ4kGroupsPerSuper;
 
 // MXFP4 (OCP microscaling): E2M1 codes (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2,
 // 3, 4, 6) with an E8M0 scale 2^(e - 127) per 32 values. The kernels look a code up as twice its
@@ -105,7 +159,8 @@ struct PackedMatrix {
   // fp4: the E8M0 scale codes, uint8 group_e8m0[block][group][16] (int4's order): the file's byte
   // a group, so MXFP4 packs into its own bytes.
   aligned_vector<uint8_t> group_e8m0;
-  // int4z: group_meta[block][group][kInt4zGroupBytes] (kernels/types.hpp's record above)
+  // int4z: group_meta[block][group][kInt4zGroupBytes]; q4k: group_meta[block][super][kQ4kSuperBytes]
+  // (the records above)
   aligned_vector<uint8_t> group_meta;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
   aligned_vector<int32_t> colsum;
@@ -127,9 +182,11 @@ struct PackedMatrix {
   const uint8_t* block(int b) const { return values + b * block_bytes(); }
   const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
   const uint8_t* block_e8m0(int b) const { return group_e8m0.data() + static_cast<std::size_t>(b) * groups() * 16; }
-  const uint8_t* block_meta(int b) const {
-    return group_meta.data() + static_cast<std::size_t>(b) * groups() * kInt4zGroupBytes;
+  std::size_t meta_bytes_per_block() const {
+    return element == Element::q4k ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kQ4kSuperBytes
+                                    : static_cast<std::size_t>(groups()) * kInt4zGroupBytes;
   }
+  const uint8_t* block_meta(int b) const { return group_meta.data() + static_cast<std::size_t>(b) * meta_bytes_per_block(); }
   std::size_t metadata_bytes() const {
     return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4 + block_scale.size() * 4 + group_e8m0.size() +
            group_meta.size();

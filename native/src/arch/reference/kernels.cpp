@@ -55,9 +55,10 @@ inline float bf16_group_scale(const PackedMatrix& w, int block, int g, int c) {
 }
 inline float no_zero(const PackedMatrix&, int, int, int) { return 0.f; }
 
+// minimum(block, g, c): what q4k takes off each value of the group (its dmin * m), in float.
 template <typename Code>
 void gemm_grouped(const GemmArgs& a, Code code, GroupValue scale = bf16_group_scale, float final_scale = 1.f,
-                  GroupValue zero = no_zero) {
+                  GroupValue zero = no_zero, GroupValue minimum = no_zero) {
   const PackedMatrix& w = *a.w;
   const int G = w.groups(), group = w.group;
   for (int i = 0; i < a.m; ++i) {
@@ -71,6 +72,7 @@ void gemm_grouped(const GemmArgs& a, Code code, GroupValue scale = bf16_group_sc
         for (int k = g * group; k < (g + 1) * group; ++k) s += code(panel, k) * x[k];
         s -= static_cast<int32_t>(zero(w, n / 16, g, n % 16)) * a.act->gsum[r * G + g];
         acc += static_cast<float>(s) * scale(w, n / 16, g, n % 16);
+        acc -= static_cast<float>(a.act->gsum[r * G + g]) * minimum(w, n / 16, g, n % 16);
       }
       a.out[i * a.ld_out + (n - a.n0)] = acc * (a.act->scale[r] * final_scale);
     }
@@ -103,6 +105,25 @@ float int4z_scale(const PackedMatrix& w, int block, int g, int c) {
 }
 float int4z_zero(const PackedMatrix& w, int block, int g, int c) {
   return w.block_meta(block)[g * kInt4zGroupBytes + 64 + c];
+}
+
+// q4k: unsigned nibbles in int4's order; per group d * sc_j and dmin * m_j from its super-block's
+// record (kernels/types.hpp), exact in float32
+const uint8_t* q4k_record(const PackedMatrix& w, int block, int g) {
+  return w.block_meta(block) + (g / kQ4kGroupsPerSuper) * kQ4kSuperBytes;
+}
+float q4k_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+float q4k_scale(const PackedMatrix& w, int block, int g, int c) {
+  const uint8_t* r = q4k_record(w, block, g);
+  return q4k_half(r + 2 * c) * r[kQ4kSubScales + (g % kQ4kGroupsPerSuper) * 16 + c];
+}
+float q4k_min(const PackedMatrix& w, int block, int g, int c) {
+  const uint8_t* r = q4k_record(w, block, g);
+  return q4k_half(r + 32 + 2 * c) * r[kQ4kMins + (g % kQ4kGroupsPerSuper) * 16 + c];
 }
 
 // int8g: bytes q + 128 in int8's order
@@ -138,6 +159,7 @@ void gemm(const GemmArgs& a) {
     case Element::int8g: return gemm_grouped(a, int8g_code);
     case Element::fp4: return gemm_grouped(a, fp4_doubled, e8m0_group_scale, 0.5f);
     case Element::int4z: return gemm_grouped(a, nibble_code, int4z_scale, 1.f, int4z_zero);
+    case Element::q4k: return gemm_grouped(a, nibble_code, q4k_scale, 1.f, no_zero, q4k_min);
   }
 }
 
@@ -147,6 +169,7 @@ std::string describe(Element m) {
          : m == Element::fp8  ? "scalar fp32 dot of fp8 per block"
          : m == Element::fp4  ? "scalar int32 dot of doubled fp4 per group"
          : m == Element::int4z ? "scalar int32 dot per group, less zero points"
+         : m == Element::q4k  ? "scalar int32 dot per group, less mins"
                               : "scalar int32 dot per group";
 }
 

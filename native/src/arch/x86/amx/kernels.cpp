@@ -105,6 +105,7 @@ struct Scratch {
   aligned_vector<uint8_t> a;  // gathered activation rows, [rows rounded to 32][Kp] elements
   aligned_vector<int8_t> b;   // int4: two column blocks unpacked to int8 B-tile rows
   aligned_vector<float> scales;  // int4: those two blocks' group scales, widened to float
+  aligned_vector<float> mins;    // q4k: those two blocks' group mins (dmin * m), in float
   alignas(64) int32_t c[32 * 32];
   alignas(64) float acc[32 * 32];
 };
@@ -256,6 +257,30 @@ inline void fma_group(const int32_t* c, const float* ws, float* acc) {
 #endif
 }
 
+// acc[16] -= x_sum * mins[16], fused (q4k's mins; as vfnmadd).
+inline void fnma_mins(int32_t x_sum, const float* mins, float* acc) {
+#ifndef KTFORGE_AMX_MODEL
+  _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(x_sum)), _mm512_loadu_ps(mins),
+                                         _mm512_loadu_ps(acc)));
+#else
+  for (int n = 0; n < 16; ++n) acc[n] = std::fma(-static_cast<float>(x_sum), mins[n], acc[n]);
+#endif
+}
+
+// q4k's record (types.hpp) widened: per group and column d * sc_j and dmin * m_j, exact in float32.
+void q4k_scales_of(const uint8_t* meta, int G, float* scales, float* mins) {
+  for (int grp = 0; grp < G; ++grp) {
+    const uint8_t* r = meta + (grp / kQ4kGroupsPerSuper) * kQ4kSuperBytes;
+    const int j = (grp % kQ4kGroupsPerSuper) * 16;
+    for (int n = 0; n < 16; ++n) {
+      uint16_t d, dmin;
+      std::memcpy(&d, r + 2 * n, 2), std::memcpy(&dmin, r + 32 + 2 * n, 2);
+      scales[grp * 16 + n] = f16_to_f32(d) * r[kQ4kSubScales + j + n];
+      mins[grp * 16 + n] = f16_to_f32(dmin) * r[kQ4kMins + j + n];
+    }
+  }
+}
+
 // out[16] = acc[16] * xs
 inline void scale_out(const float* acc, float xs, float* out) {
 #ifndef KTFORGE_AMX_MODEL
@@ -301,10 +326,13 @@ void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* 
 }
 
 // A grouped element's column block as B tiles (int8g's panel as it is; the nibble elements'
-// unpacked into `unpacked`) and its group scales widened to float32 into `scales`, exactly.
-const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unpacked, float* scales) {
+// unpacked into `unpacked`) and its group scales widened to float32 into `scales` (q4k's mins
+// into `mins`), exactly.
+const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unpacked, float* scales, float* mins) {
   const int G = w.groups();
-  if (w.element == Element::fp4) {
+  if (w.element == Element::q4k) {
+    q4k_scales_of(w.block_meta(blk), G, scales, mins);
+  } else if (w.element == Element::fp4) {
     const uint8_t* e8m0 = w.block_e8m0(blk);
     for (int k = 0; k < G * 16; ++k) scales[k] = e8m0_to_f32(e8m0[k]);
   } else if (w.element == Element::int4z) {
@@ -314,7 +342,8 @@ const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unp
     for (int k = 0; k < G * 16; ++k) scales[k] = bf16_to_f32(bits[k]);
   }
   if (w.element == Element::int8g) return w.block(blk);
-  const auto unpack = w.element == Element::fp4 ? unpack_fp4 : w.element == Element::int4z ? unpack_nibbles : unpack_int4;
+  const bool unsigned_nibbles = w.element == Element::int4z || w.element == Element::q4k;
+  const auto unpack = w.element == Element::fp4 ? unpack_fp4 : unsigned_nibbles ? unpack_nibbles : unpack_int4;
   unpack(w.block(blk), kp, unpacked);
   return reinterpret_cast<const uint8_t*>(unpacked);
 }
@@ -344,6 +373,7 @@ void amx_grouped(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
   const bool int8g = w.element == Element::int8g, fp4 = w.element == Element::fp4, int4z = w.element == Element::int4z;
+  const bool q4k = w.element == Element::q4k;
   const float final_scale = fp4 ? 0.5f : 1.f;  // fp4's B tiles hold twice its values
   const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
   const std::size_t row_bytes = static_cast<std::size_t>(kp);
@@ -358,11 +388,14 @@ void amx_grouped(const GemmArgs& g) {
   auto& widened = scratch().scales;
   widened.resize(static_cast<std::size_t>(2) * G * 16);
   float* scales[2] = {widened.data(), widened.data() + static_cast<std::size_t>(G) * 16};
+  auto& widened_mins = scratch().mins;
+  if (q4k) widened_mins.resize(static_cast<std::size_t>(2) * G * 16);
+  float* mins[2] = {widened_mins.data(), widened_mins.data() + (q4k ? static_cast<std::size_t>(G) * 16 : 0)};
   tile::configure(int8_tiles(kbytes));  // per call: see amx_gemm
   for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
     const bool pair = blk + 1 < g.n1 / 16;
     const int halves = pair ? 2 : 1;
-    for (int h = 0; h < halves; ++h) b_blocks[h] = tile_block_of(w, blk + h, kp, unpacked[h], scales[h]);
+    for (int h = 0; h < halves; ++h) b_blocks[h] = tile_block_of(w, blk + h, kp, unpacked[h], scales[h], mins[h]);
     // The next pair's panels stream into L2 while this pair computes: unpacking reads them
     // from there instead of waiting on memory.
     const int next_blocks = std::max(0, std::min(2, g.n1 / 16 - (blk + 2)));
@@ -376,13 +409,17 @@ void amx_grouped(const GemmArgs& g) {
           for (int h = 0; h < next_blocks; ++h)
             for (int l = grp * lines_per_group; l < std::min(panel_lines, (grp + 1) * lines_per_group); ++l)
               _mm_prefetch(reinterpret_cast<const char*>(w.block(blk + 2 + h) + l * 64), _MM_HINT_T1);
-        if (int8g || int4z)
+        if (int8g || int4z || q4k)
           group_sums<GroupDot::unsigned_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
         else
           group_sums<GroupDot::signed_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
         if (int8g || int4z) remove_offsets(g, blk, halves, i0, rows, grp, c);
         for (int h = 0; h < halves; ++h)
-          for (int i = 0; i < rows; ++i) fma_group(c + i * 32 + h * 16, scales[h] + grp * 16, acc + i * 32 + h * 16);
+          for (int i = 0; i < rows; ++i) {
+            float* acc_row = acc + i * 32 + h * 16;
+            fma_group(c + i * 32 + h * 16, scales[h] + grp * 16, acc_row);
+            if (q4k) fnma_mins(act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp], mins[h] + grp * 16, acc_row);
+          }
       }
       for (int i = 0; i < rows; ++i) {
         const float xs = act.scale[g.rows[i0 + i]] * final_scale;
@@ -506,6 +543,7 @@ std::string describe(Element m) {
                          : m == Element::int8g ? "tdpbsud per group"
                          : m == Element::fp4   ? "tdpbssd (fp4 looked up as doubled int8)"
                          : m == Element::int4z ? "tdpbsud per group, less zero points"
+                         : m == Element::q4k   ? "tdpbsud per group, Q4_K's scales and mins"
                                                : "tdpbssd (nibbles unpacked to int8)";
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +
          fallback;

@@ -153,10 +153,21 @@ inline __m256 load_scales(const uint16_t* bf16) {
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bf16))), 16));
 }
 
+// A group's int32 sums (half h of a block's 16 columns) into the float accumulator: the offset they
+// carry taken off, then scaled (Codes: group(block, g) the group's metadata, scales(meta, h) half h's
+// 8 scales, offset(meta, h, x_sum) what half h's sums carry).
+template <class Codes>
+struct OffsetThenScale {
+  template <typename Scale>
+  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
+    const Scale* meta = Codes::group(block, g);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums, Codes::offset(meta, h, x_sum))),
+                           Codes::scales(meta, h), accf);
+  }
+};
+
 // What a nibble element's panel holds. int4: the nibbles themselves, w + 8, bf16 group scales.
-// Each element's group metadata: group(block, g) the group's, scales(meta, h) half h's 8 scales,
-// offset(meta, h, x_sum) what half h's sums carry.
-struct Int4Codes {
+struct Int4Codes : OffsetThenScale<Int4Codes> {
   using Scale = uint16_t;
   static constexpr int kSteps16 = kInt4Steps16;
   static constexpr float kFinal = 1.f;
@@ -171,7 +182,7 @@ struct Int4Codes {
 // int4z: unsigned nibbles q (int4's sums: 16-bit safe for 4 steps), the record of
 // kernels/types.hpp (float32 scales, then zero points), each column's zero times the group's
 // activation sum taken off.
-struct Int4zCodes {
+struct Int4zCodes : OffsetThenScale<Int4zCodes> {
   using Scale = uint8_t;
   static constexpr int kSteps16 = kInt4Steps16;
   static constexpr float kFinal = 1.f;
@@ -189,7 +200,7 @@ struct Int4zCodes {
 // fp4: E2M1 codes looked up (vpshufb) as twice their value + 12, in [0, 24]: a step's pair sums
 // reach 2 * 2 * 24 * 127 = 12192, so 16-bit sums hold 2 steps, not 4. E8M0 scales built as float
 // bits (kernels/types.hpp), the doubling halved at the end.
-struct Fp4Codes {
+struct Fp4Codes : OffsetThenScale<Fp4Codes> {
   using Scale = uint8_t;
   static constexpr int kSteps16 = 2;
   static constexpr float kFinal = 0.5f;
@@ -207,6 +218,29 @@ struct Fp4Codes {
   }
   static __m256i offset(const Scale*, int, int32_t x_sum) { return _mm256_set1_epi32(kFp4Offset * x_sum); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
+};
+
+// q4k (GGUF's Q4_K): unsigned nibbles as int4z's; each group's sums scaled by d * sc_j and its
+// activation sum times dmin * m_j taken off, both from the super-block's record (types.hpp).
+struct Q4kCodes {
+  using Scale = uint8_t;
+  static constexpr int kSteps16 = kInt4Steps16;
+  static constexpr float kFinal = 1.f;
+  static __m256i table() { return _mm256_setzero_si256(); }
+  static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m256 bytes(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static __m256 halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
+    const uint8_t* r = block + (g / kQ4kGroupsPerSuper) * kQ4kSuperBytes;
+    const int j = (g % kQ4kGroupsPerSuper) * 16 + h * 8;
+    const __m256 scale = _mm256_mul_ps(halves(r + h * 16), bytes(r + kQ4kSubScales + j));
+    const __m256 minimum = _mm256_mul_ps(halves(r + 32 + h * 16), bytes(r + kQ4kMins + j));
+    accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, accf);
+    return _mm256_fnmadd_ps(_mm256_set1_ps(static_cast<float>(x_sum)), minimum, accf);
+  }
 };
 
 template <class Codes>
@@ -245,13 +279,8 @@ struct NibbleTile {
         for (int i = 0; i < M; ++i)
           for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(acc16[i][h], ones));
       }
-      for (int i = 0; i < M; ++i) {
-        const typename Codes::Scale* meta = Codes::group(g_scale, g);
-        for (int h = 0; h < 2; ++h) {
-          __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][h], Codes::offset(meta, h, gsum[i][g])));
-          accf[i][h] = _mm256_fmadd_ps(v, Codes::scales(meta, h), accf[i][h]);
-        }
-      }
+      for (int i = 0; i < M; ++i)
+        for (int h = 0; h < 2; ++h) accf[i][h] = Codes::accumulate(g_scale, g, h, acc[i][h], gsum[i][g], accf[i][h]);
     }
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h)
@@ -385,6 +414,11 @@ void gemm(const GemmArgs& a) {
                                                          static_cast<const int32_t* const*>(sums),
                                                          static_cast<const float*>(xs), w.block(blk),
                                                          Int4zCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
+      else if (w.element == Element::q4k)
+        dispatch<kRows, 1, NibbleTile<Q4kCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
+                                                       static_cast<const int32_t* const*>(sums),
+                                                       static_cast<const float*>(xs), w.block(blk),
+                                                       Q4kCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
       else if (w.element == Element::fp4)
         dispatch<kRows, 1, NibbleTile<Fp4Codes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
                                                        static_cast<const int32_t* const*>(sums),
@@ -406,6 +440,7 @@ std::string describe(Element m) {
          : m == Element::int8g ? "avx2 maddubs, sign on the weights, per group"
          : m == Element::fp4   ? "avx2 maddubs on fp4 looked up as doubled int8"
          : m == Element::int4z ? "avx2 maddubs on unpacked nibbles, less zero points"
+         : m == Element::q4k   ? "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group"
                                : "avx2 maddubs on unpacked nibbles";
 }
 

@@ -406,6 +406,9 @@ void gemm_fp4(const GemmArgs& a) {
 void gemm_int4z(const GemmArgs& a) {
   gemm_grouped<NibbleTile<Int4zCodes>::Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks, Int4zCodes>(a);
 }
+void gemm_q4k(const GemmArgs& a) {
+  gemm_grouped<NibbleTile<Q4kCodes>::Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks, Q4kCodes>(a);
+}
 void gemm_int8g(const GemmArgs& a) { gemm_grouped<Int8gTile, kInt8gRows, kInt8gBlocks, kInt8gDecodeBlocks>(a); }
 #endif
 
@@ -418,6 +421,7 @@ void gemm(const GemmArgs& a) {
     case Element::int4: return gemm_int4(a);
     case Element::fp4: return gemm_fp4(a);
     case Element::int4z: return gemm_int4z(a);
+    case Element::q4k: return gemm_q4k(a);
     case Element::int8g: return gemm_int8g(a);
 #else
     // AVX-512 without VNNI (Skylake-SP): the AVX2 maddubs kernels are exact and close in speed.
@@ -442,12 +446,14 @@ std::string describe(Element m) {
   const char* fp4 = "avx512 vpdpbusd on fp4 looked up as doubled int8";
   const char* int4z = "avx512 vpdpbusd on unpacked nibbles, less zero points";
   const char* int8g = "avx512 vpdpbusd per group";
+  const char* q4k = "avx512 vpdpbusd on unpacked nibbles, Q4_K's scales and mins per group";
 #else
   const char* int8 = "avx2 maddubs (no VNNI)";
   const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
   const char* fp4 = "avx2 maddubs on fp4 looked up as doubled int8 (no VNNI)";
   const char* int4z = "avx2 maddubs on unpacked nibbles, less zero points (no VNNI)";
   const char* int8g = "avx2 maddubs per group (no VNNI)";
+  const char* q4k = "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group (no VNNI)";
 #endif
 #ifdef __AVX512BF16__
   if (m == Element::fp8)
@@ -456,7 +462,13 @@ std::string describe(Element m) {
 #else
   if (m == Element::fp8) return "avx512 fp32 fma on fp8 decoded in registers";
 #endif
-  return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g : m == Element::fp4 ? fp4 : m == Element::int4z ? int4z : int4;
+  return m == Element::bf16    ? bf16
+         : m == Element::int8  ? int8
+         : m == Element::int8g ? int8g
+         : m == Element::fp4   ? fp4
+         : m == Element::int4z ? int4z
+         : m == Element::q4k   ? q4k
+                               : int4;
 }
 
 std::vector<std::string> features() { return compiled_features(); }

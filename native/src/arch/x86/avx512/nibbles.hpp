@@ -13,10 +13,22 @@ namespace kt {
 namespace {
 #ifdef __AVX512VNNI__
 
-// What a nibble element's panel holds: how its nibbles decode to unsigned bytes, and its groups'
-// metadata (a block's per group: group(), its 16 scales: scales(), the offset its sums carry:
-// offset()). int4: the nibbles themselves, w + 8, bf16 group scales.
-struct Int4Codes {
+// A group's int32 sums into the float accumulator: the offset they carry taken off, then scaled
+// (Codes: a block's metadata per group: group(), its 16 scales: scales(), the offset its sums
+// carry: offset()).
+template <class Codes>
+struct OffsetThenScale {
+  template <typename Scale>
+  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
+    const Scale* meta = Codes::group(block, g);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, Codes::offset(meta, x_sum))), Codes::scales(meta),
+                           accf);
+  }
+};
+
+// What a nibble element's panel holds: how its nibbles decode to unsigned bytes, and how a group's
+// sums are scaled (accumulate). int4: the nibbles themselves, w + 8, bf16 group scales.
+struct Int4Codes : OffsetThenScale<Int4Codes> {
   using Scale = uint16_t;
   static constexpr float kFinal = 1.f;
   static __m512i table() { return _mm512_setzero_si512(); }
@@ -29,7 +41,7 @@ struct Int4Codes {
 
 // int4z: unsigned nibbles q, w = (q - zero) * scale: the record of kernels/types.hpp, float32
 // scales then zero points, each column's zero point times the group's activation sum taken off.
-struct Int4zCodes {
+struct Int4zCodes : OffsetThenScale<Int4zCodes> {
   using Scale = uint8_t;
   static constexpr float kFinal = 1.f;
   static __m512i table() { return _mm512_setzero_si512(); }
@@ -45,7 +57,7 @@ struct Int4zCodes {
 
 // fp4: E2M1 codes looked up (vpshufb, in each 128-bit lane) as twice their value + 12, E8M0
 // scales built as float bits (kernels/types.hpp), the doubling halved at the end.
-struct Fp4Codes {
+struct Fp4Codes : OffsetThenScale<Fp4Codes> {
   using Scale = uint8_t;
   static constexpr float kFinal = 0.5f;
   static __m512i table() {
@@ -61,6 +73,30 @@ struct Fp4Codes {
   }
   static __m512i offset(const Scale*, int32_t x_sum) { return _mm512_set1_epi32(kFp4Offset * x_sum); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
+};
+
+// q4k (GGUF's Q4_K): unsigned nibbles as int4z's; each group's sums scaled by d * sc_j and its
+// activation sum times dmin * m_j taken off, both from the super-block's record (types.hpp).
+struct Q4kCodes {
+  using Scale = uint8_t;
+  static constexpr float kFinal = 1.f;
+  static __m512i table() { return _mm512_setzero_si512(); }
+  static __m512i decode(__m512i nibbles, __m512i) { return nibbles; }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m512 bytes(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static __m512 halves(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
+    const uint8_t* r = block + (g / kQ4kGroupsPerSuper) * kQ4kSuperBytes;
+    const int j = (g % kQ4kGroupsPerSuper) * 16;
+    const __m512 scale = _mm512_mul_ps(halves(r), bytes(r + kQ4kSubScales + j));
+    const __m512 minimum = _mm512_mul_ps(halves(r + 32), bytes(r + kQ4kMins + j));
+    accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, accf);
+    return _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(x_sum)), minimum, accf);
+  }
 };
 
 // Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12, int4z's q), activations
@@ -99,11 +135,7 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
       }
     }
     for (int i = 0; i < M; ++i)
-      for (int j = 0; j < NB; ++j) {
-        const typename Codes::Scale* meta = Codes::group(g_scale[j], g);
-        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], Codes::offset(meta, gsum[i][g])));
-        accf[i][j] = _mm512_fmadd_ps(v, Codes::scales(meta), accf[i][j]);
-      }
+      for (int j = 0; j < NB; ++j) accf[i][j] = Codes::accumulate(g_scale[j], g, acc[i][j], gsum[i][g], accf[i][j]);
   }
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j)
