@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from ktforge import formats
 from ktforge.builder import backends as backends_table
 from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
 from ktforge.formats.quantize import METHODS, Quantized
+
+if TYPE_CHECKING:
+    from ktforge.checkpoints.gguf import Routing
 from ktforge.kernels import MAX_THREADS
 from ktforge.kernels import stored as stored_formats
 
@@ -251,6 +254,7 @@ class MoE:
             float(up_offset),
         )
         self._loaded = False
+        self.routing: Routing | None = None  # a GGUF's (MoE.from_pretrained): ids and weights from router logits
 
     @classmethod
     def from_pretrained(
@@ -280,13 +284,51 @@ class MoE:
         (``swiglu_alpha``, ``swiglu_limit``, ``up_offset``, as for the constructor; a checkpoint's
         config does not say it), SwiGLU by default.
         """
-        from ktforge.checkpoints import convert
+        from ktforge.checkpoints import convert, gguf
 
         directory = Path(path)
         gating = activation or {}
+        if gguf.is_gguf(directory):
+            return cls._from_gguf(directory, layer, method, backend, threads, group_size, gating)
         if (directory / convert.MANIFEST).is_file() or (directory / convert.STATE).is_file():
             return cls._from_conversion(directory, layer, method, backend, threads, group_size, verify, gating)
         return cls._from_checkpoint(directory, layer, method, backend, threads, group_size, input_type, gating)
+
+    @classmethod
+    def _from_gguf(
+        cls,
+        path: Path,
+        layer: int,
+        method: str | None,
+        backend: str,
+        threads: int | None,
+        group_size: int | None,
+        activation: dict[str, Any],
+    ) -> MoE:
+        """A GGUF's layer in the file's values; its routing (the file's metadata) in ``.routing``."""
+        from ktforge.checkpoints.gguf import GgufCheckpoint
+
+        with GgufCheckpoint(path) as checkpoint:
+            stored, group = checkpoint.stored_method(layer), checkpoint.stored_group(layer)
+            if method not in (None, stored) or group_size not in (None, group):
+                raise ValueError(f"{path}: layer {layer}'s experts are served as {stored}, in the file's values")
+            moe = cls(
+                checkpoint.experts,
+                checkpoint.top_k,
+                checkpoint.hidden,
+                checkpoint.intermediate,
+                method=stored,
+                backend=backend,
+                threads=threads,
+                group_size=group,
+                **(activation or checkpoint.activation()),
+            )
+            moe.load_quantized(*(checkpoint.quantized(layer, p) for p in ("gate", "up", "down")))
+            biases = checkpoint.biases(layer)
+            if biases is not None:
+                moe.load_biases(*biases)
+            moe.routing = checkpoint.routing
+        return moe
 
     @classmethod
     def _from_conversion(
@@ -488,7 +530,7 @@ class MoE:
             return
         for name, projection in parts.items():
             stored_formats.check_scales(self.method, name, projection)
-            if formats.by_name(self.method).element != "fp4":  # E8M0 codes are bytes already
+            if formats.by_name(self.method).element not in ("fp4", "q4k"):  # E8M0 codes, records: bytes
                 projection["scale"] = _kernel_view(projection["scale"], f"{name}.scale", copy=False)  # bf16 as bits
         zeros = {f"{p}_zero": parts[p]["zero"] for p in parts if "zero" in parts[p]}
         self._layer.load_quantized(

@@ -1,0 +1,177 @@
+"""A GGUF model's routed experts, served in the file's own values: each layer's merged expert
+tensors (``blk.{L}.ffn_{gate,up,down}_exps.weight``), the sizes and routing the file's metadata
+states (data/gguf_architectures.toml says where, per architecture), and each tensor's ggml type
+repacked into the format that keeps its values exactly (data/gguf_types.json), or refused
+naming the type and the tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ktforge import formats
+from ktforge.checkpoints import gguf_blocks
+from ktforge.checkpoints.gguf_file import GgufError, GgufModel, ggml_types, model_files
+from ktforge.formats.quantize import Quantized
+from ktforge.resources import data_path, tomllib
+
+PROJECTIONS = ("gate", "up", "down")
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_selected"}  # llama.cpp's expert gating func codes
+
+
+@cache
+def architectures() -> dict[str, dict[str, Any]]:
+    return dict(tomllib.loads(data_path("gguf_architectures.toml").read_text()))
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether ``path`` is a .gguf file, or a directory holding .gguf files."""
+    target = Path(path)
+    return target.suffix == ".gguf" or (target.is_dir() and any(target.glob("*.gguf")))
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How the model turns a token's router logits ``[T, E]`` into its experts and weights."""
+
+    top_k: int
+    gating: str  # softmax, sigmoid or softmax_selected (see data/gguf_architectures.toml)
+    normalize: bool
+    scale: float = 1.0
+
+    def route(self, logits: Any, bias: Any = None) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """ids int64 ``[T, k]`` and weights float32 ``[T, k]`` (``bias``: the correction added to
+        the scores for choosing, not for weighting, as DeepSeek-V3's ``exp_probs_b``)."""
+        z = np.asarray(logits, dtype=np.float64)
+        if self.gating == "sigmoid":
+            scores = 1.0 / (1.0 + np.exp(-z))
+        elif self.gating == "softmax":
+            e = np.exp(z - z.max(axis=-1, keepdims=True))
+            scores = e / e.sum(axis=-1, keepdims=True)
+        else:
+            scores = z
+        choice = scores if bias is None else scores + np.asarray(bias, dtype=np.float64)
+        ids = np.argsort(-choice, axis=-1, kind="stable")[..., : self.top_k]
+        weights = np.take_along_axis(scores, ids, axis=-1)
+        if self.gating == "softmax_selected":
+            e = np.exp(weights - weights.max(axis=-1, keepdims=True))
+            weights = e / e.sum(axis=-1, keepdims=True)
+        if self.normalize:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        return ids.astype(np.int64), (weights * self.scale).astype(np.float32)
+
+
+class GgufCheckpoint:
+    """The routed experts of a GGUF model (a file, a split model's parts, or a directory)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.model = GgufModel(path)
+        self.path = self.model.path
+        meta = self.model.metadata
+        self.architecture = str(meta.get("general.architecture", ""))
+        known = architectures()
+        if self.architecture not in known:
+            self.close()
+            raise GgufError(
+                f"{self.path}: architecture {self.architecture!r} is not one whose experts ktforge reads "
+                f"({', '.join(known)})"
+            )
+        arch = self._arch = known[self.architecture]
+
+        def number(key: str) -> int:
+            value = meta.get(f"{self.architecture}.{key}")
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise GgufError(f"{self.path}: metadata {self.architecture}.{key} is {value!r}, not a positive integer")
+            return value
+
+        try:
+            self.experts, self.top_k = number("expert_count"), number("expert_used_count")
+            self.hidden, self.intermediate = number("embedding_length"), number(arch["intermediate"])
+            blocks = number("block_count")
+        except GgufError:
+            self.close()
+            raise
+        self.moe_layers = [layer for layer in range(blocks) if self.tensor_name(layer, "gate") in self.model.tensors]
+        gating = arch["gating"]
+        if "gating_key" in arch and f"{self.architecture}.{arch['gating_key']}" in meta:
+            gating = GATING.get(int(meta[f"{self.architecture}.{arch['gating_key']}"]), gating)
+        normalize = bool(meta.get(f"{self.architecture}.{arch.get('normalize_key', '')}", arch["normalize"]))
+        scale = float(meta.get(f"{self.architecture}.{arch.get('scale_key', '')}", 1.0) or 1.0)
+        self.routing = Routing(self.top_k, gating, normalize, scale)
+
+    @staticmethod
+    def tensor_name(layer: int, projection: str, part: str = "weight") -> str:
+        return f"blk.{layer}.ffn_{projection}_exps.{part}"
+
+    def close(self) -> None:
+        self.model.close()
+
+    def __enter__(self) -> GgufCheckpoint:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def activation(self) -> dict[str, float]:
+        return dict(self._arch.get("activation", {}))
+
+    def _shape(self, projection: str) -> tuple[int, int, int]:
+        n, k = (self.hidden, self.intermediate) if projection == "down" else (self.intermediate, self.hidden)
+        return self.experts, n, k
+
+    def stored_method(self, layer: int) -> str:
+        """The format that holds the layer's three expert tensors exactly; GgufError naming the
+        tensor and its type where a type is not served, or where the three need different formats."""
+        if layer not in self.moe_layers:
+            raise GgufError(f"{self.path}: layer {layer} holds no routed experts; MoE layers are {self.moe_layers}")
+        formats: dict[str, str] = {}
+        for projection in PROJECTIONS:
+            name = self.tensor_name(layer, projection)
+            info = self.model.tensors.get(name)
+            if info is None:
+                raise GgufError(f"{self.path}: tensor {name} is missing")
+            if info.shape != self._shape(projection):
+                raise GgufError(f"{self.path}: {name} is {info.shape}, the metadata says {self._shape(projection)}")
+            if info.type.served_as is None:
+                raise GgufError(f"{self.path}: {name} is {info.type.name}, which ktforge does not compute: {info.type.why}")
+            formats[projection] = info.type.served_as
+        if len(set(formats.values())) > 1:
+            types = ", ".join(f"{p} {self.model.tensors[self.tensor_name(layer, p)].type.name}" for p in PROJECTIONS)
+            raise GgufError(
+                f"{self.path}: layer {layer}'s experts mix types ({types}) that need different formats "
+                f"({', '.join(f'{p} {f}' for p, f in formats.items())}); a layer computes one format"
+            )
+        return formats["gate"]
+
+    def stored_group(self, layer: int) -> int:
+        """The group the layer's format runs at: the file's blocks' (q4_k: its 32-value groups)."""
+        block = self.model.tensors[self.tensor_name(layer, "gate")].type.block_values
+        return formats.group_for(self.stored_method(layer), block) if block > 1 else 128
+
+    def quantized(self, layer: int, projection: str) -> Quantized:
+        """One projection's experts in their format's portable layout, the file's values."""
+        info = self.model.tensors[self.tensor_name(layer, projection)]
+        return gguf_blocks.REPACK[info.type.name](self.model.data(info.name))
+
+    def biases(self, layer: int) -> tuple[np.ndarray[Any, Any], ...] | None:
+        """gpt-oss's expert biases (float32 [E, I], [E, I], [E, H]); None for the others."""
+        if not self._arch.get("biases"):
+            return None
+        out = []
+        for projection in PROJECTIONS:
+            info = self.model.tensors.get(self.tensor_name(layer, projection, "bias"))
+            if info is None or info.type.name != "F32":
+                raise GgufError(f"{self.path}: {self.tensor_name(layer, projection, 'bias')} is missing or not F32")
+            out.append(np.array(self.model.data(info.name).view(np.float32)))
+        return tuple(out)
+
+    def source_bytes(self, layer: int) -> int:
+        return sum(self.model.tensors[self.tensor_name(layer, p)].nbytes for p in PROJECTIONS)
+
+
+__all__ = ["GgufCheckpoint", "GgufError", "Routing", "ggml_types", "is_gguf", "model_files"]

@@ -1,0 +1,71 @@
+"""ggml's blocks, repacked into ktforge's portable layouts (:mod:`ktforge.formats.quantize`)
+value for value: every code and scale as the file holds it, only moved.
+
+Each function takes a tensor's bytes as :class:`~ktforge.checkpoints.gguf_file.GgufFile` maps
+them, uint8 ``[..., N, blocks * block bytes]`` (llama.cpp's ggml-common.h layouts), and returns
+the parts of the format the type is served as (data/gguf_types.json).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ktforge.formats.quantize import Quantized
+
+Array = np.ndarray[Any, Any]
+
+
+def _blocks(data: Array, block_bytes: int) -> Array:
+    return data.reshape(*data.shape[:-1], data.shape[-1] // block_bytes, block_bytes)
+
+
+def _pairs(values: Array) -> Array:
+    """Codes in k order [..., K] -> two a byte, even k in the low nibble (int4's byte order)."""
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _split_halves(qs: Array) -> Array:
+    """ggml's 32-value nibble blocks (byte j: value j low, value j + 16 high) -> codes in k order."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def bf16(data: Array) -> Quantized:
+    import ml_dtypes
+
+    return Quantized(np.ascontiguousarray(data).view(np.uint16).view(ml_dtypes.bfloat16), None)
+
+
+def q4_0(data: Array) -> Quantized:
+    """Q4_0 (float16 d, 16 bytes of codes: w = (q - 8) * d) -> int4z: the codes, d as float32
+    (exact), zero point 8."""
+    blocks = _blocks(data, 18)
+    d = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0].astype(np.float32)
+    codes = _pairs(_split_halves(blocks[..., 2:]).reshape(*blocks.shape[:-2], -1))
+    return Quantized(codes, d, np.full(d.shape, 8, np.uint8))
+
+
+def mxfp4(data: Array) -> Quantized:
+    """MXFP4 (an E8M0 byte, 16 bytes of E2M1 codes) -> mxfp4: the codes and the E8M0 byte."""
+    blocks = _blocks(data, 17)
+    codes = _split_halves(blocks[..., 1:]).reshape(*blocks.shape[:-2], -1)
+    return Quantized(_pairs(codes), np.ascontiguousarray(blocks[..., 0]))
+
+
+def q4_k(data: Array) -> Quantized:
+    """Q4_K (float16 d and dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes) -> q4_k:
+    the codes in k order, a record per super-block: d, dmin, sc[8], m[8] (llama.cpp's
+    get_scale_min_k4 unpacking of the 12 bytes)."""
+    blocks = _blocks(data, 144)
+    q = blocks[..., 4:16].astype(np.uint8)
+    sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 0x0F) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
+    m = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+    record = np.concatenate([blocks[..., 0:4], sc, m], axis=-1).astype(np.uint8)
+    qs = blocks[..., 16:].reshape(*blocks.shape[:-1], 4, 32)  # 4 chunks: 32 low nibbles, then 32 high
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(*blocks.shape[:-2], -1)
+    return Quantized(_pairs(codes), np.ascontiguousarray(record))
+
+
+# the format each served type repacks into (data/gguf_types.json's served_as) -> its repack
+REPACK = {"BF16": bf16, "Q4_0": q4_0, "MXFP4": mxfp4, "Q4_K": q4_k}

@@ -1,0 +1,141 @@
+"""Regenerates tests/fixtures/gguf/: tiny MoE GGUF files written by gguf-py's GGUFWriter and
+quantized by llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize), one file per
+type, plus a file whose gate, up and down each have their own type (an Unsloth "UD" mix), and a
+split copy of one (`*-00001-of-00002.gguf`).
+
+Not run by the tests or CI (they read the committed files; CI does not build llama.cpp). Run it
+with a Python that has `gguf` and `llama-cpp-python` (a source build of llama.cpp, minutes):
+
+    python -m venv /tmp/llama && /tmp/llama/bin/pip install gguf numpy llama-cpp-python
+    /tmp/llama/bin/python scripts/make_gguf_fixtures.py tests/fixtures/gguf
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import tempfile
+from pathlib import Path
+
+import gguf
+import llama_cpp
+import numpy as np
+
+ARCH = "qwen3moe"
+EXPERTS, TOP_K, HIDDEN, INTER, LAYERS, VOCAB = 4, 2, 256, 256, 1, 16  # K-quants need rows of 256
+
+# file stem -> llama.cpp's file type, quantized "pure" (every 2-D+ weight in the type itself)
+TYPES = {
+    "BF16": "LLAMA_FTYPE_MOSTLY_BF16",
+    "F16": "LLAMA_FTYPE_MOSTLY_F16",
+    "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
+    "Q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0",
+    "Q5_1": "LLAMA_FTYPE_MOSTLY_Q5_1",
+    "Q2_K": "LLAMA_FTYPE_MOSTLY_Q2_K",
+    "Q3_K": "LLAMA_FTYPE_MOSTLY_Q3_K_S",
+    "Q4_K": "LLAMA_FTYPE_MOSTLY_Q4_K_S",
+    "Q5_K": "LLAMA_FTYPE_MOSTLY_Q5_K_S",
+    "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K",
+    "IQ4_NL": "LLAMA_FTYPE_MOSTLY_IQ4_NL",
+    "IQ4_XS": "LLAMA_FTYPE_MOSTLY_IQ4_XS",
+    "MXFP4": "LLAMA_FTYPE_MOSTLY_MXFP4_MOE",
+}
+MIXED = {"gate": "Q4_K", "up": "Q4_0", "down": "BF16"}  # gate, up and down each their own type
+
+
+def tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A Qwen3-MoE's expert layers, float32 in numpy's order (GGUF's ne reversed)."""
+    out = {
+        "token_embd.weight": rng.standard_normal((VOCAB, HIDDEN), np.float32) * 0.02,
+        "output_norm.weight": np.ones(HIDDEN, np.float32),
+    }
+    for layer in range(LAYERS):
+        out[f"blk.{layer}.ffn_gate_inp.weight"] = rng.standard_normal((EXPERTS, HIDDEN), np.float32) * 0.1
+        for name, shape in (("gate", (INTER, HIDDEN)), ("up", (INTER, HIDDEN)), ("down", (HIDDEN, INTER))):
+            # a spread of magnitudes per row, as trained weights have
+            w = rng.standard_normal((EXPERTS, *shape), np.float32) * (0.02 + 0.05 * rng.random((EXPERTS, shape[0], 1)))
+            out[f"blk.{layer}.ffn_{name}_exps.weight"] = w.astype(np.float32)
+    return out
+
+
+def write_source(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTER)
+    writer.add_expert_feed_forward_length(INTER)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_key_length(64)
+    writer.add_value_length(64)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(1e6)
+    writer.add_expert_count(EXPERTS)
+    writer.add_expert_used_count(TOP_K)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for name, array in arrays.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def quantize(source: Path, out: Path, ftype: str) -> None:
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, ftype)
+    params.pure = True
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({ftype}) returned {rc}")
+
+
+def copy_with(out: Path, reader_of: dict[str, gguf.GGUFReader], base: gguf.GGUFReader, split: int = 0) -> None:
+    """A GGUF of base's metadata whose expert tensors come from other quantized files (as they are,
+    bytes and type), e.g. gate from a Q4_K file, up from a Q4_0 one; split > 0: that many tensors a file."""
+    writer = gguf.GGUFWriter(str(out), ARCH, split_max_tensors=split)
+    for field in base.fields.values():
+        if field.name.startswith(("GGUF.", "general.architecture", "split.")):
+            continue
+        value = field.contents()
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, kind, sub_type=sub)
+    for tensor in base.tensors:
+        source = reader_of.get(tensor.name.split(".")[1 if tensor.name.startswith("blk.") else 0], base)
+        if tensor.name.startswith("blk.") and "_exps" in tensor.name:
+            projection = tensor.name.split(".")[2].removeprefix("ffn_").removesuffix("_exps")
+            source = reader_of.get(projection, base)
+        t = next(s for s in source.tensors if s.name == tensor.name)
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)  # the data's byte shape
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main(folder: str) -> int:
+    target = Path(folder)
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "source-F32.gguf"
+        write_source(source, tensors(np.random.default_rng(2026)))
+        for stem, ftype in TYPES.items():
+            quantize(source, target / f"qwen3moe-{stem}.gguf", ftype)
+        readers = {p: gguf.GGUFReader(target / f"qwen3moe-{t}.gguf") for p, t in MIXED.items()}
+        copy_with(target / "qwen3moe-mixed.gguf", readers, readers["down"])
+        split = target / "split"
+        split.mkdir(exist_ok=True)
+        q4k = gguf.GGUFReader(target / "qwen3moe-Q4_K.gguf")
+        copy_with(split / "qwen3moe-Q4_K.gguf", {}, q4k, split=len(q4k.tensors) // 2 + 1)
+    for path in sorted(target.rglob("*.gguf")):
+        print(f"{path.relative_to(target)}: {path.stat().st_size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/gguf"))

@@ -1,0 +1,174 @@
+"""GGUF experts as llama.cpp writes them, served from the file's own values.
+
+The fixtures (tests/fixtures/gguf, made by scripts/make_gguf_fixtures.py) are tiny Qwen3-MoE
+files written by gguf-py's GGUFWriter and quantized by llama.cpp's own quantizer, one a type, a
+mixed-type file and a split copy. Every served type is held to gguf-py's own dequantization
+(``gguf.quants.dequantize``): the repacked layout bit for bit, the layer within the rounding of
+its activations. Every other type is refused, naming the type and the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from gguf.quants import dequantize as gguf_dequantize
+
+import ktforge
+from ktforge.checkpoints import gguf_file
+from ktforge.checkpoints.gguf import GgufCheckpoint, GgufError, Routing
+from ktforge.formats.quantize import dequantize
+from ktforge.resources import data_path
+
+from .. import host
+from ..moe_reference import bf16_round, int8_activations_reference, int8_layer_error
+from .serving import inputs
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
+E, K_TOP, H, I = 4, 2, 256, 256
+SERVED = {"BF16": "bf16", "Q4_0": "int4z", "Q4_K": "q4_k", "MXFP4": "mxfp4"}
+REFUSED = ("F16", "Q8_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+# packed bytes of the experts / the file's bytes of them: the repack's cost
+# (Q4_0 in int4z: a float32 scale and a zero byte a group for the file's float16 d)
+GROWTH = {"BF16": 1.0, "Q4_0": 21 / 18, "Q4_K": 148 / 144, "MXFP4": 1.0}
+
+
+def fixture(name: str) -> Path:
+    return FIXTURES / f"qwen3moe-{name}.gguf"
+
+
+def tool_dense(path: Path, layer: int = 0) -> list[np.ndarray[Any, Any]]:
+    """gate, up, down as gguf-py dequantizes the file's tensors, float64."""
+    reader = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    named = [tensors[f"blk.{layer}.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")]
+    return [gguf_dequantize(t.data, t.tensor_type).astype(np.float64) for t in named]
+
+
+def bf16_activations_reference(x: Any, ids: Any, w: Any, gate: Any, up: Any, down: Any) -> np.ndarray[Any, Any]:
+    """The layer in float64 with each projection's input rounded to bfloat16, as bf16 kernels take it."""
+    out = np.zeros((x.shape[0], down.shape[1]))
+    for t in range(x.shape[0]):
+        xt = bf16_round(x[t]).astype(np.float64)
+        for j in range(ids.shape[1]):
+            e = ids[t, j]
+            g, u = gate[e] @ xt, up[e] @ xt
+            a = bf16_round((g / (1 + np.exp(-g)) * u).astype(np.float32)).astype(np.float64)
+            out[t] += w[t, j] * (down[e] @ a)
+    return out
+
+
+def test_the_type_table_is_ggmls() -> None:
+    # ids and block sizes as gguf-py (llama.cpp's own Python package) states them
+    for row in json.loads(data_path("gguf_types.json").read_text())["types"]:
+        kind = gguf.GGMLQuantizationType[row["name"]]
+        assert kind.value == row["id"] and tuple(gguf.GGML_QUANT_SIZES[kind]) == tuple(row["block"]), row["name"]
+        assert row["served_as"] is None or row["served_as"] in ktforge.formats.names()
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.rglob("*.gguf")), ids=lambda p: p.name)
+def test_the_reader_agrees_with_gguf_py(path: Path) -> None:
+    reader = gguf.GGUFReader(path)
+    ours = gguf_file.GgufFile(path)
+    try:
+        assert set(ours.tensors) == {t.name for t in reader.tensors}
+        for t in reader.tensors:
+            info = ours.tensors[t.name]
+            assert info.type.id == t.tensor_type.value and info.shape == tuple(reversed(t.shape.tolist()))
+            assert np.array_equal(ours.data(info).reshape(-1), np.asarray(t.data).view(np.uint8).reshape(-1))
+        for field in reader.fields.values():
+            if not field.name.startswith("GGUF."):
+                value = field.contents()
+                assert ours.metadata[field.name] == (pytest.approx(value) if isinstance(value, float) else value)
+    finally:
+        ours.close()
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_each_served_type_is_the_files_values_bit_for_bit(name: str) -> None:
+    with GgufCheckpoint(fixture(name)) as checkpoint:
+        method = checkpoint.stored_method(0)
+        assert method == SERVED[name]
+        for projection, dense in zip(("gate", "up", "down"), tool_dense(fixture(name))):
+            q = checkpoint.quantized(0, projection)
+            ours = dequantize(q, method, dense.shape[-1]).astype(np.float64)
+            assert np.array_equal(ours, dense), projection
+
+
+@pytest.mark.parametrize("backend", host.runnable_backends())
+@pytest.mark.parametrize("name", SERVED)
+def test_each_served_type_runs_within_the_rounding_of_its_activations(name: str, backend: str) -> None:
+    moe = ktforge.MoE.from_pretrained(fixture(name), 0, backend=backend)
+    assert moe.method == SERVED[name] and (moe.num_experts, moe.top_k, moe.hidden_size) == (E, K_TOP, H)
+    dense = tool_dense(fixture(name))
+    for T in (2, 70):  # decode, and > 32 tokens an expert (the AMX tile path)
+        x, ids, w = inputs(T, E, K_TOP, H)
+        y = moe.forward(x, ids, w)
+        if name == "BF16":
+            reference = bf16_activations_reference(x, ids, w, *dense)
+            assert np.abs(y - reference).max() / np.abs(reference).max() < 1e-5, (backend, T)
+        else:
+            assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense)) < 1e-4, (backend, T)
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_the_packed_experts_take_the_files_bytes_or_at_most_the_repacks_growth(name: str) -> None:
+    moe = ktforge.MoE.from_pretrained(fixture(name), 0, backend="reference")
+    with GgufCheckpoint(fixture(name)) as checkpoint:
+        ratio = moe.info["packed_bytes"] / checkpoint.source_bytes(0)
+    assert ratio == pytest.approx(GROWTH[name], rel=1e-9)
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_a_type_without_a_kernel_is_refused_naming_the_type_and_tensor(name: str) -> None:
+    with pytest.raises(GgufError, match=rf"blk\.0\.ffn_gate_exps\.weight is {name}, which ktforge does not compute: "):
+        ktforge.MoE.from_pretrained(fixture(name), 0)
+
+
+def test_a_layer_mixing_types_of_different_formats_is_refused_naming_each() -> None:
+    with pytest.raises(GgufError, match=r"mix types \(gate Q4_K, up Q4_0, down BF16\)"):
+        ktforge.MoE.from_pretrained(fixture("mixed"), 0)
+    # each of its tensors is still read as the file has it
+    with GgufCheckpoint(fixture("mixed")) as checkpoint:
+        for projection, dense in zip(("gate", "up", "down"), tool_dense(fixture("mixed"))):
+            kind = checkpoint.model.tensors[checkpoint.tensor_name(0, projection)].type
+            ours = dequantize(checkpoint.quantized(0, projection), kind.served_as or "", dense.shape[-1])
+            assert np.array_equal(ours.astype(np.float64), dense)
+
+
+def test_split_files_and_a_directory_load_as_the_whole_file(tmp_path: Path) -> None:
+    x, ids, w = inputs(9, E, K_TOP, H)
+    whole = ktforge.MoE.from_pretrained(fixture("Q4_K"), 0, backend="reference").forward(x, ids, w)
+    parts = sorted((FIXTURES / "split").glob("*.gguf"))
+    assert [p.name for p in parts] == ["qwen3moe-Q4_K-00001-of-00002.gguf", "qwen3moe-Q4_K-00002-of-00002.gguf"]
+    for path in (parts[0], parts[1], FIXTURES / "split"):
+        got = ktforge.MoE.from_pretrained(path, 0, backend="reference").forward(x, ids, w)
+        assert np.array_equal(got, whole), path
+    shutil.copy(parts[0], tmp_path / parts[0].name)
+    with pytest.raises(GgufError, match="00002-of-00002.gguf are missing"):
+        ktforge.MoE.from_pretrained(tmp_path / parts[0].name, 0)
+    shutil.copy(fixture("BF16"), tmp_path)
+    with pytest.raises(GgufError, match="holds 2 GGUF models"):
+        ktforge.MoE.from_pretrained(tmp_path, 0)
+
+
+def test_broken_files_are_clear_errors(tmp_path: Path) -> None:
+    data = fixture("Q4_K").read_bytes()
+    (tmp_path / "magic.gguf").write_bytes(b"GGML" + data[4:])
+    with pytest.raises(GgufError, match="not a GGUF file"):
+        ktforge.MoE.from_pretrained(tmp_path / "magic.gguf", 0)
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])
+    with pytest.raises(GgufError, match="runs past the end of the file"):
+        ktforge.MoE.from_pretrained(tmp_path / "cut.gguf", 0)
+    (tmp_path / "header.gguf").write_bytes(data[:300])
+    with pytest.raises(GgufError, match="truncated|runs past"):
+        ktforge.MoE.from_pretrained(tmp_path / "header.gguf", 0)
+    with pytest.raises(GgufError, match="layer 3 holds no routed experts"):
+        ktforge.MoE.from_pretrained(fixture("Q4_K"), 3)
+    with pytest.raises(ValueError, match="served as q4_k, in the file's values"):
+        ktforge.MoE.from_pretrained(fixture("Q4_K"), 0, method="int4")
