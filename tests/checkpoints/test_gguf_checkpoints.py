@@ -21,7 +21,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 import ktforge
 from ktforge.checkpoints import gguf_file
-from ktforge.checkpoints.gguf import GgufCheckpoint, GgufError, Routing
+from ktforge.checkpoints.gguf import GgufCheckpoint, GgufError
 from ktforge.formats.quantize import dequantize
 from ktforge.resources import data_path
 
@@ -94,7 +94,7 @@ def test_each_served_type_is_the_files_values_bit_for_bit(name: str) -> None:
     with GgufCheckpoint(fixture(name)) as checkpoint:
         method = checkpoint.stored_method(0)
         assert method == SERVED[name]
-        for projection, dense in zip(("gate", "up", "down"), tool_dense(fixture(name))):
+        for projection, dense in zip(("gate", "up", "down"), tool_dense(fixture(name)), strict=True):
             q = checkpoint.quantized(0, projection)
             ours = dequantize(q, method, dense.shape[-1]).astype(np.float64)
             assert np.array_equal(ours, dense), projection
@@ -135,7 +135,7 @@ def test_a_layer_mixing_types_of_different_formats_is_refused_naming_each() -> N
         ktforge.MoE.from_pretrained(fixture("mixed"), 0)
     # each of its tensors is still read as the file has it
     with GgufCheckpoint(fixture("mixed")) as checkpoint:
-        for projection, dense in zip(("gate", "up", "down"), tool_dense(fixture("mixed"))):
+        for projection, dense in zip(("gate", "up", "down"), tool_dense(fixture("mixed")), strict=True):
             kind = checkpoint.model.tensors[checkpoint.tensor_name(0, projection)].type
             ours = dequantize(checkpoint.quantized(0, projection), kind.served_as or "", dense.shape[-1])
             assert np.array_equal(ours.astype(np.float64), dense)
@@ -150,7 +150,7 @@ def test_split_files_and_a_directory_load_as_the_whole_file(tmp_path: Path) -> N
         got = ktforge.MoE.from_pretrained(path, 0, backend="reference").forward(x, ids, w)
         assert np.array_equal(got, whole), path
     shutil.copy(parts[0], tmp_path / parts[0].name)
-    with pytest.raises(GgufError, match="00002-of-00002.gguf are missing"):
+    with pytest.raises(GgufError, match=r"00002-of-00002\.gguf are missing"):
         ktforge.MoE.from_pretrained(tmp_path / parts[0].name, 0)
     shutil.copy(fixture("BF16"), tmp_path)
     with pytest.raises(GgufError, match="holds 2 GGUF models"):
@@ -166,7 +166,7 @@ def test_broken_files_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(GgufError, match="runs past the end of the file"):
         ktforge.MoE.from_pretrained(tmp_path / "cut.gguf", 0)
     (tmp_path / "header.gguf").write_bytes(data[:300])
-    with pytest.raises(GgufError, match="truncated|runs past"):
+    with pytest.raises(GgufError, match=r"truncated|runs past"):
         ktforge.MoE.from_pretrained(tmp_path / "header.gguf", 0)
     with pytest.raises(GgufError, match="layer 3 holds no routed experts"):
         ktforge.MoE.from_pretrained(fixture("Q4_K"), 3)

@@ -59,7 +59,16 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     # relative to the largest output was 0.14 at the median and 0.33 at most (0.38 with 15 codes)
     # mxfp4 (one mantissa bit, power-of-two scales): over 75 random layers of these shapes 0.20 at
     # the median and 0.38 at most (int4 at group 32: 0.13 and 0.23); this test's own layer, 0.48
-    bound = {"bf16": 2e-2, "int8": 5e-2, "int8g": 5e-2, "int4": 0.3, "fp8": 0.1, "mxfp4": 0.6, "int4z": 0.3, "q4_k": 0.3}[method]
+    bound = {
+        "bf16": 2e-2,
+        "int8": 5e-2,
+        "int8g": 5e-2,
+        "int4": 0.3,
+        "fp8": 0.1,
+        "mxfp4": 0.6,
+        "int4z": 0.3,
+        "q4_k": 0.3,
+    }[method]
     assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
 
 
@@ -71,7 +80,9 @@ def test_backends_agree_with_the_reference_backend(method: str) -> None:
     x = np.random.default_rng(7).standard_normal((T, H)).astype(np.float32)
     outs = {}
     for backend in ALL_BACKENDS:
-        moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=32 if method in ("mxfp4", "q4_k") else 64)
+        moe = ktforge.MoE(
+            E, k, H, I, method=method, backend=backend, group_size=32 if method in ("mxfp4", "q4_k") else 64
+        )
         moe.load_weights(gate, up, down)
         outs[backend] = moe.forward(x, ids, w)
     for backend in ALL_BACKENDS[1:]:

@@ -141,8 +141,9 @@ def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
         np.testing.assert_array_equal(outs["amx"], outs["amx-model"])
 
 
-@pytest.mark.parametrize("method", ["int4", "int8g"])
-@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize(
+    ("method", "group"), [(m, g) for m in ("int4", "int8g") for g in (32, 64, 128)] + [("q4_k", 32)]
+)
 def test_grouped_formats_on_tiles_are_bit_identical_to_avx512(method: str, group: int) -> None:
     import numpy as np
 
@@ -165,11 +166,13 @@ def test_fp8_on_tiles_is_the_layer_over_its_values(group: int) -> None:
 
     # 100 tokens per expert: tiles (fp8 converted to bf16 B tiles, a flush per group of K)
     outs = _outputs_per_backend("fp8", (3, 2, 200, 72, 150), seed=group, group=group)
-    # every path rounds the activations to bf16 here (AVX2: exact fp32): equal to rounding
+    # every path rounds the activations to bf16 here but AVX2's (exact fp32): equal to rounding,
+    # and to that rounding of the activations (2^-9 of each, 3e-3 of the largest output on a Zen 3
+    # guest) beside AVX2; the layer check below holds the tiles to 1e-3
     scale = float(np.abs(outs["amx-model"]).max())
     for backend in set(outs) - {"amx-model"}:
         np.testing.assert_allclose(
-            outs["amx-model"], outs[backend], rtol=0, atol=(1e-4 if backend == "avx2" else 1e-5) * scale
+            outs["amx-model"], outs[backend], rtol=0, atol=(1e-2 if backend == "avx2" else 1e-5) * scale
         )
     # and the layer itself: the float64 MoE over the packed values with bf16 activations
     g, u, d, x, ids, w = _layer_inputs((3, 2, 200, 72, 150), seed=group)

@@ -18,7 +18,7 @@ from ktforge import formats
 from ktforge.checkpoints import gguf_blocks
 from ktforge.checkpoints.gguf_file import GgufError, GgufModel, ggml_types, model_files
 from ktforge.formats.quantize import Quantized
-from ktforge.resources import data_path, tomllib
+from ktforge.resources import data_path, load_toml
 
 PROJECTIONS = ("gate", "up", "down")
 GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_selected"}  # llama.cpp's expert gating func codes
@@ -26,7 +26,7 @@ GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_selected"}  # llama.cpp's expe
 
 @cache
 def architectures() -> dict[str, dict[str, Any]]:
-    return dict(tomllib.loads(data_path("gguf_architectures.toml").read_text()))
+    return load_toml(data_path("gguf_architectures.toml"))
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -138,7 +138,9 @@ class GgufCheckpoint:
             if info.shape != self._shape(projection):
                 raise GgufError(f"{self.path}: {name} is {info.shape}, the metadata says {self._shape(projection)}")
             if info.type.served_as is None:
-                raise GgufError(f"{self.path}: {name} is {info.type.name}, which ktforge does not compute: {info.type.why}")
+                raise GgufError(
+                    f"{self.path}: {name} is {info.type.name}, which ktforge does not compute: {info.type.why}"
+                )
             formats[projection] = info.type.served_as
         if len(set(formats.values())) > 1:
             types = ", ".join(f"{p} {self.model.tensors[self.tensor_name(layer, p)].type.name}" for p in PROJECTIONS)

@@ -23,7 +23,8 @@ def _blocks(data: Array, block_bytes: int) -> Array:
 
 def _pairs(values: Array) -> Array:
     """Codes in k order [..., K] -> two a byte, even k in the low nibble (int4's byte order)."""
-    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+    packed: Array = (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+    return packed
 
 
 def _split_halves(qs: Array) -> Array:

@@ -10,6 +10,7 @@ contiguous one), ggml type and offset into the data, which starts at the next mu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import re
@@ -48,7 +49,7 @@ class GgmlType:
 @cache
 def ggml_types() -> dict[int, GgmlType]:
     rows = json.loads(data_path("gguf_types.json").read_text())["types"]
-    return {r["id"]: GgmlType(r["name"], r["id"], *r["block"], r["served_as"], r["why"]) for r in rows}
+    return {r["id"]: GgmlType(r["name"], r["id"], r["block"][0], r["block"][1], r["served_as"], r["why"]) for r in rows}
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class GgufFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        with open(self.path, "rb") as handle:
+        with self.path.open("rb") as handle:
             self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         view = memoryview(self._map)
         try:
@@ -148,10 +149,8 @@ class GgufFile:
         return flat.reshape(*info.shape[:-1], row)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BufferError):  # arrays still view the map: it closes when they are gone
             self._map.close()
-        except BufferError:  # arrays still view the map: it closes when they are gone
-            pass
 
 
 def model_files(path: str | Path) -> list[Path]:

@@ -282,7 +282,8 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     if element == "q4k":
         scale, minimum = q4k_group_scales(q.scale)
         grouped = codes.astype(np.float32).reshape(*scale.shape, -1) * scale[..., None] - minimum[..., None]
-        return grouped.reshape(codes.shape)[..., :K]
+        dense: Array = grouped.reshape(codes.shape)[..., :K]
+        return dense
     groups = q.scale.shape[-1]
     if element == "fp4":
         values = FP4_VALUES[codes]
@@ -296,7 +297,8 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     else:
         values, scale = codes.astype(np.float32) - 8, q.scale.astype(np.float32)
     grouped = values.reshape(*values.shape[:-1], groups, -1) * scale[..., None]
-    return grouped.reshape(values.shape)[..., :K]
+    result: Array = grouped.reshape(values.shape)[..., :K]
+    return result
 
 
 Q4K_RECORD = 20  # bytes of q4_k's portable record: d, dmin (float16), sc[8], m[8]
