@@ -125,9 +125,13 @@ def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: 
         outs[backend] = moe.forward(x, ids, w)
         assert moe.info["name"] == backend
         if backend != simd_peer():
-            assert {"int8": "tdpbusd", "int8g": "tdpbsud", "int4": "tdpbssd", "fp8": "tdpbf16ps per group"}[method] in (
-                moe.info["kernel"]
-            )
+            assert {
+                "int8": "tdpbusd",
+                "int8g": "tdpbsud",
+                "int4": "tdpbssd",
+                "fp8": "tdpbf16ps per group",
+                "q4_k": "tdpbsud",
+            }[method] in (moe.info["kernel"])
     return outs
 
 
