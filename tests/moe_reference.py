@@ -127,6 +127,20 @@ def quantize_int4z(w: Array, group: int) -> tuple[Array, Array, Array]:
     return q.reshape(n, kp), scale, zero
 
 
+def quantize_q8_0(w: Array) -> tuple[Array, Array]:
+    """GGUF's Q8_0 as MoE.load_weights packs floats: per 32 (K zero-padded) d = max|w| / 127 in
+    float16 (1 where that is below float16's smallest normal), q = clip(rint(w / d), ±127)."""
+    n, k = w.shape
+    kp = -(-k // 32) * 32
+    padded = np.zeros((n, kp), dtype=F32)
+    padded[:, :k] = w
+    grouped = padded.reshape(n, kp // 32, 32)
+    d = (np.abs(grouped).max(axis=-1) / F32(127)).astype(F32)
+    d = np.where(d >= F32(2.0**-14), d.astype(np.float16).astype(F32), F32(1)).astype(F32)
+    q = np.clip(np.rint(grouped * (F32(1) / d)[..., None]), -127, 127).astype(np.int64)
+    return q.reshape(n, kp), d
+
+
 def quantize_q4k(w: Array) -> tuple[Array, Array, Array]:
     """GGUF's Q4_K as MoE.load_weights packs floats: [N, K] -> q [N, Kp] in [0, 15] (K zero-padded
     to 256), each group's scale d * sc and min dmin * m [N, Kp / 32] float32; per 32 the range
@@ -212,7 +226,10 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         wq, sw = quantize_rows(w, 127)
         acc = (xq @ wq.T).astype(F32)
         return (acc * (sw[None, :] * sx[:, None])).astype(F32)
-    wq, sw = quantize_int8_groups(w, group) if method == "int8g" else quantize_groups(w, group)
+    if method == "q8_0":
+        wq, sw = quantize_q8_0(w)
+    else:
+        wq, sw = quantize_int8_groups(w, group) if method == "int8g" else quantize_groups(w, group)
     kp = wq.shape[1]
     xp = np.zeros((x.shape[0], kp), dtype=np.int64)
     xp[:, : x.shape[1]] = xq

@@ -181,7 +181,7 @@ class PyMoE {
       return {values.data(), values.shape(2), scales.data(), 4};
     } else {
       const py::ssize_t groups = (K + c.group - 1) / c.group;
-      if (element_of(c.method) == Element::int8g) {
+      if (int8_groups(element_of(c.method))) {
         if (!values.dtype().is(py::dtype::of<int8_t>())) throw std::invalid_argument(std::string(name) + " must be int8");
         require(values, {E, N, K}, name);
       } else {
@@ -196,7 +196,8 @@ class PyMoE {
         return {values.data(), values.shape(2), scales.data(), scales.shape(2)};
       }
       if (!scales.dtype().is(py::dtype::of<uint16_t>()))
-        throw std::invalid_argument(scale_name + " must be bfloat16 (passed as uint16)");
+        throw std::invalid_argument(scale_name + (element_of(c.method) == Element::int8h ? " must be float16 (passed as uint16)"
+                                                                                         : " must be bfloat16 (passed as uint16)"));
       return {values.data(), values.shape(2), scales.data(), scales.shape(2) * 2};
     }
   }
@@ -337,6 +338,9 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   if (method == Element::fp8)
     throw std::invalid_argument("fp8 weights are served from FP8 checkpoints as they are (or packed by load_weights), "
                                 "not quantized to a portable layout");
+  if (method == Element::int8h)
+    throw std::invalid_argument("q8_0 serves GGUF Q8_0 tensors as they are (or packs floats in load_weights); "
+                                "kt convert writes int8g, its bfloat16-scaled peer");
   if (method == Element::q4k)
     throw std::invalid_argument("q4_k serves GGUF Q4_K tensors as they are (or packs floats in load_weights); "
                                 "kt convert writes int4, int8g, int8 or bf16");

@@ -31,11 +31,11 @@ from .serving import inputs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
 E, K_TOP, H, I = 4, 2, 256, 256
-SERVED = {"BF16": "bf16", "Q4_0": "int4z", "Q4_K": "q4_k", "MXFP4": "mxfp4"}
-REFUSED = ("F16", "Q8_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+SERVED = {"BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "int4z", "Q4_K": "q4_k", "MXFP4": "mxfp4"}
+REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 # packed bytes of the experts / the file's bytes of them: the repack's cost
 # (Q4_0 in int4z: a float32 scale and a zero byte a group for the file's float16 d)
-GROWTH = {"BF16": 1.0, "Q4_0": 21 / 18, "Q4_K": 148 / 144, "MXFP4": 1.0}
+GROWTH = {"BF16": 1.0, "Q8_0": 1.0, "Q4_0": 21 / 18, "Q4_K": 148 / 144, "MXFP4": 1.0}
 
 
 def fixture(name: str) -> Path:

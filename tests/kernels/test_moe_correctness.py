@@ -20,7 +20,7 @@ from ktforge.formats.quantize import Quantized, dequantize
 from .. import host
 from ..moe_reference import SHAPES, expected, expected_int8, float_reference, make_layer, rel_err, routing
 
-METHODS = ("bf16", "int8", "int8g", "int4", "fp8", "mxfp4", "int4z", "q4_k")
+METHODS = ("bf16", "int8", "int8g", "int4", "fp8", "mxfp4", "int4z", "q4_k", "q8_0")
 runnable_backends = host.runnable_backends
 
 
@@ -49,7 +49,7 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     gate, up, down = make_layer(E, H, I)
     ids, w = routing(T, E, k)
     x = np.random.default_rng(2).standard_normal((T, H)).astype(np.float32)
-    group = 32 if method in ("int4", "int8g", "fp8", "mxfp4", "int4z", "q4_k") else 128
+    group = 32 if method in ("int4", "int8g", "fp8", "mxfp4", "int4z", "q4_k", "q8_0") else 128
     moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group, threads=2)
     moe.load_weights(gate, up, down)
     y = moe.forward(x, ids, w)
@@ -68,6 +68,7 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
         "mxfp4": 0.6,
         "int4z": 0.3,
         "q4_k": 0.3,
+        "q8_0": 5e-2,
     }[method]
     assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
 
@@ -81,7 +82,7 @@ def test_backends_agree_with_the_reference_backend(method: str) -> None:
     outs = {}
     for backend in ALL_BACKENDS:
         moe = ktforge.MoE(
-            E, k, H, I, method=method, backend=backend, group_size=32 if method in ("mxfp4", "q4_k") else 64
+            E, k, H, I, method=method, backend=backend, group_size=32 if method in ("mxfp4", "q4_k", "q8_0") else 64
         )
         moe.load_weights(gate, up, down)
         outs[backend] = moe.forward(x, ids, w)

@@ -131,6 +131,7 @@ def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: 
                 "int4": "tdpbssd",
                 "fp8": "tdpbf16ps per group",
                 "q4_k": "tdpbsud",
+                "q8_0": "tdpbsud",
             }[method] in (moe.info["kernel"])
     return outs
 
@@ -146,7 +147,7 @@ def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
 
 
 @pytest.mark.parametrize(
-    ("method", "group"), [(m, g) for m in ("int4", "int8g") for g in (32, 64, 128)] + [("q4_k", 32)]
+    ("method", "group"), [(m, g) for m in ("int4", "int8g") for g in (32, 64, 128)] + [("q4_k", 32), ("q8_0", 32)]
 )
 def test_grouped_formats_on_tiles_are_bit_identical_to_avx512(method: str, group: int) -> None:
     import numpy as np

@@ -47,6 +47,14 @@ def q4_0(data: Array) -> Quantized:
     return Quantized(codes, d, np.full(d.shape, 8, np.uint8))
 
 
+def q8_0(data: Array) -> Quantized:
+    """Q8_0 (float16 d, 32 int8 codes: w = q * d) -> q8_0: the codes and d as they are."""
+    blocks = _blocks(data, 34)
+    d = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0]
+    codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(*blocks.shape[:-2], -1)
+    return Quantized(codes, d)
+
+
 def mxfp4(data: Array) -> Quantized:
     """MXFP4 (an E8M0 byte, 16 bytes of E2M1 codes) -> mxfp4: the codes and the E8M0 byte."""
     blocks = _blocks(data, 17)
@@ -69,4 +77,4 @@ def q4_k(data: Array) -> Quantized:
 
 
 # the format each served type repacks into (data/gguf_types.json's served_as) -> its repack
-REPACK = {"BF16": bf16, "Q4_0": q4_0, "MXFP4": mxfp4, "Q4_K": q4_k}
+REPACK = {"BF16": bf16, "Q4_0": q4_0, "Q8_0": q8_0, "MXFP4": mxfp4, "Q4_K": q4_k}

@@ -25,6 +25,7 @@ ELEMENTS = (
     "fp4",
     "int4z",
     "q4k",
+    "int8h",
 )  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 

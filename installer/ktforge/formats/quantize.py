@@ -31,6 +31,9 @@ Hugging Face checkpoints):
   ``Kg``: ``weight`` uint8 ``[..., N, Kg / 2]``, unsigned codes q in [0, 15] two a byte (even k
   low), ``scale`` float32 and ``zero`` uint8 (in [0, 15]) ``[..., N, Kg / group]``: ``w = (q -
   zero) * scale``. A checkpoint's own, repacked: float weights are not converted to it.
+- q8_0 (element int8h): GGUF's Q8_0, int8g's layout with float16 scales: ``weight`` int8 ``[..., N,
+  K]``, ``scale`` float16 ``[..., N, Kg / 32]``. A GGUF's own, repacked; MoE.load_weights packs
+  floats to it (d = max|w| / 127 in float16).
 - q4_k (element q4k): GGUF's Q4_K, K zero-padded to ``Kg``, a multiple of 256: ``weight`` uint8
   ``[..., N, Kg / 2]``, unsigned codes q in [0, 15] two a byte (even k low, as int4z), ``scale``
   uint8 ``[..., N, Kg / 256, 20]``, a record a super-block: d and dmin (float16, little endian),
@@ -272,7 +275,7 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     assert q.scale is not None
     if element == "int8":
         return q.weight.astype(np.float32) * q.scale[..., None]
-    if element in ("int8g", "fp8"):
+    if element in ("int8g", "int8h", "fp8"):
         # the group is the size whose count over K the scales have (any, when there is one group)
         groups = q.scale.shape[-1]
         group = next(g for g in formats.by_name(method).group_sizes if -(-K // g) == groups)
@@ -329,7 +332,7 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
             "scale": ((N, supers, Q4K_RECORD), scale or "U8"),
         }
     groups = -(-K // group_size)
-    if f.element in ("int8g", "fp8"):
+    if f.element in ("int8g", "int8h", "fp8"):
         return {"weight": ((N, K), weight), "scale": ((N, groups), scale or "F32")}
     parts: dict[str, tuple[tuple[int, ...], str]] = {
         "weight": ((N, groups * group_size // 2), weight),

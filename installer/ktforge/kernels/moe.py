@@ -530,7 +530,9 @@ class MoE:
             return
         for name, projection in parts.items():
             stored_formats.check_scales(self.method, name, projection)
-            if formats.by_name(self.method).element not in ("fp4", "q4k"):  # E8M0 codes, records: bytes
+            if formats.by_name(self.method).element == "int8h":  # float16 scales, as their bits
+                projection["scale"] = projection["scale"].view(np.uint16)
+            elif formats.by_name(self.method).element not in ("fp4", "q4k"):  # E8M0 codes, records: bytes
                 projection["scale"] = _kernel_view(projection["scale"], f"{name}.scale", copy=False)  # bf16 as bits
         zeros = {f"{p}_zero": parts[p]["zero"] for p in parts if "zero" in parts[p]}
         self._layer.load_quantized(

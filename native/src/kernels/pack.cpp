@@ -40,7 +40,7 @@ void shape(PackedMatrix& out, Element method, int group, int N, int K) {
   out.colsum.clear();
 }
 
-constexpr uint16_t kBf16One = 0x3F80;
+constexpr uint16_t kBf16One = 0x3F80, kF16One = 0x3C00;
 constexpr uint8_t kE8m0One = 127;
 
 // Row n's int4z scales and zero points, one a group, into its blocks' records.
@@ -85,7 +85,8 @@ void begin_quantized(PackedMatrix& out) {
     const std::vector<uint8_t> zeros(out.groups(), 0);
     for (int n = 0; n < out.Np; ++n) put_int4z_meta(out, n, ones.data(), zeros.data());
   } else {
-    out.group_scale.assign(static_cast<std::size_t>(out.Np) * out.groups(), kBf16One);
+    out.group_scale.assign(static_cast<std::size_t>(out.Np) * out.groups(),
+                           out.element == Element::int8h ? kF16One : kBf16One);
   }
 }
 
@@ -378,8 +379,10 @@ bool quantize_weight_row(Element method, int group, const float* w, int K, int8_
       }
       if (scale == max_abs / static_cast<float>(qmax) && !negative) scale = -scale;  // not an all-zero group's 1
     }
-    // 16-bit group scales; |scale| >= FLT_MIN still: it is a bf16.
-    if (grouped(method)) scale = bf16_to_f32(f32_to_bf16(scale));
+    // 16-bit group scales; |scale| >= FLT_MIN still: it is a bf16 (int8h: Q8_0's float16 d, 1 for
+    // a group too small for a normal float16)
+    if (method == Element::int8h) scale = scale >= 0x1p-14f ? f16_to_f32(f32_to_f16(scale)) : 1.f;
+    else if (grouped(method)) scale = bf16_to_f32(f32_to_bf16(scale));
     // int8g: of the bf16 scale nearest max|w| / 127 and its two neighbours, the one whose group
     // error is least (the nearest on ties; a smaller one clamps the largest |w|). The nearest
     // alone is 1% less accurate than Q8_0's fp16 scales; the best of three, 3% more accurate.
@@ -476,8 +479,9 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
       put_fp4_row(out, n, q.data(), e8m0.data());
       continue;
     }
-    for (std::size_t g = 0; g < scales.size(); ++g) bits[g] = f32_to_bf16(scales[g]);  // exact: see quantize_weight_row
-    if (method == Element::int8g)
+    for (std::size_t g = 0; g < scales.size(); ++g)  // exact: see quantize_weight_row
+      bits[g] = method == Element::int8h ? f32_to_f16(scales[g]) : f32_to_bf16(scales[g]);
+    if (int8_groups(method))
       put_int8g_row(out, n, q.data(), bits.data());
     else
       put_int4_row(out, n, q.data(), bits.data());
@@ -490,12 +494,12 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
   if (method == Element::fp8) return pack_fp8_rows(out, rows);
   begin_quantized(out);
   std::vector<int8_t> q(out.Kp);
-  const std::vector<uint16_t> unit(out.groups() + 1, kBf16One);
+  const std::vector<uint16_t> unit(out.groups() + 1, method == Element::int8h ? kF16One : kBf16One);
   const std::vector<uint8_t> unit_e8m0(out.groups() + 1, kE8m0One);
   for (int n = 0; n < out.Np; ++n) {
     const QuantizedRow row = n < N ? rows[n] : QuantizedRow{};
     std::fill(q.begin(), q.end(), int8_t{0});
-    if (method == Element::int8 || method == Element::int8g) {
+    if (method == Element::int8 || int8_groups(method)) {
       if (row.values) std::copy(static_cast<const int8_t*>(row.values), static_cast<const int8_t*>(row.values) + K, q.begin());
       if (method == Element::int8)
         put_int8_row(out, n, q.data(), row.values ? *static_cast<const float*>(row.scales) : 1.f);

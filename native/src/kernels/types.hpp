@@ -13,6 +13,7 @@
 //   q4k:  [N/16][K/8][16][4]  nibbles     int4's order, each q in [0, 15]: GGUF's Q4_K (below)
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
 //                                         unsigned operand of u8 x s8 dot products)
+//   int8h: int8g's layout, float16 group scales (GGUF's Q8_0)
 //   fp8:  [N/16][K][16]       E4M3 codes  one 64-byte line = 16 columns x 4 k: a k's 16
 //                                         columns widen to one fp32 vector
 // N is padded to a multiple of 16 and K to the element's step (32, 64, or the group size of
@@ -40,18 +41,20 @@ inline int k_step(Element m, int group) {
 // Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
 inline bool grouped(Element m) {
   return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z ||
-         m == Element::q4k;
+         m == Element::q4k || m == Element::int8h;
 }
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
 inline bool int8_activations(Element m) {
   return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z ||
-         m == Element::q4k;
+         m == Element::q4k || m == Element::int8h;
 }
 // Nibble elements: int4's panel layout, two values a byte.
 inline bool nibbles(Element m) {
   return m == Element::int4 || m == Element::fp4 || m == Element::int4z || m == Element::q4k;
 }
-inline bool group_sums(Element m) { return m == Element::int8g || nibbles(m); }
+// int8g's layout and kernels, its scales bfloat16 (int8g) or float16 (int8h)
+inline bool int8_groups(Element m) { return m == Element::int8g || m == Element::int8h; }
+inline bool group_sums(Element m) { return int8_groups(m) || nibbles(m); }
 
 // int4z: per 16-column block and group, 16 float32 scales then 16 zero points (uint8, in
 // [0, 15]): one 80-byte record, so a tile reads one pointer a block.
@@ -152,7 +155,8 @@ struct PackedMatrix {
   aligned_vector<uint8_t> owned;
   // int8, fp8: scale[n].
   aligned_vector<float> scale;
-  // int4, int8g: bf16 group_scale[block][group][16] (16 consecutive columns per group): 16-bit
+  // int4, int8g: bf16 group_scale[block][group][16] (16 consecutive columns per group; int8h:
+  // float16, Q8_0's): 16-bit
   // scales keep group 32 at Q4_0's and Q8_0's bytes a weight (0.5625, 1.0625); bf16 (not
   // fp16) for its range.
   aligned_vector<uint16_t> group_scale;

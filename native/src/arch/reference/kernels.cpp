@@ -54,6 +54,9 @@ inline float bf16_group_scale(const PackedMatrix& w, int block, int g, int c) {
   return bf16_to_f32(w.block_scales(block)[g * 16 + c]);
 }
 inline float no_zero(const PackedMatrix&, int, int, int) { return 0.f; }
+inline float f16_group_scale(const PackedMatrix& w, int block, int g, int c) {
+  return f16_to_f32(w.block_scales(block)[g * 16 + c]);
+}
 
 // minimum(block, g, c): what q4k takes off each value of the group (its dmin * m), in float.
 template <typename Code>
@@ -157,6 +160,7 @@ void gemm(const GemmArgs& a) {
     case Element::int8: return gemm_int8(a);
     case Element::int4: return gemm_grouped(a, int4_code);
     case Element::int8g: return gemm_grouped(a, int8g_code);
+    case Element::int8h: return gemm_grouped(a, int8g_code, f16_group_scale);
     case Element::fp4: return gemm_grouped(a, fp4_doubled, e8m0_group_scale, 0.5f);
     case Element::int4z: return gemm_grouped(a, nibble_code, int4z_scale, 1.f, int4z_zero);
     case Element::q4k: return gemm_grouped(a, nibble_code, q4k_scale, 1.f, no_zero, q4k_min);
@@ -170,6 +174,7 @@ std::string describe(Element m) {
          : m == Element::fp4  ? "scalar int32 dot of doubled fp4 per group"
          : m == Element::int4z ? "scalar int32 dot per group, less zero points"
          : m == Element::q4k  ? "scalar int32 dot per group, less mins"
+         : m == Element::int8h ? "scalar int32 dot per group, float16 scales"
                               : "scalar int32 dot per group";
 }
 

@@ -339,9 +339,10 @@ const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unp
     for (int grp = 0; grp < G; ++grp) std::memcpy(scales + grp * 16, w.block_meta(blk) + grp * kInt4zGroupBytes, 64);
   } else {
     const uint16_t* bits = w.block_scales(blk);
-    for (int k = 0; k < G * 16; ++k) scales[k] = bf16_to_f32(bits[k]);
+    const auto widen = w.element == Element::int8h ? f16_to_f32 : bf16_to_f32;
+    for (int k = 0; k < G * 16; ++k) scales[k] = widen(bits[k]);
   }
-  if (w.element == Element::int8g) return w.block(blk);
+  if (int8_groups(w.element)) return w.block(blk);
   const bool unsigned_nibbles = w.element == Element::int4z || w.element == Element::q4k;
   const auto unpack = w.element == Element::fp4 ? unpack_fp4 : unsigned_nibbles ? unpack_nibbles : unpack_int4;
   unpack(w.block(blk), kp, unpacked);
@@ -372,7 +373,7 @@ void remove_offsets(const GemmArgs& g, int blk, int halves, int i0, int rows, in
 void amx_grouped(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
-  const bool int8g = w.element == Element::int8g, fp4 = w.element == Element::fp4, int4z = w.element == Element::int4z;
+  const bool int8g = int8_groups(w.element), fp4 = w.element == Element::fp4, int4z = w.element == Element::int4z;
   const bool q4k = w.element == Element::q4k;
   const float final_scale = fp4 ? 0.5f : 1.f;  // fp4's B tiles hold twice its values
   const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
@@ -522,7 +523,7 @@ int min_rows(Element m) {
   return m == Element::fp8     ? kAmxFp8MinRows
          : m == Element::bf16  ? kAmxBf16MinRows
          : m == Element::int8  ? kAmxInt8MinRows
-         : m == Element::int8g ? kAmxInt8gMinRows
+         : int8_groups(m)      ? kAmxInt8gMinRows
                                : kAmxInt4MinRows;  // int4, and fp4 (int4's kernel but the unpacking)
 }
 
@@ -541,6 +542,7 @@ std::string describe(Element m) {
                          : m == Element::bf16  ? "tdpbf16ps"
                          : m == Element::int8  ? "tdpbusd"
                          : m == Element::int8g ? "tdpbsud per group"
+                         : m == Element::int8h ? "tdpbsud per group, float16 scales"
                          : m == Element::fp4   ? "tdpbssd (fp4 looked up as doubled int8)"
                          : m == Element::int4z ? "tdpbsud per group, less zero points"
                          : m == Element::q4k   ? "tdpbsud per group, Q4_K's scales and mins"

@@ -289,10 +289,18 @@ struct NibbleTile {
  };
 };
 
+// 8 float16 group scales, widened exactly (F16C)
+inline __m256 load_f16_scales(const uint16_t* f16) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f16)));
+}
+
 // int8g: the codes w + 128 back to w (xor 0x80), then int8's |w| * sign(x, w) products, summed
-// exactly per group and scaled at its end in the order of the other backends.
-template <int M, int NB>
-struct Int8gTile {
+// exactly per group and scaled at its end in the order of the other backends (int8h: float16
+// scales, Half).
+template <bool Half>
+struct Int8gTiles {
+ template <int M, int NB>
+ struct Tile {
   static void run(const int8_t* const* x, const float* xs, const uint8_t* panel, const uint16_t* g_scale, int groups,
                   int group, float* out, int64_t ld) {
     __m256 accf[M][2];
@@ -311,12 +319,16 @@ struct Int8gTile {
       }
       for (int i = 0; i < M; ++i)
         for (int h = 0; h < 2; ++h)
-          accf[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][h]), load_scales(g_scale + g * 16 + h * 8), accf[i][h]);
+          accf[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][h]),
+                                       Half ? load_f16_scales(g_scale + g * 16 + h * 8)
+                                            : load_scales(g_scale + g * 16 + h * 8),
+                                       accf[i][h]);
     }
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h)
         _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(accf[i][h], _mm256_set1_ps(xs[i])));
   }
+ };
 };
 
 // fp8: a k's 16 codes as two vectors of 8 floats times 2^-120 (see kFp8BitsMask), fp32 FMA with
@@ -407,8 +419,13 @@ void gemm(const GemmArgs& a) {
                                      reinterpret_cast<const int8_t*>(w.block(blk)), w.scale.data() + blk * 16,
                                      w.Kp / 4, out, a.ld_out);
       else if (w.element == Element::int8g)
-        dispatch<kRows, 1, Int8gTile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float*>(xs),
-                                      w.block(blk), w.block_scales(blk), G, w.group, out, a.ld_out);
+        dispatch<kRows, 1, Int8gTiles<false>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
+                                                    static_cast<const float*>(xs), w.block(blk), w.block_scales(blk),
+                                                    G, w.group, out, a.ld_out);
+      else if (w.element == Element::int8h)
+        dispatch<kRows, 1, Int8gTiles<true>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
+                                                   static_cast<const float*>(xs), w.block(blk), w.block_scales(blk),
+                                                   G, w.group, out, a.ld_out);
       else if (w.element == Element::int4z)
         dispatch<kRows, 1, NibbleTile<Int4zCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
                                                          static_cast<const int32_t* const*>(sums),
@@ -438,6 +455,7 @@ std::string describe(Element m) {
          : m == Element::fp8   ? "avx2 fp32 fma on fp8 decoded in registers"
          : m == Element::int8  ? "avx2 maddubs, sign on the weights"
          : m == Element::int8g ? "avx2 maddubs, sign on the weights, per group"
+         : m == Element::int8h ? "avx2 maddubs, sign on the weights, per group, float16 scales"
          : m == Element::fp4   ? "avx2 maddubs on fp4 looked up as doubled int8"
          : m == Element::int4z ? "avx2 maddubs on unpacked nibbles, less zero points"
          : m == Element::q4k   ? "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group"

@@ -173,7 +173,7 @@ constexpr int kInt8gRows = 8, kInt8gBlocks = 3, kInt8gDecodeBlocks = 8;
 
 // Weights are codes w+128 (the u8 operand), activations signed: a group's sum carries
 // 128 * sum_k x, which each sum starts without (at -128 * sum_k x).
-template <int M, int NB>
+template <int M, int NB, bool Half>
 // noinline: register allocation in isolation keeps every accumulator in a register
 __attribute__((noinline)) void int8g_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale,
                                           const uint8_t* const* panel, const uint16_t* const* g_scale, int groups,
@@ -203,7 +203,8 @@ __attribute__((noinline)) void int8g_tile(const int8_t* const* x, const int32_t*
     for (int j = 0; j < NB; ++j) {
       // the scales are a stream of their own, 32 bytes a group: one line ahead
       _mm_prefetch(reinterpret_cast<const char*>(g_scale[j] + (g + 2) * 16), _MM_HINT_T0);
-      const __m512 scale = load_scales(g_scale[j] + g * 16);
+      const __m512 scale = Half ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g_scale[j] + g * 16)))
+                                : load_scales(g_scale[j] + g * 16);
       for (int i = 0; i < M; ++i) {
         float* o = out + i * ld + j * 16;
         _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][j]), scale, _mm512_loadu_ps(o)));
@@ -346,10 +347,14 @@ struct NibbleTile {
   };
 };
 
-template <int M, int NB>
-struct Int8gTile {
-  template <typename... A>
-  static void run(A... a) { int8g_tile<M, NB>(a...); }
+// int8g; Half: int8h (float16 scales)
+template <bool Half>
+struct Int8gTiles {
+  template <int M, int NB>
+  struct Tile {
+    template <typename... A>
+    static void run(A... a) { int8g_tile<M, NB, Half>(a...); }
+  };
 };
 
 // The grouped elements' driver: panels and their group scales, NB blocks at a time, over
@@ -409,7 +414,12 @@ void gemm_int4z(const GemmArgs& a) {
 void gemm_q4k(const GemmArgs& a) {
   gemm_grouped<NibbleTile<Q4kCodes>::Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks, Q4kCodes>(a);
 }
-void gemm_int8g(const GemmArgs& a) { gemm_grouped<Int8gTile, kInt8gRows, kInt8gBlocks, kInt8gDecodeBlocks>(a); }
+void gemm_int8g(const GemmArgs& a) {
+  gemm_grouped<Int8gTiles<false>::Tile, kInt8gRows, kInt8gBlocks, kInt8gDecodeBlocks>(a);
+}
+void gemm_int8h(const GemmArgs& a) {
+  gemm_grouped<Int8gTiles<true>::Tile, kInt8gRows, kInt8gBlocks, kInt8gDecodeBlocks>(a);
+}
 #endif
 
 void gemm(const GemmArgs& a) {
@@ -423,6 +433,7 @@ void gemm(const GemmArgs& a) {
     case Element::int4z: return gemm_int4z(a);
     case Element::q4k: return gemm_q4k(a);
     case Element::int8g: return gemm_int8g(a);
+    case Element::int8h: return gemm_int8h(a);
 #else
     // AVX-512 without VNNI (Skylake-SP): the AVX2 maddubs kernels are exact and close in speed.
 #ifdef KTFORGE_HAVE_AVX2
@@ -446,6 +457,7 @@ std::string describe(Element m) {
   const char* fp4 = "avx512 vpdpbusd on fp4 looked up as doubled int8";
   const char* int4z = "avx512 vpdpbusd on unpacked nibbles, less zero points";
   const char* int8g = "avx512 vpdpbusd per group";
+  const char* int8h = "avx512 vpdpbusd per group, float16 scales";
   const char* q4k = "avx512 vpdpbusd on unpacked nibbles, Q4_K's scales and mins per group";
 #else
   const char* int8 = "avx2 maddubs (no VNNI)";
@@ -453,6 +465,7 @@ std::string describe(Element m) {
   const char* fp4 = "avx2 maddubs on fp4 looked up as doubled int8 (no VNNI)";
   const char* int4z = "avx2 maddubs on unpacked nibbles, less zero points (no VNNI)";
   const char* int8g = "avx2 maddubs per group (no VNNI)";
+  const char* int8h = "avx2 maddubs per group, float16 scales (no VNNI)";
   const char* q4k = "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group (no VNNI)";
 #endif
 #ifdef __AVX512BF16__
@@ -465,6 +478,7 @@ std::string describe(Element m) {
   return m == Element::bf16    ? bf16
          : m == Element::int8  ? int8
          : m == Element::int8g ? int8g
+         : m == Element::int8h ? int8h
          : m == Element::fp4   ? fp4
          : m == Element::int4z ? int4z
          : m == Element::q4k   ? q4k
