@@ -42,7 +42,12 @@ TYPES = {
     "IQ4_XS": "LLAMA_FTYPE_MOSTLY_IQ4_XS",
     "MXFP4": "LLAMA_FTYPE_MOSTLY_MXFP4_MOE",
 }
-MIXED = {"gate": "Q4_K", "up": "Q4_0", "down": "BF16"}  # gate, up and down each their own type
+# files whose projections have types of their own, as Unsloth's "UD" quants and llama.cpp's _M mixes
+MIXED = {
+    "mixed": {"gate": "Q4_K", "up": "Q4_K", "down": "Q8_0"},
+    "mixed-bf16": {"gate": "Q4_K", "up": "Q4_K", "down": "BF16"},
+    "mixed-gate-up": {"gate": "Q4_K", "up": "Q4_0", "down": "Q4_K"},
+}
 
 
 def tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -126,8 +131,9 @@ def main(folder: str) -> int:
         write_source(source, tensors(np.random.default_rng(2026)))
         for stem, ftype in TYPES.items():
             quantize(source, target / f"qwen3moe-{stem}.gguf", ftype)
-        readers = {p: gguf.GGUFReader(target / f"qwen3moe-{t}.gguf") for p, t in MIXED.items()}
-        copy_with(target / "qwen3moe-mixed.gguf", readers, readers["down"])
+        for stem, mix in MIXED.items():
+            readers = {p: gguf.GGUFReader(target / f"qwen3moe-{t}.gguf") for p, t in mix.items()}
+            copy_with(target / f"qwen3moe-{stem}.gguf", readers, readers["down"])
         split = target / "split"
         split.mkdir(exist_ok=True)
         q4k = gguf.GGUFReader(target / "qwen3moe-Q4_K.gguf")

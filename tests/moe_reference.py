@@ -239,15 +239,24 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
 
 
 def expected(
-    x: Array, ids: Array, weights: Array, gate: Array, up: Array, down: Array, method: str, group: int = 128
+    x: Array,
+    ids: Array,
+    weights: Array,
+    gate: Array,
+    up: Array,
+    down: Array,
+    method: str,
+    group: int = 128,
+    down_method: tuple[str, int] | None = None,
 ) -> Array:
+    """The layer as the kernels define it (down in its own format and group, where given)."""
     x = np.asarray(x, dtype=F32)
     out = np.zeros((x.shape[0], down.shape[1]), dtype=np.float64)
     for e in np.unique(ids):
         tokens, slots = np.nonzero(ids == e)
         xe = x[tokens]
         a = (silu(_matmul(xe, gate[e], method, group)) * _matmul(xe, up[e], method, group)).astype(F32)
-        d = _matmul(a, down[e], method, group)
+        d = _matmul(a, down[e], *(down_method or (method, group)))
         out[tokens] += weights[tokens, slots][:, None].astype(np.float64) * d
     return out.astype(F32)
 

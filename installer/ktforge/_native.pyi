@@ -26,6 +26,8 @@ class MoELayer:
         swiglu_alpha: float = 1.0,
         swiglu_limit: float = ...,
         up_offset: float = 0.0,
+        down_method: str = "",
+        down_group_size: int = 128,
     ) -> None: ...
     def load_biases(
         self,

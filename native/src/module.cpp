@@ -26,6 +26,8 @@
 #include "kernels/pack.hpp"
 #include "kernels/scalar.hpp"
 #include "moe/layer.hpp"
+#include "python/arrays.hpp"
+#include "python/quantize.hpp"
 #include "runtime/aligned.hpp"
 #include "runtime/amx_permission.hpp"
 #include "runtime/cpu_features.hpp"
@@ -42,20 +44,6 @@ bool blis_gemm_selftest();
 #endif
 
 namespace {
-
-DType dtype_of(const py::array& a, const char* what) {
-  if (a.dtype().is(py::dtype::of<float>())) return DType::f32;
-  if (a.dtype().is(py::dtype::of<uint16_t>())) return DType::bf16;  // bfloat16 viewed as uint16
-  throw std::invalid_argument(std::string(what) + " must be float32 or bfloat16 (passed as uint16)");
-}
-
-void require(const py::array& a, const std::vector<py::ssize_t>& shape, const char* what) {
-  if (!(a.flags() & py::array::c_style)) throw std::invalid_argument(std::string(what) + " must be C-contiguous");
-  if (a.ndim() != static_cast<py::ssize_t>(shape.size()))
-    throw std::invalid_argument(std::string(what) + " has the wrong number of dimensions");
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    if (a.shape(i) != shape[i]) throw std::invalid_argument(std::string(what) + " has the wrong shape");
-}
 
 py::dict backend_info(const KernelTable& t) {
   py::dict d;
@@ -74,10 +62,14 @@ py::dict backend_info(const KernelTable& t) {
 
 class PyMoE {
  public:
+  // down_method "": down in gate and up's format
   PyMoE(int experts, int top_k, int hidden, int intermediate, const std::string& method, int group,
-        const std::string& backend, int threads, float alpha, float limit, float up_offset)
+        const std::string& backend, int threads, float alpha, float limit, float up_offset,
+        const std::string& down_method, int down_group)
       : layer_(MoeConfig{experts, top_k, hidden, intermediate, parse_method(method), group,
-                         GateActivation{alpha, limit, up_offset}},
+                         GateActivation{alpha, limit, up_offset},
+                         parse_method(down_method.empty() ? method : down_method),
+                         down_method.empty() ? group : down_group},
                backend, threads) {}
 
   // int32 [E, H], each row a permutation of [0, H) (checked here: an index out of range would read
@@ -141,18 +133,21 @@ class PyMoE {
   MoeLayer::QuantizedWeights quantized(const py::array& values, const py::array& scales, const py::object& zeros,
                                        py::ssize_t N, py::ssize_t K, const char* name) {
     const auto& c = layer_.config();
+    const bool down = std::string(name) == "down";
+    const Method method = c.method_of(down);
+    const int group = c.group_of(down);
     const py::ssize_t E = c.experts;
     const std::string scale_name = std::string(name) + "_scale";
-    const bool int4z = element_of(c.method) == Element::int4z;
+    const bool int4z = element_of(method) == Element::int4z;
     if (int4z == zeros.is_none())
       throw std::invalid_argument(int4z ? std::string(name) + " needs its zero points (int4z)"
                                         : std::string(name) + ": only int4z takes zero points");
     if (int4z) {
-      const py::ssize_t groups = (K + c.group - 1) / c.group;
+      const py::ssize_t groups = (K + group - 1) / group;
       const auto zero = zeros.cast<py::array>();
       if (!values.dtype().is(py::dtype::of<uint8_t>()))
         throw std::invalid_argument(std::string(name) + " must be uint8 (two 4-bit values per byte)");
-      require(values, {E, N, groups * c.group / 2}, name);
+      require(values, {E, N, groups * group / 2}, name);
       require(scales, {E, N, groups}, scale_name.c_str());
       require(zero, {E, N, groups}, (std::string(name) + "_zero").c_str());
       if (!scales.dtype().is(py::dtype::of<float>())) throw std::invalid_argument(scale_name + " must be float32");
@@ -163,9 +158,15 @@ class PyMoE {
         throw std::invalid_argument(std::string(name) + "_zero holds zero points above 15");
       return {values.data(), values.shape(2), scales.data(), groups * 4, zero.data(), groups};
     }
-    if (element_of(c.method) == Element::q4k) return q4k_weights(values, scales, N, K, name);
-    if (element_of(c.method) == Element::fp8) {
-      const py::ssize_t groups = (K + c.group - 1) / c.group;
+    if (element_of(method) == Element::q4k) return q4k_weights(values, scales, N, K, name);
+    if (element_of(method) == Element::bf16) {  // a mixed layer's bf16 projection (scale: unused)
+      if (!values.dtype().is(py::dtype::of<uint16_t>()))
+        throw std::invalid_argument(std::string(name) + " must be bfloat16 (passed as uint16)");
+      require(values, {E, N, K}, name);
+      return {values.data(), K * 2, values.data(), 0};
+    }
+    if (element_of(method) == Element::fp8) {
+      const py::ssize_t groups = (K + group - 1) / group;
       if (!values.dtype().is(py::dtype::of<uint8_t>()))
         throw std::invalid_argument(std::string(name) + " must be uint8 (FP8 E4M3 codes)");
       require(values, {E, N, K}, name);
@@ -173,30 +174,30 @@ class PyMoE {
       if (!scales.dtype().is(py::dtype::of<float>())) throw std::invalid_argument(scale_name + " must be float32");
       return {values.data(), values.shape(2), scales.data(), groups * 4};
     }
-    if (element_of(c.method) == Element::int8) {
+    if (element_of(method) == Element::int8) {
       if (!values.dtype().is(py::dtype::of<int8_t>())) throw std::invalid_argument(std::string(name) + " must be int8");
       require(values, {E, N, K}, name);
       require(scales, {E, N}, scale_name.c_str());
       if (!scales.dtype().is(py::dtype::of<float>())) throw std::invalid_argument(scale_name + " must be float32");
       return {values.data(), values.shape(2), scales.data(), 4};
     } else {
-      const py::ssize_t groups = (K + c.group - 1) / c.group;
-      if (int8_groups(element_of(c.method))) {
+      const py::ssize_t groups = (K + group - 1) / group;
+      if (int8_groups(element_of(method))) {
         if (!values.dtype().is(py::dtype::of<int8_t>())) throw std::invalid_argument(std::string(name) + " must be int8");
         require(values, {E, N, K}, name);
       } else {
         if (!values.dtype().is(py::dtype::of<uint8_t>()))
           throw std::invalid_argument(std::string(name) + " must be uint8 (two 4-bit values per byte)");
-        require(values, {E, N, groups * c.group / 2}, name);
+        require(values, {E, N, groups * group / 2}, name);
       }
       require(scales, {E, N, groups}, scale_name.c_str());
-      if (element_of(c.method) == Element::fp4) {
+      if (element_of(method) == Element::fp4) {
         if (!scales.dtype().is(py::dtype::of<uint8_t>()))
           throw std::invalid_argument(scale_name + " must be uint8 (E8M0 codes)");
         return {values.data(), values.shape(2), scales.data(), scales.shape(2)};
       }
       if (!scales.dtype().is(py::dtype::of<uint16_t>()))
-        throw std::invalid_argument(scale_name + (element_of(c.method) == Element::int8h ? " must be float16 (passed as uint16)"
+        throw std::invalid_argument(scale_name + (element_of(method) == Element::int8h ? " must be float16 (passed as uint16)"
                                                                                          : " must be bfloat16 (passed as uint16)"));
       return {values.data(), values.shape(2), scales.data(), scales.shape(2) * 2};
     }
@@ -226,7 +227,7 @@ class PyMoE {
                       const py::array& up_scale, const py::array& down, const py::array& down_scale,
                       const py::object& gate_zero, const py::object& up_zero, const py::object& down_zero) {
     const auto& c = layer_.config();
-    if (element_of(c.method) == Element::bf16)
+    if (element_of(c.method) == Element::bf16 && element_of(c.down_method) == Element::bf16)
       throw std::invalid_argument(std::string("method '") + method_name(c.method) +
                                   "' takes load_weights, not quantized weights");
     auto g = quantized(gate, gate_scale, gate_zero, c.intermediate, c.hidden, "gate");
@@ -272,6 +273,7 @@ class PyMoE {
     }
     py::dict d = backend_info(layer_.kernels());
     d["method"] = method_name(layer_.config().method);
+    d["down_method"] = method_name(layer_.config().down_method);
     d["kernel"] = describe_providers(min_rows);
     if (const LibraryBackend* lib = layer_.library()) {
       d["name"] = lib->name;
@@ -325,125 +327,6 @@ class PyMoE {
 };
 
 }  // namespace
-
-// Weights [..., K] float32 -> the portable layout of ktforge.formats.quantize: int8 values and one
-// float32 scale per row; int8g: int8 values and a bfloat16 scale (its uint16 bits) per group of
-// K padded to the group; int4 (K padded to the group): q + 8 nibble pairs and a bfloat16 scale
-// per group.
-py::tuple quantize_weights(const py::array& w, const std::string& method_name, int group,
-                           const std::optional<py::array_t<float, py::array::c_style>>& fp8_scale, int bn, int bk) {
-  const Method format = parse_method(method_name);
-  const Element method = element_of(format);
-  if (method == Element::bf16) throw std::invalid_argument("bf16 weights are rounded, not quantized");
-  if (method == Element::fp8)
-    throw std::invalid_argument("fp8 weights are served from FP8 checkpoints as they are (or packed by load_weights), "
-                                "not quantized to a portable layout");
-  if (method == Element::int8h)
-    throw std::invalid_argument("q8_0 serves GGUF Q8_0 tensors as they are (or packs floats in load_weights); "
-                                "kt convert writes int8g, its bfloat16-scaled peer");
-  if (method == Element::q4k)
-    throw std::invalid_argument("q4_k serves GGUF Q4_K tensors as they are (or packs floats in load_weights); "
-                                "kt convert writes int4, int8g, int8 or bf16");
-  if (method == Element::int4z)
-    throw std::invalid_argument("int4z serves checkpoints' asymmetric INT4 as they are (or packs floats in "
-                                "load_weights); kt convert writes int4, int8g, int8 or bf16");
-  if (!takes_group(format, group)) throw std::invalid_argument("group_size must be " + group_sizes_text(format));
-  if (w.ndim() < 1) throw std::invalid_argument("weights need at least one dimension");
-  if (!(w.flags() & py::array::c_style)) throw std::invalid_argument("weights must be C-contiguous");
-  // float32, bfloat16 as its uint16 bits, or FP8 E4M3 codes (uint8) with their block scales
-  const bool fp8 = w.dtype().is(py::dtype::of<uint8_t>());
-  const DType dtype = fp8 ? DType::f32 : dtype_of(w, "weights");
-  if (fp8 != fp8_scale.has_value()) throw std::invalid_argument("FP8 (uint8) weights need their block scales, and only they");
-  const py::ssize_t K = w.shape(w.ndim() - 1), rows = K ? w.size() / K : 0;
-  const bool int4 = nibbles(method), int8_values = !int4;
-  const int nibble_offset = method == Element::int4 ? 8 : 0;  // fp4's nibbles are its codes
-  const py::ssize_t Kp = method == Element::int8 ? K : (K + group - 1) / group * group;
-  const py::ssize_t groups = method == Element::int8 ? 1 : Kp / group;
-  std::vector<py::ssize_t> q_shape(w.shape(), w.shape() + w.ndim()), s_shape(q_shape.begin(), q_shape.end() - 1);
-  q_shape.back() = int8_values ? K : Kp / 2;
-  if (grouped(method)) s_shape.push_back(groups);
-  py::array q = int8_values ? py::array(py::array_t<int8_t>(q_shape)) : py::array(py::array_t<uint8_t>(q_shape));
-  py::array_t<float> scales(s_shape);  // grouped: narrowed to bf16 bits (exact) on return
-  const auto* src = static_cast<const char*>(w.data());
-  const std::size_t elem = fp8 ? 1 : dtype == DType::f32 ? 4 : 2;
-  const float* block_scales = nullptr;
-  py::ssize_t gk = 0;
-  if (fp8) {
-    const auto& sc = *fp8_scale;
-    const py::ssize_t N = w.ndim() >= 2 ? w.shape(w.ndim() - 2) : 1;
-    gk = (K + bk - 1) / bk;
-    if (bn <= 0 || bk <= 0 || sc.ndim() != 2 || sc.shape(0) != (N + bn - 1) / bn || sc.shape(1) != gk || rows != N)
-      throw std::invalid_argument("FP8 block scales do not match the weights' [N, K] blocks");
-    block_scales = sc.data();
-  }
-  auto* q_out = static_cast<char*>(q.mutable_data());
-  float* s_out = scales.mutable_data();
-  const py::ssize_t q_row = q_shape.back();
-  int64_t bad_row = -1;
-  {
-    py::gil_scoped_release release;
-    std::vector<float> row(Kp, 0.f);
-    std::vector<int8_t> values(Kp);
-    for (py::ssize_t r = 0; r < rows && bad_row < 0; ++r) {
-      // float32 rows of int8 (and of int4 with K a whole number of groups) are used in place
-      const float* in = reinterpret_cast<const float*>(src + r * K * elem);
-      if (fp8) {  // decoded and scaled here: the float32 matrix is never materialised
-        if (!decode_fp8_row(reinterpret_cast<const uint8_t*>(src + r * K), K, block_scales + (r / bn) * gk, bk, row.data()))
-          bad_row = r;
-        in = row.data();
-      } else if (dtype == DType::bf16) {
-        const auto* bits = reinterpret_cast<const uint16_t*>(src + r * K * elem);
-        for (py::ssize_t k = 0; k < K; ++k) row[k] = bf16_to_f32(bits[k]);
-        in = row.data();
-      } else if (Kp != K) {
-        std::copy(in, in + K, row.begin());
-        in = row.data();
-      }
-      // int8g's row is quantized over Kp (whole groups) and keeps its first K values
-      int8_t* q_dst = method == Element::int8 ? reinterpret_cast<int8_t*>(q_out) + r * q_row : values.data();
-      if (!quantize_weight_row(method, group, in, static_cast<int>(Kp), q_dst, s_out + r * groups) && bad_row < 0)
-        bad_row = r;
-      if (method == Element::int8g) std::copy(values.begin(), values.begin() + K, reinterpret_cast<int8_t*>(q_out) + r * q_row);
-      if (int4) {
-        auto* bytes = reinterpret_cast<uint8_t*>(q_out) + r * q_row;
-        for (py::ssize_t j = 0; j < q_row; ++j)
-          bytes[j] = static_cast<uint8_t>((values[2 * j] + nibble_offset) | ((values[2 * j + 1] + nibble_offset) << 4));
-      }
-    }
-  }
-  if (bad_row >= 0) throw std::invalid_argument("weights contain NaN or infinite values (row " + std::to_string(bad_row) + ")");
-  if (method == Element::int8) return py::make_tuple(q, scales);
-  if (method == Element::fp4) {
-    py::array_t<uint8_t> e8m0(s_shape);
-    std::transform(scales.data(), scales.data() + scales.size(), e8m0.mutable_data(), f32_to_e8m0);
-    return py::make_tuple(q, e8m0);
-  }
-  py::array_t<uint16_t> bits(s_shape);
-  std::transform(scales.data(), scales.data() + scales.size(), bits.mutable_data(), f32_to_bf16);
-  return py::make_tuple(q, bits);
-}
-
-// FP8 E4M3 weights [N, K] (as bytes) times their [ceil(N / bn), ceil(K / bk)] block scales.
-py::array_t<float> dequantize_fp8(const py::array_t<uint8_t, py::array::c_style>& w,
-                                  const py::array_t<float, py::array::c_style>& scale, int bn, int bk) {
-  if (w.ndim() != 2 || scale.ndim() != 2 || bn <= 0 || bk <= 0)
-    throw std::invalid_argument("dequantize_fp8 takes [N, K] weights, 2-D block scales and positive block sizes");
-  const py::ssize_t N = w.shape(0), K = w.shape(1), gk = scale.shape(1);
-  if (scale.shape(0) != (N + bn - 1) / bn || gk != (K + bk - 1) / bk)
-    throw std::invalid_argument("block scales do not match the weights' blocks");
-  py::array_t<float> out({N, K});
-  const uint8_t* src = w.data();
-  const float* s = scale.data();
-  float* dst = out.mutable_data();
-  py::ssize_t nan_row = -1;
-  {
-    py::gil_scoped_release release;
-    for (py::ssize_t n = 0; n < N; ++n)
-      if (!decode_fp8_row(src + n * K, K, s + (n / bn) * gk, bk, dst + n * K) && nan_row < 0) nan_row = n;
-  }
-  if (nan_row >= 0) throw std::invalid_argument("NaN in FP8 weights (row " + std::to_string(nan_row) + ")");
-  return out;
-}
 
 static py::dict build_info() {
   py::dict info;
@@ -591,10 +474,12 @@ PYBIND11_MODULE(_native, m) {
   m.def("dequantize_fp8", &dequantize_fp8, py::arg("weights"), py::arg("scale"), py::arg("block_rows"),
         py::arg("block_cols"));
   py::class_<PyMoE>(m, "MoELayer")
-      .def(py::init<int, int, int, int, const std::string&, int, const std::string&, int, float, float, float>(),
+      .def(py::init<int, int, int, int, const std::string&, int, const std::string&, int, float, float, float,
+                    const std::string&, int>(),
            py::arg("num_experts"), py::arg("top_k"), py::arg("hidden_size"), py::arg("intermediate_size"),
            py::arg("method"), py::arg("group_size"), py::arg("backend"), py::arg("threads"), py::arg("swiglu_alpha") = 1.f,
-           py::arg("swiglu_limit") = __builtin_inff(), py::arg("up_offset") = 0.f)
+           py::arg("swiglu_limit") = __builtin_inff(), py::arg("up_offset") = 0.f, py::arg("down_method") = "",
+           py::arg("down_group_size") = 128)
       .def("load_biases", &PyMoE::load_biases, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("load_input_order", &PyMoE::load_input_order, py::arg("order"))
       .def("load_weights", &PyMoE::load, py::arg("gate"), py::arg("up"), py::arg("down"))

@@ -92,7 +92,7 @@ def test_the_reader_agrees_with_gguf_py(path: Path) -> None:
 @pytest.mark.parametrize("name", SERVED)
 def test_each_served_type_is_the_files_values_bit_for_bit(name: str) -> None:
     with GgufCheckpoint(fixture(name)) as checkpoint:
-        method = checkpoint.stored_method(0)
+        method = checkpoint.stored_formats(0)["gate"][0]
         assert method == SERVED[name]
         for projection, dense in zip(("gate", "up", "down"), tool_dense(fixture(name)), strict=True):
             q = checkpoint.quantized(0, projection)
@@ -130,15 +130,53 @@ def test_a_type_without_a_kernel_is_refused_naming_the_type_and_tensor(name: str
         ktforge.MoE.from_pretrained(fixture(name), 0)
 
 
-def test_a_layer_mixing_types_of_different_formats_is_refused_naming_each() -> None:
-    with pytest.raises(GgufError, match=r"mix types \(gate Q4_K, up Q4_0, down BF16\)"):
-        ktforge.MoE.from_pretrained(fixture("mixed"), 0)
-    # each of its tensors is still read as the file has it
-    with GgufCheckpoint(fixture("mixed")) as checkpoint:
-        for projection, dense in zip(("gate", "up", "down"), tool_dense(fixture("mixed")), strict=True):
-            kind = checkpoint.model.tensors[checkpoint.tensor_name(0, projection)].type
-            ours = dequantize(checkpoint.quantized(0, projection), kind.served_as or "", dense.shape[-1])
-            assert np.array_equal(ours.astype(np.float64), dense)
+def activations_reference(x: Any, ids: Any, w: Any, dense: list[Any], int8: tuple[bool, bool]) -> Any:
+    """The layer in float64 over ``dense`` with each projection's input as its kernels take it:
+    quantized to int8 per token (``int8`` True: gate/up, down) or rounded to bfloat16."""
+    from ..moe_reference import quantize_rows
+
+    def taken(a: Any, as_int8: bool) -> Any:
+        if not as_int8:
+            return bf16_round(np.asarray(a, np.float32)).astype(np.float64)
+        q, scale = quantize_rows(np.asarray(a, np.float32)[None], 127)
+        return q[0].astype(np.float64) * scale[0]
+
+    gate, up, down = dense
+    out = np.zeros((x.shape[0], down.shape[1]))
+    for t in range(x.shape[0]):
+        xt = taken(x[t], int8[0])
+        for j in range(ids.shape[1]):
+            e = ids[t, j]
+            g, u = gate[e] @ xt, up[e] @ xt
+            a = (g / (1 + np.exp(-g)) * u).astype(np.float32)
+            out[t] += w[t, j] * (down[e] @ taken(a, int8[1]))
+    return out
+
+
+@pytest.mark.parametrize("backend", host.runnable_backends())
+@pytest.mark.parametrize(("name", "down"), [("mixed", "q8_0"), ("mixed-bf16", "bf16")])
+def test_a_layer_whose_down_has_its_own_type_runs_each_in_its_format(name: str, down: str, backend: str) -> None:
+    # gate and up Q4_K, down Q8_0 or BF16: as llama.cpp's _M mixes and Unsloth's UD files give them
+    moe = ktforge.MoE.from_pretrained(fixture(name), 0, backend=backend)
+    assert (moe.method, moe.down_method) == ("q4_k", down) and moe.info["down_method"] == down
+    dense = tool_dense(fixture(name))
+    with GgufCheckpoint(fixture(name)) as checkpoint:
+        for projection, values in zip(("gate", "up", "down"), dense, strict=True):
+            served = checkpoint.stored_formats(0)[projection][0]
+            ours = dequantize(checkpoint.quantized(0, projection), served, values.shape[-1])
+            assert np.array_equal(ours.astype(np.float64), values), projection
+        infos = [checkpoint.model.tensors[checkpoint.tensor_name(0, p)] for p in ("gate", "up", "down")]
+        assert moe.info["packed_bytes"] == pytest.approx(sum(i.nbytes * GROWTH[i.type.name] for i in infos))
+    for T in (2, 70):
+        x, ids, w = inputs(T, E, K_TOP, H)
+        reference = activations_reference(x, ids, w, dense, (True, down != "bf16"))
+        y = moe.forward(x, ids, w)
+        assert int8_layer_error(y, reference) < 1e-4, (backend, T)
+
+
+def test_gate_and_up_of_different_formats_are_refused_naming_each() -> None:
+    with pytest.raises(GgufError, match=r"gate and up need different formats \(gate Q4_K, up Q4_0, down Q4_K"):
+        ktforge.MoE.from_pretrained(fixture("mixed-gate-up"), 0)
 
 
 def test_split_files_and_a_directory_load_as_the_whole_file(tmp_path: Path) -> None:

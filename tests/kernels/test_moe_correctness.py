@@ -211,3 +211,32 @@ def test_int8_weights_of_minus_128_are_exact(backend: str, extreme: bool, T: int
     moe = ktforge.MoE(E, k, H, I, method="int8", backend=backend, threads=2)
     moe.load_quantized(*(Quantized(*layer[p]) for p in ("gate", "up", "down")))
     assert rel_err(moe.forward(x, ids, w), expected_int8(x, ids, w, layer)) < 2e-3
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize(
+    ("method", "group", "down", "down_group"),
+    [("q4_k", 32, "q8_0", 32), ("q4_k", 32, "bf16", 128), ("int4", 64, "int8", 128), ("bf16", 128, "q4_k", 32)],
+)
+def test_down_in_its_own_format_matches_the_definition(
+    backend: str, method: str, group: int, down: str, down_group: int
+) -> None:
+    # a GGUF's layer whose down tensor has another type than gate and up (llama.cpp's _M mixes)
+    E, k, H, I, T = 5, 2, 264, 136, 90
+    gate, up, down_w = make_layer(E, H, I, seed=8)
+    ids, w = routing(T, E, k, seed=9)
+    x = np.random.default_rng(10).standard_normal((T, H)).astype(np.float32)
+    moe = ktforge.MoE(
+        E, k, H, I, method=method, group_size=group, down_method=down, down_group_size=down_group, backend=backend
+    )
+    moe.load_weights(gate, up, down_w)
+    assert (moe.method, moe.down_method, moe.info["down_method"]) == (method, down, down)
+    reference = expected(x, ids, w, gate, up, down_w, method, group, down_method=(down, down_group))
+    assert rel_err(moe.forward(x, ids, w), reference) < 2e-3
+
+
+def test_a_down_format_is_checked_like_the_layers() -> None:
+    with pytest.raises(ValueError, match="down_method must be one of"):
+        ktforge.MoE(4, 2, 64, 64, method="int4", group_size=32, down_method="int3")
+    with pytest.raises(ValueError, match="down_group_size must be 32"):
+        ktforge.MoE(4, 2, 64, 64, method="int4", group_size=64, down_method="q8_0")

@@ -124,12 +124,13 @@ class GgufCheckpoint:
         n, k = (self.hidden, self.intermediate) if projection == "down" else (self.intermediate, self.hidden)
         return self.experts, n, k
 
-    def stored_method(self, layer: int) -> str:
-        """The format that holds the layer's three expert tensors exactly; GgufError naming the
-        tensor and its type where a type is not served, or where the three need different formats."""
+    def stored_formats(self, layer: int) -> dict[str, tuple[str, int]]:
+        """Each projection's format that holds its tensor exactly, and its group (the file's
+        blocks'; q4_k: its 32-value groups); GgufError naming the tensor and its type where a type
+        is not served, or where gate and up (one matrix in the kernels) need different ones."""
         if layer not in self.moe_layers:
             raise GgufError(f"{self.path}: layer {layer} holds no routed experts; MoE layers are {self.moe_layers}")
-        formats: dict[str, str] = {}
+        served: dict[str, tuple[str, int]] = {}
         for projection in PROJECTIONS:
             name = self.tensor_name(layer, projection)
             info = self.model.tensors.get(name)
@@ -141,19 +142,18 @@ class GgufCheckpoint:
                 raise GgufError(
                     f"{self.path}: {name} is {info.type.name}, which ktforge does not compute: {info.type.why}"
                 )
-            formats[projection] = info.type.served_as
-        if len(set(formats.values())) > 1:
+            block = info.type.block_values
+            served[projection] = (
+                info.type.served_as,
+                formats.group_for(info.type.served_as, block) if block > 1 else 128,
+            )
+        if served["gate"] != served["up"]:
             types = ", ".join(f"{p} {self.model.tensors[self.tensor_name(layer, p)].type.name}" for p in PROJECTIONS)
             raise GgufError(
-                f"{self.path}: layer {layer}'s experts mix types ({types}) that need different formats "
-                f"({', '.join(f'{p} {f}' for p, f in formats.items())}); a layer computes one format"
+                f"{self.path}: layer {layer}'s gate and up need different formats ({types}: gate "
+                f"{served['gate'][0]}, up {served['up'][0]}); the kernels compute them as one matrix"
             )
-        return formats["gate"]
-
-    def stored_group(self, layer: int) -> int:
-        """The group the layer's format runs at: the file's blocks' (q4_k: its 32-value groups)."""
-        block = self.model.tensors[self.tensor_name(layer, "gate")].type.block_values
-        return formats.group_for(self.stored_method(layer), block) if block > 1 else 128
+        return served
 
     def quantized(self, layer: int, projection: str) -> Quantized:
         """One projection's experts in their format's portable layout, the file's values."""

@@ -197,6 +197,8 @@ class MoE:
         swiglu_alpha: float = 1.0,
         swiglu_limit: float | None = None,
         up_offset: float = 0.0,
+        down_method: str | None = None,
+        down_group_size: int | None = None,
     ) -> None:
         import math
 
@@ -219,6 +221,10 @@ class MoE:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         formats.check_group(method, group_size)
+        if down_method is not None and down_method not in METHODS:
+            raise ValueError(f"down_method must be one of {', '.join(METHODS)}, got {down_method!r}")
+        down_group = group_size if down_group_size is None else down_group_size
+        formats.check_group(down_method or method, down_group, "down_group_size")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
         if threads is not None and threads > MAX_THREADS:
@@ -236,6 +242,7 @@ class MoE:
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.method = method
         self._group = int(group_size)
+        self.down_method, self._down_group = down_method or method, int(down_group)
         if backend == "auto" and _SELECTED_BACKEND:
             backend = _SELECTED_BACKEND
         if backend in _LIBRARY_BACKENDS:
@@ -252,6 +259,8 @@ class MoE:
             float(swiglu_alpha),
             math.inf if swiglu_limit is None else float(swiglu_limit),
             float(up_offset),
+            down_method or "",
+            int(down_group),
         )
         self._loaded = False
         self.routing: Routing | None = None  # a GGUF's (MoE.from_pretrained): ids and weights from router logits
@@ -309,7 +318,7 @@ class MoE:
         from ktforge.checkpoints.gguf import GgufCheckpoint
 
         with GgufCheckpoint(path) as checkpoint:
-            stored, group = checkpoint.stored_method(layer), checkpoint.stored_group(layer)
+            (stored, group), (down_stored, down_group) = (checkpoint.stored_formats(layer)[p] for p in ("gate", "down"))
             if method not in (None, stored) or group_size not in (None, group):
                 raise ValueError(f"{path}: layer {layer}'s experts are served as {stored}, in the file's values")
             moe = cls(
@@ -322,6 +331,8 @@ class MoE:
                 threads=threads,
                 group_size=group,
                 **(activation or checkpoint.activation()),
+                down_method=down_stored,
+                down_group_size=down_group,
             )
             moe.load_quantized(*(checkpoint.quantized(layer, p) for p in ("gate", "up", "down")))
             biases = checkpoint.biases(layer)
@@ -506,34 +517,20 @@ class MoE:
         """Weights already quantized for this layer's method, in the portable layout of
         :mod:`ktforge.formats.quantize` (what ``kt convert`` writes): gate, up ``[E, I, ...]``, down
         ``[E, H, ...]``. Gives exactly the results of ``load_weights`` on the float weights."""
-        from ktforge.formats.quantize import shapes
-
         E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
-        parts: dict[str, dict[str, np.ndarray[Any, Any]]] = {}
-        for name, q, (N, K) in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I))):
-            if not isinstance(q, Quantized):
-                raise TypeError(f"{name} must be a ktforge.formats.quantize.Quantized, got {type(q).__name__}")
-            parts[name] = {}
-            for part, (shape, dtype) in shapes(self.method, N, K, self._group).items():
-                expected = np.dtype(_SAFETENSORS_NUMPY[dtype])
-                if getattr(q, part) is None:
-                    raise ValueError(f"{name}.{part} is missing; {self.method} needs {expected} {(E, *shape)}")
-                array = np.asarray(getattr(q, part))
-                if array.shape != (E, *shape) or array.dtype != expected:
-                    raise ValueError(
-                        f"{name}.{part} is {array.dtype} {tuple(array.shape)}; {self.method} with group size "
-                        f"{self._group} needs {expected} {(E, *shape)}"
-                    )
-                parts[name][part] = np.ascontiguousarray(array)
-        if self.method == "bf16":
-            self.load_weights(*(parts[p]["weight"] for p in parts))
+        parts = {
+            name: stored_formats.kernel_parts(
+                self.down_method if name == "down" else self.method,
+                self._down_group if name == "down" else self._group,
+                name,
+                q,
+                (E, N, K),
+            )
+            for name, q, (N, K) in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I)))
+        }
+        if self.method == self.down_method == "bf16":
+            self.load_weights(*(parts[p]["weight"].view(_bf16_dtype()) for p in parts))
             return
-        for name, projection in parts.items():
-            stored_formats.check_scales(self.method, name, projection)
-            if formats.by_name(self.method).element == "int8h":  # float16 scales, as their bits
-                projection["scale"] = projection["scale"].view(np.uint16)
-            elif formats.by_name(self.method).element not in ("fp4", "q4k"):  # E8M0 codes, records: bytes
-                projection["scale"] = _kernel_view(projection["scale"], f"{name}.scale", copy=False)  # bf16 as bits
         zeros = {f"{p}_zero": parts[p]["zero"] for p in parts if "zero" in parts[p]}
         self._layer.load_quantized(
             *(array for p in parts for array in (parts[p]["weight"], parts[p]["scale"])), **zeros

@@ -35,6 +35,39 @@ def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]])
         parts["weight"] = parts["weight"].view(np.uint8)  # E4M3 codes as their bytes
 
 
+def kernel_parts(method: str, group: int, name: str, q: Any, shape: tuple[int, int, int]) -> dict[str, Any]:
+    """One projection's parts (``Quantized``, ``E, N, K``) checked against its format's portable
+    layout, its scales checked, and each part as the extension takes it: 16-bit floats as their
+    bits; a bf16 projection's ``scale`` an empty placeholder (a mixed layer's)."""
+    from ktforge.checkpoints.safetensors_io import DTYPES
+    from ktforge.formats.quantize import Quantized, shapes
+
+    if not isinstance(q, Quantized):
+        raise TypeError(f"{name} must be a ktforge.formats.quantize.Quantized, got {type(q).__name__}")
+    E, N, K = shape
+    parts = {}
+    for part, (dims, dtype) in shapes(method, N, K, group).items():
+        expected = np.dtype(DTYPES[dtype])
+        if getattr(q, part) is None:
+            raise ValueError(f"{name}.{part} is missing; {method} needs {expected} {(E, *dims)}")
+        array = np.asarray(getattr(q, part))
+        if array.shape != (E, *dims) or array.dtype != expected:
+            raise ValueError(
+                f"{name}.{part} is {array.dtype} {tuple(array.shape)}; {method} with group size "
+                f"{group} needs {expected} {(E, *dims)}"
+            )
+        parts[part] = np.ascontiguousarray(array)
+    element = formats.by_name(method).element
+    if element == "bf16":
+        if not np.isfinite(parts["weight"].astype(np.float32)).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
+        return {"weight": parts["weight"].view(np.uint16), "scale": np.empty(0, np.uint8)}
+    check_scales(method, name, parts)
+    if parts["scale"].dtype.itemsize == 2:  # bfloat16 or float16 scales: their bits
+        parts["scale"] = parts["scale"].view(np.uint16)
+    return parts
+
+
 def act_order(
     arrays: dict[str, np.ndarray[Any, Any]],
     orders: dict[tuple[int, str], np.ndarray[Any, Any]],

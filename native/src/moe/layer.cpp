@@ -82,6 +82,8 @@ MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int thre
     throw std::invalid_argument("swiglu_alpha must be positive and finite, swiglu_limit positive (or None), up_offset finite");
   if (!takes_group(config.method, config.group))
     throw std::invalid_argument("group_size must be " + group_sizes_text(config.method));
+  if (!takes_group(config.down_method, config.down_group))
+    throw std::invalid_argument("down's group_size must be " + group_sizes_text(config.down_method));
   inter_padded_ = static_cast<int>(round_up(config.intermediate, 16));
   thread_scratch_.resize(pool_threads_);
   providers_ = make_providers(ProviderContext{config_, *kernels_, library_, pool_threads_});
@@ -99,9 +101,9 @@ void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) 
   std::vector<PackedMatrix> gate_up(E), down_packed(E);
   // Every expert's values in one huge-page buffer, each expert's gate/up then down: a
   // forward streams them with few TLB misses.
-  const Element m = element_of(config_.method);
-  const std::size_t gate_up_bytes = PackedMatrix::value_bytes(m, config_.group, 2 * inter_padded_, H),
-                    down_bytes = PackedMatrix::value_bytes(m, config_.group, H, I);
+  const std::size_t gate_up_bytes =
+                        PackedMatrix::value_bytes(element_of(config_.method), config_.group, 2 * inter_padded_, H),
+                    down_bytes = PackedMatrix::value_bytes(element_of(config_.down_method), config_.down_group, H, I);
   HugePageBuffer arena(static_cast<std::size_t>(E) * (gate_up_bytes + down_bytes));
   for (int e = 0; e < E; ++e) {
     gate_up[e].values = arena.data() + e * (gate_up_bytes + down_bytes);
@@ -114,10 +116,10 @@ void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) 
       rows[(n / 16) * 32 + n % 16] = gate_up_row(e, n, false);
       rows[(n / 16) * 32 + 16 + n % 16] = gate_up_row(e, n, true);
     }
-    pack(gate_up[e], rows, H);
+    pack(gate_up[e], rows, H, false);
     std::vector<Row> down_rows(H);
     for (int n = 0; n < H; ++n) down_rows[n] = down_row(e, n);
-    pack(down_packed[e], down_rows, I);
+    pack(down_packed[e], down_rows, I, true);
   });
   gate_up_ = std::move(gate_up);
   down_ = std::move(down_packed);
@@ -135,14 +137,14 @@ void MoeLayer::load(const void* gate, const void* up, const void* down, DType dt
   pack_experts<const void*>(
       [&](int64_t e, int n, bool is_up) { return row(is_up ? up : gate, e * I + n, H); },
       [&](int64_t e, int n) { return row(down, e * H + n, I); },
-      [&](PackedMatrix& out, const std::vector<const void*>& rows, int K) {
-        pack_rows(out, element_of(config_.method), config_.group, rows, dtype, K);
+      [&](PackedMatrix& out, const std::vector<const void*>& rows, int K, bool is_down) {
+        pack_rows(out, element_of(config_.method_of(is_down)), config_.group_of(is_down), rows, dtype, K);
       });
 }
 
 void MoeLayer::load_quantized(const QuantizedWeights& gate, const QuantizedWeights& up,
                               const QuantizedWeights& down) {
-  if (element_of(config_.method) == Element::bf16)
+  if (element_of(config_.method) == Element::bf16 && element_of(config_.down_method) == Element::bf16)
     throw std::invalid_argument("bf16 weights are loaded with load_weights");
   const int H = config_.hidden, I = config_.intermediate;
   auto row = [&](const QuantizedWeights& w, int64_t index) {
@@ -153,8 +155,12 @@ void MoeLayer::load_quantized(const QuantizedWeights& gate, const QuantizedWeigh
   pack_experts<QuantizedRow>(
       [&](int64_t e, int n, bool is_up) { return row(is_up ? up : gate, e * I + n); },
       [&](int64_t e, int n) { return row(down, e * H + n); },
-      [&](PackedMatrix& out, const std::vector<QuantizedRow>& rows, int K) {
-        pack_quantized_rows(out, element_of(config_.method), config_.group, rows, K);
+      [&](PackedMatrix& out, const std::vector<QuantizedRow>& rows, int K, bool is_down) {
+        const Element m = element_of(config_.method_of(is_down));
+        if (m != Element::bf16) return pack_quantized_rows(out, m, config_.group_of(is_down), rows, K);
+        std::vector<const void*> values(rows.size());  // a mixed layer's bf16 projection: its bits as they are
+        for (std::size_t n = 0; n < rows.size(); ++n) values[n] = rows[n].values;
+        pack_rows(out, m, config_.group_of(is_down), values, DType::bf16, K);
       });
 }
 
@@ -339,7 +345,7 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
 
   run_gate_up(offsets, gate_up_rows);
   lap("gate_up_ms");
-  prepare_activations(*kernels_, act_a_, element_of(config_.method), config_.group, kp_inter, a_buf_.data(), DType::f32, slots,
+  prepare_activations(*kernels_, act_a_, element_of(config_.down_method), config_.down_group, kp_inter, a_buf_.data(), DType::f32, slots,
                       I, inter_padded_, &pool(), "the expert intermediate activation");
   lap("prepare_a_ms");
   run_down(offsets);

@@ -29,9 +29,15 @@ struct GateActivation {
 
 struct MoeConfig {
   int experts = 0, top_k = 0, hidden = 0, intermediate = 0;
-  Method method = Method::bf16;
+  Method method = Method::bf16;  // gate and up's (one matrix); down's where down_method says none
   int group = 128;
   GateActivation activation;
+  // down's own format where a checkpoint stores it in another (a GGUF's Q4_K gate/up, Q8_0 down)
+  Method down_method = Method::bf16;
+  int down_group = 128;
+  bool mixed() const { return down_method != method || down_group != group; }
+  Method method_of(bool down) const { return down ? down_method : method; }
+  int group_of(bool down) const { return down ? down_group : group; }
 };
 
 enum class Projection { gate_up, down };

@@ -8,6 +8,10 @@ namespace kt {
 std::vector<std::unique_ptr<Provider>> make_providers(const ProviderContext& context) {
   const FormatInfo& format = format_info(context.config.method);
   std::vector<std::unique_ptr<Provider>> providers;
+  if (context.config.mixed()) {  // two formats: the kernel table, which takes every element family
+    providers.push_back(make_kernels_provider(context));
+    return providers;
+  }
   for (int i = 0; i < format.provider_count; ++i) {
     const ProviderFactory make = provider_factory(format.providers[i]);
     if (!make) throw std::logic_error(std::string("no provider file for '") + format.providers[i] + "'");
