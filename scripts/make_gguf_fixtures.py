@@ -65,13 +65,43 @@ def tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return out
 
 
-def write_source(path: Path, arrays: dict[str, np.ndarray]) -> None:
+# A whole tiny model for transformers' GGUF loader (gguf_file=): attention too, and the expert
+# intermediate size transformers assumes for qwen3_moe (its GGUF key map has no
+# expert_feed_forward_length: Qwen3-30B-A3B's 768).
+MODEL_INTER, HEADS, KV_HEADS, HEAD_DIM = 768, 4, 2, 64
+
+
+def model_tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    out = {
+        "token_embd.weight": rng.standard_normal((VOCAB, HIDDEN), np.float32) * 0.5,
+        "output_norm.weight": np.ones(HIDDEN, np.float32),
+        "output.weight": rng.standard_normal((VOCAB, HIDDEN), np.float32) * 0.05,
+        "blk.0.attn_norm.weight": np.ones(HIDDEN, np.float32),
+        "blk.0.ffn_norm.weight": np.ones(HIDDEN, np.float32),
+        "blk.0.attn_q_norm.weight": np.ones(HEAD_DIM, np.float32),
+        "blk.0.attn_k_norm.weight": np.ones(HEAD_DIM, np.float32),
+        "blk.0.ffn_gate_inp.weight": rng.standard_normal((EXPERTS, HIDDEN), np.float32) * 0.5,
+    }
+    for name, rows in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM)):
+        out[f"blk.0.attn_{name}.weight"] = rng.standard_normal((rows, HIDDEN), np.float32) * 0.05
+    out["blk.0.attn_output.weight"] = rng.standard_normal((HIDDEN, HEADS * HEAD_DIM), np.float32) * 0.05
+    for name, shape in (
+        ("gate", (MODEL_INTER, HIDDEN)),
+        ("up", (MODEL_INTER, HIDDEN)),
+        ("down", (HIDDEN, MODEL_INTER)),
+    ):
+        out[f"blk.0.ffn_{name}_exps.weight"] = rng.standard_normal((EXPERTS, *shape), np.float32) * 0.05
+    return out
+
+
+def write_source(path: Path, arrays: dict[str, np.ndarray], inter: int = INTER) -> None:
     writer = gguf.GGUFWriter(str(path), ARCH)
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(INTER)
-    writer.add_expert_feed_forward_length(INTER)
+    writer.add_feed_forward_length(inter)
+    writer.add_expert_feed_forward_length(inter)
+    writer.add_vocab_size(VOCAB)
     writer.add_head_count(4)
     writer.add_head_count_kv(2)
     writer.add_key_length(64)
@@ -134,6 +164,9 @@ def main(folder: str) -> int:
         for stem, mix in MIXED.items():
             readers = {p: gguf.GGUFReader(target / f"qwen3moe-{t}.gguf") for p, t in mix.items()}
             copy_with(target / f"qwen3moe-{stem}.gguf", readers, readers["down"])
+        model_source = Path(tmp) / "model-F32.gguf"
+        write_source(model_source, model_tensors(np.random.default_rng(7)), MODEL_INTER)
+        quantize(model_source, target / "qwen3moe-model-Q4_K.gguf", TYPES["Q4_K"])
         split = target / "split"
         split.mkdir(exist_ok=True)
         q4k = gguf.GGUFReader(target / "qwen3moe-Q4_K.gguf")

@@ -389,6 +389,9 @@ def load_checkpoint(model: Any, path: str | Path) -> list[int]:
     packed for the method of :func:`configure`. Transformers' copy of each loaded module's experts is then
     freed, so one copy stays in memory (the eager experts and ``state_dict`` refuse, as with
     ``release_torch_weights``). Switches the model to ``experts_implementation="ktforge"``.
+    ``path`` may be a GGUF (the file transformers loaded with ``gguf_file=``, split parts or
+    their directory): its experts run on the file's own quantized values, not transformers'
+    dequantized copy.
 
     The checkpoint must hold this model's weights: sketches of sampled rows of its experts
     are compared with the module's own (up to bf16 rounding). Returns the layers loaded;
@@ -396,10 +399,14 @@ def load_checkpoint(model: Any, path: str | Path) -> list[int]:
     import numpy as np
     import torch
 
-    from ktforge.checkpoints import fingerprint
+    from ktforge.checkpoints import fingerprint, gguf
     from ktforge.checkpoints.checkpoint import Checkpoint
 
     directory = Path(path)
+    if gguf.is_gguf(directory):
+        from ktforge.transformers_gguf import load_gguf
+
+        return load_gguf(model, directory)
     layers: list[tuple[Any, ktforge.MoE, int]] = []
     with Checkpoint(directory) as checkpoint:
         sizes = (checkpoint.experts, 2 * checkpoint.intermediate, checkpoint.hidden)

@@ -181,6 +181,8 @@ class MoE:
             ``g = min(gate, limit)``: SwiGLU by default (alpha 1, no limit, offset 0); DeepSeek-V4
             clamps (``swiglu_limit``); gpt-oss is ``swiglu_alpha=1.702, swiglu_limit=7.0,
             up_offset=1.0``, with biases (:meth:`load_biases`).
+        down_method, down_group_size: down's own format, where a checkpoint stores it in another
+            than gate and up (a GGUF's Q4_K gate/up with a Q8_0 down); None: the layer's.
     """
 
     def __init__(
@@ -281,17 +283,15 @@ class MoE:
     ) -> MoE:
         """One MoE layer's routed experts from disk, ready to run.
 
-        ``path`` is either a ``kt convert`` output (the method and group size are the
-        conversion's; checksums are verified unless ``verify=False``) or an original Hugging
-        Face checkpoint (Qwen3-MoE, DeepSeek-V3, Mixtral; bf16/fp16/fp32, FP8 with block,
-        channel or tensor scales, or compressed-tensors' INT4 ``pack-quantized``), quantized here
-        for ``method`` exactly as ``kt convert`` would: both give the same results. Without
-        ``method``, FP8 and INT4 experts are served as they are stored ("fp8", "int4" at the
-        file's group: its codes and scales, repacked, not re-quantized; an INT4 int4 cannot hold
-        exactly, asymmetric or with scales bfloat16 does not hold, raises ValueError saying so)
-        and others as bf16. ``layer`` is the model's layer index. ``activation``: the layer's gated activation
-        (``swiglu_alpha``, ``swiglu_limit``, ``up_offset``, as for the constructor; a checkpoint's
-        config does not say it), SwiGLU by default.
+        ``path`` is a ``kt convert`` output (its method and group; checksums verified unless
+        ``verify=False``), a GGUF (a file, split parts or their directory: each tensor served in
+        the format that holds its values, the routing in ``.routing``), or a Hugging Face
+        checkpoint (Qwen3-MoE, DeepSeek-V3, Mixtral; bf16/fp16/fp32, FP8, INT4, MXFP4, GPTQ,
+        AWQ), quantized here for ``method`` exactly as ``kt convert`` would. Without ``method``,
+        stored formats are served as they are (their codes and scales repacked, not re-quantized;
+        what no format holds exactly raises ValueError saying so), others as bf16. ``layer`` is
+        the model's layer index. ``activation``: the gated activation (``swiglu_alpha``,
+        ``swiglu_limit``, ``up_offset``, as for the constructor), SwiGLU by default.
         """
         from ktforge.checkpoints import convert, gguf
 
