@@ -11,8 +11,10 @@ llama.cpp is what CPU users run instead of ktforge. This script:
    with llama.cpp's own quantizer (llama_model_quantize) to each format compared; a second
    GGUF, the same model with experts 16 wide, gives llama.cpp's time without its experts;
 3. times, in alternating rounds, llama.cpp's whole model, the same with width-16 experts, and
-   ktforge's layers on the same weights (ktforge quantizes them itself), each in a process of
-   its own with the same thread count, and prints medians, ranges and ratios.
+   ktforge's layers on the same weights (ktforge quantizes them itself to the method named; or,
+   for the method "gguf", serves llama.cpp's own quantized file: MoE.from_pretrained(gguf,
+   layer)), each in a process of its own with the same thread count, and prints medians, ranges
+   and ratios.
 
 llama.cpp's experts per layer = (model - model with width-16 experts) / layers: what is left
 is attention, norms, the router and the lm head, which the width-16 model runs too. Decode
@@ -22,6 +24,7 @@ random router). Each side's weight error against the bf16 weights is printed (ll
 from gguf-py's own dequantization of the quantized file).
 
     python scripts/llama_cpp_compare.py --pairs bf16:bf16,q8_0:int8g,q8_0:int8,q4_0:int4 --tokens 1,4,512 --rounds 5
+    python scripts/llama_cpp_compare.py --pairs q4_k:gguf,q8_0:gguf,q4_0:gguf,bf16:gguf
 """
 
 from __future__ import annotations
@@ -43,10 +46,11 @@ HEADS, KV_HEADS, HEAD_DIM, VOCAB, NARROW = 32, 4, 128, 1024, 16
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 GGUF_PY = "gguf==0.19.0"
 # llama.cpp's formats (llama_ftype values) and the bytes a weight takes in each, scales included
-LLAMA_FTYPES = {"bf16": 32, "q8_0": 7, "q4_0": 2}
-BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+# (pure: every weight in the type itself, none promoted to another as the _S/_M mixes do)
+LLAMA_FTYPES = {"bf16": 32, "q8_0": 7, "q4_0": 2, "q4_k": 14, "q6_k": 18}
+BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_k": 144 / 256, "q6_k": 210 / 256}
 DECODE_CONTEXT = 16
-MODEL_VERSION = 2  # of the GGUF models written (2: attention output zero); in their file names
+MODEL_VERSION = 3  # of the GGUF models written (2: attention output zero; 3: pure); in their file names
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ktforge"
 
 
@@ -153,6 +157,7 @@ def quantize_gguf(source: Path, target: Path, quant: str) -> None:
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = LLAMA_FTYPES[quant]
+    params.pure = True
     params.nthread = os.cpu_count() or 1
     if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params) != 0:
         raise SystemExit(f"llama_model_quantize failed for {target}")
@@ -237,16 +242,19 @@ class LlamaModel:
 
 
 class KtforgeLayers:
-    def __init__(self, weights: Path, layers: int, method: str, threads: int) -> None:
+    def __init__(self, weights: Path, layers: int, method: str, threads: int, gguf: Path | None = None) -> None:
         import ktforge
 
         self.layers = []
         for layer in range(layers):
+            if gguf is not None:  # llama.cpp's own file, served in its values
+                self.layers.append(ktforge.MoE.from_pretrained(gguf, layer, threads=threads))
+                continue
             moe = ktforge.MoE(EXPERTS, TOP_K, HIDDEN, INTER, method=method, threads=threads, group_size=32)
             gate, up, down = (np.ascontiguousarray(w) for w in load_layer(weights, layer))
             moe.load_weights(*(w.view(_bf16()) for w in (gate, up, down)))
             self.layers.append(moe)
-        self.method, self.weights = method, weights
+        self.method, self.weights, self.gguf = method, weights, gguf
         self.rng = np.random.default_rng(3)
 
     def accuracy(self) -> dict[str, float]:
@@ -264,9 +272,13 @@ class KtforgeLayers:
                 g, u = gate[e] @ x[t], up[e] @ x[t]
                 ref[t] += routing[t, j] * (down[e] @ (g / (1 + np.exp(-g)) * u))
         w = _bf16_floats(load_layer(self.weights, 0)[0][0])
+        if self.gguf is not None:
+            return {
+                "layer_rel_err": layer_error_of(y, ref),
+                "weight_rel_rms": llama_weight_error(self.gguf, self.weights),
+            }
         rounded = w if self.method == "bf16" else dequantize(quantize(w, self.method, 32), self.method, HIDDEN)
-        layer_error = float(np.abs(y - ref).max() / np.abs(ref).max())
-        return {"layer_rel_err": layer_error, "weight_rel_rms": _rel_rms(rounded, w)}
+        return {"layer_rel_err": layer_error_of(y, ref), "weight_rel_rms": _rel_rms(rounded, w)}
 
     def time_calls(self, tokens: int, calls: int) -> list[float]:
         times = []
@@ -280,6 +292,10 @@ class KtforgeLayers:
             times.append((time.perf_counter() - start) * 1e3 / len(self.layers))
             x /= np.abs(x).max() + 1.0
         return times[1:]
+
+
+def layer_error_of(y: Any, ref: Any) -> float:
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
 
 
 def _bf16() -> Any:
@@ -382,7 +398,11 @@ def compare(args: argparse.Namespace) -> None:
         workers = {
             "full": Worker([*llama, str(models["full"]), str(weights), *common], log),
             "narrow": Worker([*llama, str(models["narrow"]), str(weights), *common], log),
-            "ktforge": Worker([sys.executable, __file__, "--worker", "ktforge", method, str(weights), *common], log),
+            "ktforge": Worker(
+                [sys.executable, __file__, "--worker", "ktforge", method, str(weights), *common]
+                + (["--gguf", str(models["full"])] if method == "gguf" else []),
+                log,
+            ),
         }
         print(
             f"{quant} / {method}: weight error (rel. RMS) llama.cpp {workers['full'].hello['weight_rel_rms']:.4f}, "
@@ -436,13 +456,14 @@ def worker(argv: list[str]) -> None:
     parser.add_argument("--layers", type=int)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--gguf", default=None)
     a = parser.parse_args(argv[1:])
     weights = Path(a.weights)
     if kind == "llama":
         model = LlamaModel(Path(a.what), a.threads, a.max_tokens)
         serve(model, {"weight_rel_rms": llama_weight_error(Path(a.what), weights)}, sys.stdout)
     else:
-        layers = KtforgeLayers(weights, a.layers, a.what, a.threads)
+        layers = KtforgeLayers(weights, a.layers, a.what, a.threads, Path(a.gguf) if a.gguf else None)
         serve(layers, layers.accuracy(), sys.stdout)
 
 

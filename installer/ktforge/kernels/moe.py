@@ -223,10 +223,9 @@ class MoE:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         formats.check_group(method, group_size)
-        if down_method is not None and down_method not in METHODS:
+        if down_method not in (None, *METHODS):
             raise ValueError(f"down_method must be one of {', '.join(METHODS)}, got {down_method!r}")
-        down_group = group_size if down_group_size is None else down_group_size
-        formats.check_group(down_method or method, down_group, "down_group_size")
+        formats.check_group(down_method or method, down_group := down_group_size or group_size, "down_group_size")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
         if threads is not None and threads > MAX_THREADS:

@@ -475,14 +475,9 @@ std::string describe(Element m) {
 #else
   if (m == Element::fp8) return "avx512 fp32 fma on fp8 decoded in registers";
 #endif
-  return m == Element::bf16    ? bf16
-         : m == Element::int8  ? int8
-         : m == Element::int8g ? int8g
-         : m == Element::int8h ? int8h
-         : m == Element::fp4   ? fp4
-         : m == Element::int4z ? int4z
-         : m == Element::q4k   ? q4k
-                               : int4;
+  return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g
+         : m == Element::int8h ? int8h : m == Element::fp4 ? fp4 : m == Element::int4z ? int4z
+         : m == Element::q4k ? q4k : int4;
 }
 
 std::vector<std::string> features() { return compiled_features(); }

@@ -1,0 +1,60 @@
+#include "kernels/q4k.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace kt {
+
+// Row n's q4k super-block records (the portable kQ4kRowRecordBytes each) into its blocks' records.
+void put_q4k_meta(PackedMatrix& out, int n, const uint8_t* row_records) {
+  const int supers = out.groups() / kQ4kGroupsPerSuper, c = n % 16;
+  for (int s = 0; s < supers; ++s) {
+    const uint8_t* in = row_records + s * kQ4kRowRecordBytes;
+    uint8_t* record = out.group_meta.data() + (static_cast<std::size_t>(n / 16) * supers + s) * kQ4kSuperBytes;
+    std::memcpy(record + 2 * c, in, 2);
+    std::memcpy(record + 32 + 2 * c, in + 2, 2);
+    for (int j = 0; j < kQ4kGroupsPerSuper; ++j) {
+      record[kQ4kSubScales + j * 16 + c] = in[4 + j];
+      record[kQ4kMins + j * 16 + c] = in[4 + kQ4kGroupsPerSuper + j];
+    }
+  }
+}
+
+// Q4_K of one row (K a multiple of 256), for packing floats: per 32-value group the range
+// [min(w, 0), max(w, 0)] in 15 steps; per super-block d = the largest step / 63 and dmin = the
+// largest -min / 63 (float16), each group's sc = round(step / d), m = round(-min / dmin) in [0, 63],
+// q = clamp(round((w + dmin * m) / (d * sc)), 0, 15). Simpler than llama.cpp's search, the same
+// format. records: kQ4kRowRecordBytes a super-block.
+bool quantize_q4k_row(const float* w, int K, int8_t* q, uint8_t* records) {
+  bool finite = true;
+  for (int s0 = 0; s0 < K; s0 += kQ4kSuperBlock) {
+    float step[kQ4kGroupsPerSuper], low[kQ4kGroupsPerSuper], max_step = 0.f, max_low = 0.f;
+    for (int j = 0; j < kQ4kGroupsPerSuper; ++j) {
+      float lo = 0.f, hi = 0.f;
+      for (int k = s0 + 32 * j; k < s0 + 32 * (j + 1); ++k) {
+        finite &= std::isfinite(w[k]);
+        lo = std::min(lo, w[k]), hi = std::max(hi, w[k]);
+      }
+      step[j] = (hi - lo) / 15.f, low[j] = -lo;
+      max_step = std::max(max_step, step[j]), max_low = std::max(max_low, low[j]);
+    }
+    const uint16_t d_bits = f32_to_f16(max_step / 63.f), dmin_bits = f32_to_f16(max_low / 63.f);
+    const float d = f16_to_f32(d_bits), dmin = f16_to_f32(dmin_bits);
+    uint8_t* record = records + (s0 / kQ4kSuperBlock) * kQ4kRowRecordBytes;
+    std::memcpy(record, &d_bits, 2);
+    std::memcpy(record + 2, &dmin_bits, 2);
+    for (int j = 0; j < kQ4kGroupsPerSuper; ++j) {
+      const int sc = d > 0.f ? std::clamp(static_cast<int>(std::nearbyint(step[j] / d)), 0, 63) : 0;
+      const int m = dmin > 0.f ? std::clamp(static_cast<int>(std::nearbyint(low[j] / dmin)), 0, 63) : 0;
+      record[4 + j] = static_cast<uint8_t>(sc), record[4 + kQ4kGroupsPerSuper + j] = static_cast<uint8_t>(m);
+      const float scale = d * static_cast<float>(sc), offset = dmin * static_cast<float>(m);
+      for (int k = s0 + 32 * j; k < s0 + 32 * (j + 1); ++k)
+        q[k] = scale > 0.f ? static_cast<int8_t>(std::clamp(static_cast<int>(std::nearbyint((w[k] + offset) / scale)), 0, 15))
+                           : 0;
+    }
+  }
+  return finite;
+}
+
+}  // namespace kt

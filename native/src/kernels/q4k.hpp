@@ -1,0 +1,18 @@
+// q4k (GGUF's Q4_K, kernels/types.hpp's record): packing its portable rows, and quantizing
+// float rows to it for load_weights.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/types.hpp"
+
+namespace kt {
+
+// Row n's q4k super-block records (the portable kQ4kRowRecordBytes each) into its blocks' records.
+void put_q4k_meta(PackedMatrix& out, int n, const uint8_t* row_records);
+
+// Q4_K of one row (K a multiple of 256): codes into q, a portable record a super-block into
+// records; false if w holds NaN or infinity.
+bool quantize_q4k_row(const float* w, int K, int8_t* q, uint8_t* records);
+
+}  // namespace kt
