@@ -16,7 +16,7 @@ import numpy as np
 
 from ktforge import formats
 from ktforge.checkpoints import gguf_blocks
-from ktforge.checkpoints.gguf_file import GgufError, GgufModel, ggml_types, model_files
+from ktforge.checkpoints.gguf_file import GgufError, GgufModel
 from ktforge.formats.quantize import Quantized
 from ktforge.resources import data_path, load_toml
 
@@ -176,4 +176,4 @@ class GgufCheckpoint:
         return sum(self.model.tensors[self.tensor_name(layer, p)].nbytes for p in PROJECTIONS)
 
 
-__all__ = ["GgufCheckpoint", "GgufError", "Routing", "ggml_types", "is_gguf", "model_files"]
+__all__ = ["GgufCheckpoint", "GgufError", "Routing", "is_gguf"]

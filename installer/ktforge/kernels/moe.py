@@ -317,7 +317,8 @@ class MoE:
         from ktforge.checkpoints.gguf import GgufCheckpoint
 
         with GgufCheckpoint(path) as checkpoint:
-            (stored, group), (down_stored, down_group) = (checkpoint.stored_formats(layer)[p] for p in ("gate", "down"))
+            served = checkpoint.stored_formats(layer)  # checks the layer's tensors once
+            (stored, group), (down_stored, down_group) = served["gate"], served["down"]
             if method not in (None, stored) or group_size not in (None, group):
                 raise ValueError(f"{path}: layer {layer}'s experts are served as {stored}, in the file's values")
             moe = cls(
