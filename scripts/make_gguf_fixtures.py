@@ -8,6 +8,9 @@ with a Python that has `gguf` and `llama-cpp-python` (a source build of llama.cp
 
     python -m venv /tmp/llama && /tmp/llama/bin/pip install gguf numpy llama-cpp-python
     /tmp/llama/bin/python scripts/make_gguf_fixtures.py tests/fixtures/gguf
+
+`--mixed` remakes only the mixed-type files, from the per-type files already there (gguf-py
+alone: their tensors stay as llama.cpp quantized them).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 import gguf
-import llama_cpp
 import numpy as np
 
 ARCH = "qwen3moe"
@@ -47,6 +49,7 @@ MIXED = {
     "mixed": {"gate": "Q4_K", "up": "Q4_K", "down": "Q8_0"},
     "mixed-bf16": {"gate": "Q4_K", "up": "Q4_K", "down": "BF16"},
     "mixed-gate-up": {"gate": "Q4_K", "up": "Q4_0", "down": "Q4_K"},
+    "mixed-q6k": {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K"},  # Q4_K_M's experts
 }
 
 
@@ -120,6 +123,8 @@ def write_source(path: Path, arrays: dict[str, np.ndarray], inter: int = INTER) 
 
 
 def quantize(source: Path, out: Path, ftype: str) -> None:
+    import llama_cpp
+
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, ftype)
     params.pure = True
@@ -153,17 +158,24 @@ def copy_with(out: Path, reader_of: dict[str, gguf.GGUFReader], base: gguf.GGUFR
     writer.close()
 
 
-def main(folder: str) -> int:
+def write_mixed(target: Path) -> None:
+    for stem, mix in MIXED.items():
+        readers = {p: gguf.GGUFReader(target / f"qwen3moe-{t}.gguf") for p, t in mix.items()}
+        copy_with(target / f"qwen3moe-{stem}.gguf", readers, readers["down"])
+
+
+def main(folder: str, mixed_only: bool = False) -> int:
     target = Path(folder)
     target.mkdir(parents=True, exist_ok=True)
+    if mixed_only:
+        write_mixed(target)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "source-F32.gguf"
         write_source(source, tensors(np.random.default_rng(2026)))
         for stem, ftype in TYPES.items():
             quantize(source, target / f"qwen3moe-{stem}.gguf", ftype)
-        for stem, mix in MIXED.items():
-            readers = {p: gguf.GGUFReader(target / f"qwen3moe-{t}.gguf") for p, t in mix.items()}
-            copy_with(target / f"qwen3moe-{stem}.gguf", readers, readers["down"])
+        write_mixed(target)
         model_source = Path(tmp) / "model-F32.gguf"
         write_source(model_source, model_tensors(np.random.default_rng(7)), MODEL_INTER)
         quantize(model_source, target / "qwen3moe-model-Q4_K.gguf", TYPES["Q4_K"])
@@ -177,4 +189,5 @@ def main(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/gguf"))
+    args = [a for a in sys.argv[1:] if a != "--mixed"]
+    sys.exit(main(args[0] if args else "tests/fixtures/gguf", mixed_only="--mixed" in sys.argv[1:]))

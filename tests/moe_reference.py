@@ -168,6 +168,25 @@ def quantize_q4k(w: Array) -> tuple[Array, Array, Array]:
     return q.reshape(n, kp).astype(np.int64), scale.reshape(n, -1), minimum.reshape(n, -1)
 
 
+def quantize_q6k(w: Array) -> tuple[Array, Array]:
+    """GGUF's Q6_K as MoE.load_weights packs floats: [N, K] -> q [N, Kp] in [0, 63] (K zero-padded
+    to 256) and each group's scale d * sc [N, Kp / 16] float32; per 16 a step of max|w| / 31, per
+    256 d = max step / 127 in float16, sc = rint(step / d) in [0, 127], q = clip(rint(w / (d * sc))
+    + 32, 0, 63) (32 where d * sc is 0)."""
+    n, k = w.shape
+    kp = -(-k // 256) * 256
+    padded = np.zeros((n, kp), dtype=F32)
+    padded[:, :k] = w
+    grouped = padded.reshape(n, kp // 256, 16, 16)
+    step = (np.abs(grouped).max(axis=-1) / F32(31)).astype(F32)
+    d = (step.max(axis=-1) / F32(127)).astype(np.float16).astype(F32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d > 0, np.clip(np.rint(step / d), 0, 127), 0).astype(F32)
+        scale = (d * sc).astype(F32)
+        q = np.where(scale[..., None] > 0, np.clip(np.rint(grouped / scale[..., None]) + 32, 0, 63), 32)
+    return q.reshape(n, kp).astype(np.int64), scale.reshape(n, -1)
+
+
 def quantize_mxfp4(w: Array) -> tuple[Array, Array]:
     """MXFP4 weights: [N, K] -> E2M1 codes [N, Kp] (uint8, K zero-padded to a multiple of 32) and
     E8M0 codes [N, Kp / 32]: per group the least power of two 2^s with max|w| / 2^s <= 6 (1 for a
@@ -222,6 +241,13 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         acc = np.einsum("mgk,ngk->mng", xg, wq.reshape(-1, kp // 32, 32)).astype(np.float64)
         sums = (acc * sw[None]).sum(axis=-1) - xg.sum(axis=-1).astype(np.float64) @ mw.T.astype(np.float64)
         return (sums * sx[:, None]).astype(F32)
+    if method == "q6_k":  # exact int32 group sums of (q - 32) * x, scaled per group of 16
+        wq, sw = quantize_q6k(w)
+        kp = wq.shape[1]
+        xp = np.zeros((x.shape[0], kp), dtype=np.int64)
+        xp[:, : x.shape[1]] = xq
+        acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, kp // 16, 16), (wq - 32).reshape(-1, kp // 16, 16))
+        return (((acc.astype(F32) * sw[None]).sum(axis=-1)) * sx[:, None]).astype(F32)
     if method == "int8":
         wq, sw = quantize_rows(w, 127)
         acc = (xq @ wq.T).astype(F32)

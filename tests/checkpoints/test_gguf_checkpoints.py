@@ -31,11 +31,11 @@ from .serving import inputs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
 E, K_TOP, H, I = 4, 2, 256, 256
-SERVED = {"BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "int4z", "Q4_K": "q4_k", "MXFP4": "mxfp4"}
-REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+SERVED = {"BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "int4z", "Q4_K": "q4_k", "Q6_K": "q6_k", "MXFP4": "mxfp4"}
+REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS")
 # packed bytes of the experts / the file's bytes of them: the repack's cost
 # (Q4_0 in int4z: a float32 scale and a zero byte a group for the file's float16 d)
-GROWTH = {"BF16": 1.0, "Q8_0": 1.0, "Q4_0": 21 / 18, "Q4_K": 148 / 144, "MXFP4": 1.0}
+GROWTH = {"BF16": 1.0, "Q8_0": 1.0, "Q4_0": 21 / 18, "Q4_K": 148 / 144, "Q6_K": 1.0, "MXFP4": 1.0}
 
 
 def fixture(name: str) -> Path:
@@ -106,7 +106,8 @@ def test_each_served_type_runs_within_the_rounding_of_its_activations(name: str,
     moe = ktforge.MoE.from_pretrained(fixture(name), 0, backend=backend)
     assert moe.method == SERVED[name] and (moe.num_experts, moe.top_k, moe.hidden_size) == (E, K_TOP, H)
     dense = tool_dense(fixture(name))
-    for T in (2, 70):  # decode, and > 32 tokens an expert (the AMX tile path)
+    # decode, and > 32 tokens an expert (the AMX tile path; q6_k's tiles start at 64)
+    for T in (2, 70, 140) if name == "Q6_K" else (2, 70):
         x, ids, w = inputs(T, E, K_TOP, H)
         y = moe.forward(x, ids, w)
         if name == "BF16":
@@ -154,9 +155,10 @@ def activations_reference(x: Any, ids: Any, w: Any, dense: list[Any], int8: tupl
 
 
 @pytest.mark.parametrize("backend", host.runnable_backends())
-@pytest.mark.parametrize(("name", "down"), [("mixed", "q8_0"), ("mixed-bf16", "bf16")])
+@pytest.mark.parametrize(("name", "down"), [("mixed", "q8_0"), ("mixed-bf16", "bf16"), ("mixed-q6k", "q6_k")])
 def test_a_layer_whose_down_has_its_own_type_runs_each_in_its_format(name: str, down: str, backend: str) -> None:
-    # gate and up Q4_K, down Q8_0 or BF16: as llama.cpp's _M mixes and Unsloth's UD files give them
+    # gate and up Q4_K, down Q8_0, BF16 or Q6_K (Q4_K_M's): as llama.cpp's _M mixes and Unsloth's
+    # UD files give them
     moe = ktforge.MoE.from_pretrained(fixture(name), 0, backend=backend)
     assert (moe.method, moe.down_method) == ("q4_k", down) and moe.info["down_method"] == down
     dense = tool_dense(fixture(name))

@@ -20,7 +20,7 @@ from ktforge.formats.quantize import Quantized, dequantize
 from .. import host
 from ..moe_reference import SHAPES, expected, expected_int8, float_reference, make_layer, rel_err, routing
 
-METHODS = ("bf16", "int8", "int8g", "int4", "fp8", "mxfp4", "int4z", "q4_k", "q8_0")
+METHODS = ("bf16", "int8", "int8g", "int4", "fp8", "mxfp4", "int4z", "q4_k", "q8_0", "q6_k")
 runnable_backends = host.runnable_backends
 
 
@@ -49,7 +49,9 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     gate, up, down = make_layer(E, H, I)
     ids, w = routing(T, E, k)
     x = np.random.default_rng(2).standard_normal((T, H)).astype(np.float32)
-    group = 32 if method in ("int4", "int8g", "fp8", "mxfp4", "int4z", "q4_k", "q8_0") else 128
+    group = (
+        16 if method == "q6_k" else 32 if method in ("int4", "int8g", "fp8", "mxfp4", "int4z", "q4_k", "q8_0") else 128
+    )
     moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group, threads=2)
     moe.load_weights(gate, up, down)
     y = moe.forward(x, ids, w)
@@ -69,6 +71,7 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
         "int4z": 0.3,
         "q4_k": 0.3,
         "q8_0": 5e-2,
+        "q6_k": 0.1,
     }[method]
     assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
 
@@ -82,7 +85,13 @@ def test_backends_agree_with_the_reference_backend(method: str) -> None:
     outs = {}
     for backend in ALL_BACKENDS:
         moe = ktforge.MoE(
-            E, k, H, I, method=method, backend=backend, group_size=32 if method in ("mxfp4", "q4_k", "q8_0") else 64
+            E,
+            k,
+            H,
+            I,
+            method=method,
+            backend=backend,
+            group_size=16 if method == "q6_k" else 32 if method in ("mxfp4", "q4_k", "q8_0") else 64,
         )
         moe.load_weights(gate, up, down)
         outs[backend] = moe.forward(x, ids, w)
@@ -136,6 +145,35 @@ def test_int8g_at_the_largest_products_sums_exactly(sign: float) -> None:
         assert rel_err(out, outs["reference"].astype(np.float64)) < 1e-5, backend
     gate, up, down = (dequantize(q, "int8g", q.weight.shape[-1]) for q in quantized)
     # x is +-1 (its quantization exact); the intermediate activations' int8 rounding remains
+    assert rel_err(outs["reference"], float_reference(x, ids, w, gate, up, down)) < 2e-2
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_q6k_at_the_largest_products_sums_exactly(sign: float) -> None:
+    # Codes at both ends (0 and 63: -32 and 31 times the scale) and scales at theirs (-128, 127)
+    # against activations at +-127: the AVX2 kernel keeps a step's pmaddubsw pairs (up to 2 * 63 *
+    # 127 each) in 16 bits, VNNI and the tiles take 32 times the activation sum off. A wrapped or
+    # saturated sum would be far off the reference backend's exact int32 sums.
+    E, k, H, I, T = 2, 1, 512, 256, 140
+    rng = np.random.default_rng(12)
+
+    def ends(N: int, K: int) -> Quantized:
+        records = np.zeros((E, N, K // 256, 18), np.uint8)
+        records[..., :2] = np.full((E, N, K // 256, 1), 1e-3, np.float16).view(np.uint8)
+        records[..., 2:] = np.array([-128, 127], np.int8).view(np.uint8)[rng.integers(0, 2, (E, N, K // 256, 16))]
+        return Quantized(np.array([0, 63], np.uint8)[rng.integers(0, 2, (E, N, K))], records)
+
+    quantized = [ends(I, H), ends(I, H), ends(H, I)]
+    x = np.full((T, H), sign, np.float32)
+    ids, w = np.arange(T).reshape(T, 1) % E, np.ones((T, 1), np.float32)
+    outs = {}
+    for backend in ALL_BACKENDS:  # 70 tokens per expert: the tile path of "amx-model" too
+        moe = ktforge.MoE(E, k, H, I, method="q6_k", backend=backend, group_size=16)
+        moe.load_quantized(*quantized)
+        outs[backend] = moe.forward(x, ids, w)
+    for backend, out in outs.items():
+        assert rel_err(out, outs["reference"].astype(np.float64)) < 1e-5, backend
+    gate, up, down = (dequantize(q, "q6_k", q.weight.shape[-1]) for q in quantized)
     assert rel_err(outs["reference"], float_reference(x, ids, w, gate, up, down)) < 2e-2
 
 
@@ -216,7 +254,13 @@ def test_int8_weights_of_minus_128_are_exact(backend: str, extreme: bool, T: int
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize(
     ("method", "group", "down", "down_group"),
-    [("q4_k", 32, "q8_0", 32), ("q4_k", 32, "bf16", 128), ("int4", 64, "int8", 128), ("bf16", 128, "q4_k", 32)],
+    [
+        ("q4_k", 32, "q8_0", 32),
+        ("q4_k", 32, "q6_k", 16),  # Q4_K_M's experts
+        ("q4_k", 32, "bf16", 128),
+        ("int4", 64, "int8", 128),
+        ("bf16", 128, "q4_k", 32),
+    ],
 )
 def test_down_in_its_own_format_matches_the_definition(
     backend: str, method: str, group: int, down: str, down_group: int

@@ -19,8 +19,9 @@ DOT_PEAK = {
     "fp8": "bf16_dot",
     "fp4": "int4_dot",  # int4's dot products, on codes looked up by one byte shuffle
     "int4z": "int4_dot",  # int4's, less the zero points per group
-    "q4k": "int4_dot",
-    "int8h": "int8_dot",  # int8g's, float16 scales  # int4z's, with Q4_K's scales and mins per group
+    "q4k": "int4_dot",  # int4z's, with Q4_K's scales and mins per group
+    "int8h": "int8_dot",  # int8g's, float16 scales
+    "q6k": "int4_dot",  # int4's unpacked nibbles, two high bits added to each
 }
 
 PEAK_RUNS = 7

@@ -76,5 +76,21 @@ def q4_k(data: Array) -> Quantized:
     return Quantized(_pairs(codes), np.ascontiguousarray(record))
 
 
+def q6_k(data: Array) -> Quantized:
+    """Q6_K (128 bytes of low nibbles, 64 of high two bits, 16 int8 scales, float16 d) -> q6_k: the
+    codes in k order a byte each, a record per super-block: d, sc[16]. Value l + 32 t of each half
+    of 128 (l < 32, t < 4) is the low (t < 2) or high nibble of byte l + 32 (t % 2) of the half's
+    64 nibble bytes, its bits 4-5 bits 2t, 2t + 1 of byte l of its 32 high-bit bytes (ggml-quants.c's
+    dequantize_row_q6_K)."""
+    blocks = _blocks(data, 210)
+    ql = blocks[..., :128].reshape(*blocks.shape[:-1], 2, 2, 32)  # [half][l + 32 j][l]
+    qh = blocks[..., 128:192].reshape(*blocks.shape[:-1], 2, 1, 32)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)  # t = 0, 1 (low nibbles), 2, 3 (high)
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3
+    codes = (low | (high << 4)).astype(np.uint8).reshape(*blocks.shape[:-2], -1)
+    record = np.concatenate([blocks[..., 208:210], blocks[..., 192:208]], axis=-1).astype(np.uint8)
+    return Quantized(codes, np.ascontiguousarray(record))
+
+
 # the format each served type repacks into (data/gguf_types.json's served_as) -> its repack
-REPACK = {"BF16": bf16, "Q4_0": q4_0, "Q8_0": q8_0, "MXFP4": mxfp4, "Q4_K": q4_k}
+REPACK = {"BF16": bf16, "Q4_0": q4_0, "Q8_0": q8_0, "MXFP4": mxfp4, "Q4_K": q4_k, "Q6_K": q6_k}

@@ -26,6 +26,7 @@ ELEMENTS = (
     "int4z",
     "q4k",
     "int8h",
+    "q6k",
 )  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 
@@ -80,7 +81,7 @@ class Format:
 
 
 def _type_bytes(name: str) -> int:
-    return {"f32": 4, "f16": 2, "bf16": 2, "e8m0": 1, "u8": 1, "u4": 1}[name]
+    return {"f32": 4, "f16": 2, "bf16": 2, "e8m0": 1, "u8": 1, "i8": 1, "u4": 1}[name]
 
 
 def _format(row: dict[str, object]) -> Format:

@@ -39,6 +39,10 @@ Hugging Face checkpoints):
   uint8 ``[..., N, Kg / 256, 20]``, a record a super-block: d and dmin (float16, little endian),
   then sc[8] and m[8] (6-bit, one a group of 32): ``w = d * sc * q - dmin * m``. A GGUF's own,
   repacked (:mod:`ktforge.checkpoints.gguf_quants`); MoE.load_weights packs floats to it.
+- q6_k (element q6k): GGUF's Q6_K, K zero-padded to ``Kg``, a multiple of 256: ``weight`` uint8
+  ``[..., N, Kg]``, one unsigned 6-bit code q in [0, 63] a byte, ``scale`` uint8 ``[..., N, Kg / 256,
+  18]``, a record a super-block: d (float16, little endian), then sc[16] (int8, one a group of
+  16): ``w = d * sc * (q - 32)``. A GGUF's own, repacked; MoE.load_weights packs floats to it.
 - fp8: a checkpoint's own FP8 E4M3 codes, ``weight`` float8_e4m3fn ``[..., N, K]``, and its
   scales as float32 ``[..., N, Kg / group]``, one per row and group of K (a 128 x 128 block's
   scale repeated over its rows, a channel's over its groups): a repack, not a quantization.
@@ -281,6 +285,11 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
         group = next(g for g in formats.by_name(method).group_sizes if -(-K // g) == groups)
         per_value = np.repeat(q.scale.astype(np.float32), group, axis=-1)[..., :K]
         return q.weight.astype(np.float32) * per_value
+    if element == "q6k":
+        scale = q6k_group_scales(q.scale)
+        values = q.weight.astype(np.float32).reshape(*scale.shape, -1) - 32
+        six: Array = (values * scale[..., None]).reshape(q.weight.shape)[..., :K]
+        return six
     codes = np.stack([q.weight & 0x0F, q.weight >> 4], axis=-1).reshape(*q.weight.shape[:-1], -1)
     if element == "q4k":
         scale, minimum = q4k_group_scales(q.scale)
@@ -317,6 +326,18 @@ def q4k_group_scales(records: Array) -> tuple[Array, Array]:
     return scale, minimum
 
 
+Q6K_RECORD = 18  # bytes of q6_k's portable record: d (float16), sc[16] (int8)
+
+
+def q6k_group_scales(records: Array) -> Array:
+    """q6_k's records ``[..., S, 18]`` -> each group's scale d * sc, float32 ``[..., S * 16]``
+    (exact: 11 + 8 significant bits)."""
+    d = np.ascontiguousarray(records[..., :2]).view("<f2").astype(np.float32)  # [..., S, 1]
+    sc = np.ascontiguousarray(records[..., 2:]).view(np.int8).astype(np.float32)
+    scale: Array = (d * sc).reshape(*records.shape[:-2], -1)
+    return scale
+
+
 def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """Per-expert shape and safetensors dtype of ``weight``, ``scale`` (and ``zero``) for one projection."""
     f = formats.by_name(method)
@@ -327,9 +348,10 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
         return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}
     if f.super_block is not None:
         supers = -(-K // f.super_block.values)
+        six = f.element == "q6k"  # a code a byte, else two
         return {
-            "weight": ((N, supers * f.super_block.values // 2), weight),
-            "scale": ((N, supers, Q4K_RECORD), scale or "U8"),
+            "weight": ((N, supers * f.super_block.values // (1 if six else 2)), weight),
+            "scale": ((N, supers, Q6K_RECORD if six else Q4K_RECORD), scale or "U8"),
         }
     groups = -(-K // group_size)
     if f.element in ("int8g", "int8h", "fp8"):

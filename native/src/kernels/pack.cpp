@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "kernels/q4k.hpp"
+#include "kernels/q6k.hpp"
 #include "kernels/scalar.hpp"
 
 namespace kt {
@@ -63,7 +64,7 @@ void begin_quantized(PackedMatrix& out) {
     out.block_scale.assign(static_cast<std::size_t>(out.blocks()) * out.groups(), 1.f);
   } else if (out.element == Element::fp4) {
     out.group_e8m0.assign(static_cast<std::size_t>(out.Np) * out.groups(), kE8m0One);
-  } else if (out.element == Element::q4k) {
+  } else if (out.element == Element::q4k || out.element == Element::q6k) {
     out.group_meta.assign(static_cast<std::size_t>(out.blocks()) * out.meta_bytes_per_block(), 0);  // zero weights
   } else if (out.element == Element::int4z) {
     out.group_meta.assign(static_cast<std::size_t>(out.blocks()) * out.groups() * kInt4zGroupBytes, 0);
@@ -405,6 +406,12 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
   begin_quantized(out);
   for (int n = 0; n < out.Np; ++n) {
     for (int k = 0; k < out.Kp; ++k) row[k] = value(n, k);
+    if (method == Element::q6k) {
+      std::vector<uint8_t> codes(out.Kp), records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock) * kQ6kRowRecordBytes);
+      quantize_q6k_row(row.data(), out.Kp, codes.data(), records.data());
+      put_q6k_row(out, n, codes.data(), records.data());
+      continue;
+    }
     if (method != Element::q4k) quantize_weight_row(method, group, row.data(), out.Kp, q.data(), scales.data());
     if (method == Element::int8) {
       put_int8_row(out, n, q.data(), scales[0]);
@@ -472,6 +479,8 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
         put_q4k_meta(out, n, static_cast<const uint8_t*>(row.scales));
         put_nibbles(out, n, q.data(), 0);
       }
+    } else if (method == Element::q6k) {  // portable q6k: a code a byte, a record a super-block
+      if (row.values) put_q6k_row(out, n, static_cast<const uint8_t*>(row.values), static_cast<const uint8_t*>(row.scales));
     } else if (method == Element::fp4) {
       // portable fp4: int4's byte order, the nibbles E2M1 codes; one E8M0 code per group
       if (row.values) {

@@ -11,6 +11,8 @@
 //   fp4:  [N/16][K/8][16][4]  nibbles     int4's order, each an E2M1 code (MXFP4's values)
 //   int4z: [N/16][K/8][16][4] nibbles     int4's order, each q in [0, 15]: w = (q - zero) * scale
 //   q4k:  [N/16][K/8][16][4]  nibbles     int4's order, each q in [0, 15]: GGUF's Q4_K (below)
+//   q6k:  [N/16][K/8][96]     6-bit codes line j: int4's 64 bytes of low nibbles, then 32 bytes
+//                                         of the codes' high two bits (below): GGUF's Q6_K
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
 //                                         unsigned operand of u8 x s8 dot products)
 //   int8h: int8g's layout, float16 group scales (GGUF's Q8_0)
@@ -34,19 +36,20 @@ namespace kt {
 // K is padded to whole AMX tiles (32 bf16 or 64 int8 values a row), so every backend reads
 // the same layout and the tile kernels have no K tail.
 // q4k: K is padded to whole super-blocks (formats.json's k_step), its groups are their 32-value sub-blocks.
-constexpr int kQ4kSuperBlock = 256, kQ4kGroupsPerSuper = 8;
+// q6k likewise, its groups 16-value sub-blocks.
+constexpr int kQ4kSuperBlock = 256, kQ4kGroupsPerSuper = 8, kQ6kGroupsPerSuper = 16;
 inline int k_step(Element m, int group) {
-  return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : m == Element::q4k ? kQ4kSuperBlock : group;
+  return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : m == Element::q4k || m == Element::q6k ? kQ4kSuperBlock : group;
 }
 // Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
 inline bool grouped(Element m) {
   return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z ||
-         m == Element::q4k || m == Element::int8h;
+         m == Element::q4k || m == Element::int8h || m == Element::q6k;
 }
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
 inline bool int8_activations(Element m) {
   return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z ||
-         m == Element::q4k || m == Element::int8h;
+         m == Element::q4k || m == Element::int8h || m == Element::q6k;
 }
 // Nibble elements: int4's panel layout, two values a byte.
 inline bool nibbles(Element m) {
@@ -54,7 +57,7 @@ inline bool nibbles(Element m) {
 }
 // int8g's layout and kernels, its scales bfloat16 (int8g) or float16 (int8h)
 inline bool int8_groups(Element m) { return m == Element::int8g || m == Element::int8h; }
-inline bool group_sums(Element m) { return int8_groups(m) || nibbles(m); }
+inline bool group_sums(Element m) { return int8_groups(m) || nibbles(m) || m == Element::q6k; }
 
 // int4z: per 16-column block and group, 16 float32 scales then 16 zero points (uint8, in
 // [0, 15]): one 80-byte record, so a tile reads one pointer a block.
@@ -101,6 +104,20 @@ inline uint16_t f32_to_f16(float f) {
   const uint32_t a = bits & 0x7FFFFFFFu, rounded = a + 0x0FFF + ((a >> 13) & 1);
   return static_cast<uint16_t>(sign | (((rounded >> 13) - (112u << 10)) & 0x7FFF));
 }
+// q6k, GGUF's Q6_K: per super-block of 256 values of K a float16 d, and per 16-value group j a
+// signed 8-bit scale sc_j: w = d * sc_j * (q - 32), q in [0, 63]. A panel line j (8 values of K
+// x 16 columns) is int4's 64 bytes of the codes' low nibbles, then 32 bytes of their high two
+// bits: bits 2t..2t+1 of byte b of those 32 hold the high bits of nibble t of line byte
+// b + 32 * (t / 2) (t even: its low nibble; odd: its high). So an AVX2 half's 32 bytes and an
+// AVX-512 line's 64 take their high bits from the same 32 bytes by shifts. Per 16-column block
+// and super-block one record: d[16] (float16 bits), sc[16][16] (int8). d * sc_j is exact in
+// float32 (11 + 8 significant bits); a group's int32 sum of q * x, less 32 times its activation
+// sum, is scaled once.
+constexpr int kQ6kLineBytes = 96, kQ6kOffset = 32;
+constexpr int kQ6kSuperBytes = 16 * 2 + kQ6kGroupsPerSuper * 16, kQ6kSubScales = 32;
+// q6k's portable row record, one a super-block (ktforge.formats.quantize): d (float16), sc[16].
+constexpr int kQ6kRowRecordBytes = 2 + kQ6kGroupsPerSuper;
+
 // q4k's portable row record, one a super-block (ktforge.formats.quantize): d, dmin (float16, little
 // endian), sc[8], m[8].
 constexpr int kQ4kRowRecordBytes = 2 + 2 + 2 * kQ4kGroupsPerSuper;
@@ -163,7 +180,7 @@ struct PackedMatrix {
   // fp4: the E8M0 scale codes, uint8 group_e8m0[block][group][16] (int4's order): the file's byte
   // a group, so MXFP4 packs into its own bytes.
   aligned_vector<uint8_t> group_e8m0;
-  // int4z: group_meta[block][group][kInt4zGroupBytes]; q4k: group_meta[block][super][kQ4kSuperBytes]
+  // int4z: group_meta[block][group][kInt4zGroupBytes]; q4k, q6k: group_meta[block][super][k*SuperBytes]
   // (the records above)
   aligned_vector<uint8_t> group_meta;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
@@ -187,8 +204,9 @@ struct PackedMatrix {
   const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
   const uint8_t* block_e8m0(int b) const { return group_e8m0.data() + static_cast<std::size_t>(b) * groups() * 16; }
   std::size_t meta_bytes_per_block() const {
-    return element == Element::q4k ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kQ4kSuperBytes
-                                    : static_cast<std::size_t>(groups()) * kInt4zGroupBytes;
+    return element == Element::q4k   ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kQ4kSuperBytes
+           : element == Element::q6k ? static_cast<std::size_t>(groups() / kQ6kGroupsPerSuper) * kQ6kSuperBytes
+                                     : static_cast<std::size_t>(groups()) * kInt4zGroupBytes;
   }
   const uint8_t* block_meta(int b) const { return group_meta.data() + static_cast<std::size_t>(b) * meta_bytes_per_block(); }
   std::size_t metadata_bytes() const {
@@ -200,7 +218,7 @@ struct PackedMatrix {
   const float* fp8_row_scales(int b) const { return scale.empty() ? nullptr : scale.data() + b * 16; }
 
   static std::size_t block_bytes(Element m, int Kp) {
-    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : nibbles(m) ? 8 : 16);
+    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : nibbles(m) ? 8 : m == Element::q6k ? 12 : 16);
   }
   // The bytes of values an N x K matrix packs into.
   static std::size_t value_bytes(Element m, int group, int N, int K) {

@@ -46,7 +46,7 @@ void gemm_int8(const GemmArgs& a) {
 }
 
 // The grouped elements: each group's sum is exact in int32 and scaled at the group's end, as
-// every backend does. code(panel, k) reads value k of a column's panel; scale(block, g, c) is
+// every backend does. code(block, c, k) reads value k of column c of a block's panel; scale(block, g, c) is
 // column c of the block's scale for group g (bf16 unless given), zero(block, g, c) what each of
 // its values is offset by (int4z's zero point; none unless given).
 using GroupValue = float (*)(const PackedMatrix&, int, int, int);
@@ -68,11 +68,11 @@ void gemm_grouped(const GemmArgs& a, Code code, GroupValue scale = bf16_group_sc
     const int64_t r = a.rows[i];
     const int8_t* x = a.act->q.data() + r * a.act->Kp;
     for (int n = a.n0; n < a.n1; ++n) {
-      const uint8_t* panel = w.block(n / 16) + (n % 16) * 4;
+      const uint8_t* block = w.block(n / 16);
       float acc = 0.f;
       for (int g = 0; g < G; ++g) {
         int32_t s = 0;
-        for (int k = g * group; k < (g + 1) * group; ++k) s += code(panel, k) * x[k];
+        for (int k = g * group; k < (g + 1) * group; ++k) s += code(block, n % 16, k) * x[k];
         s -= static_cast<int32_t>(zero(w, n / 16, g, n % 16)) * a.act->gsum[r * G + g];
         acc += static_cast<float>(s) * scale(w, n / 16, g, n % 16);
         acc -= static_cast<float>(a.act->gsum[r * G + g]) * minimum(w, n / 16, g, n % 16);
@@ -83,15 +83,15 @@ void gemm_grouped(const GemmArgs& a, Code code, GroupValue scale = bf16_group_sc
 }
 
 // int4: nibbles q + 8, k = 8j + b in the low and 8j + 4 + b in the high half of byte b of line j
-int int4_code(const uint8_t* panel, int k) {
-  const uint8_t byte = panel[(k / 8) * 64 + k % 4];
+int int4_code(const uint8_t* block, int c, int k) {
+  const uint8_t byte = block[(k / 8) * 64 + c * 4 + k % 4];
   return ((k % 8) >= 4 ? byte >> 4 : byte & 0x0F) - 8;
 }
 
 // fp4: int4's nibbles, E2M1 codes read as twice their value; the E8M0 scale 2^(e - 127), and
 // a final 1/2 for the doubling (kernels/types.hpp)
-int fp4_doubled(const uint8_t* panel, int k) {
-  const uint8_t byte = panel[(k / 8) * 64 + k % 4];
+int fp4_doubled(const uint8_t* block, int c, int k) {
+  const uint8_t byte = block[(k / 8) * 64 + c * 4 + k % 4];
   return kFp4Doubled[(k % 8) >= 4 ? byte >> 4 : byte & 0x0F];
 }
 float e8m0_group_scale(const PackedMatrix& w, int block, int g, int c) {
@@ -100,7 +100,7 @@ float e8m0_group_scale(const PackedMatrix& w, int block, int g, int c) {
 
 // int4z: unsigned nibbles in int4's order, a float32 scale and a zero point per group (its record
 // of kernels/types.hpp): per group sum(q * x) - zero * sum(x), exact in int32
-int nibble_code(const uint8_t* panel, int k) { return int4_code(panel, k) + 8; }
+int nibble_code(const uint8_t* block, int c, int k) { return int4_code(block, c, k) + 8; }
 float int4z_scale(const PackedMatrix& w, int block, int g, int c) {
   float scale;
   std::memcpy(&scale, w.block_meta(block) + g * kInt4zGroupBytes + 4 * c, 4);
@@ -130,7 +130,22 @@ float q4k_min(const PackedMatrix& w, int block, int g, int c) {
 }
 
 // int8g: bytes q + 128 in int8's order
-int int8g_code(const uint8_t* panel, int k) { return panel[(k / 4) * 64 + k % 4] - 128; }
+int int8g_code(const uint8_t* block, int c, int k) { return block[(k / 4) * 64 + c * 4 + k % 4] - 128; }
+
+// q6k: a line's nibble (int4's order) and its two high bits (kernels/types.hpp), q in [0, 63]
+// less 32 per group (its activation sum times 32 taken off, as the SIMD kernels do); per group
+// d * sc_j from its super-block's record, exact in float32
+int q6k_code(const uint8_t* block, int c, int k) {
+  const uint8_t* line = block + (k / 8) * kQ6kLineBytes;
+  const int b = c * 4 + k % 4, high = (k % 8) >= 4;
+  const int nibble = high ? line[b] >> 4 : line[b] & 0x0F;
+  return nibble | (((line[64 + b % 32] >> (2 * (2 * (b / 32) + high))) & 3) << 4);
+}
+float q6k_scale(const PackedMatrix& w, int block, int g, int c) {
+  const uint8_t* r = w.block_meta(block) + (g / kQ6kGroupsPerSuper) * kQ6kSuperBytes;
+  return q4k_half(r + 2 * c) * static_cast<float>(static_cast<int8_t>(r[kQ6kSubScales + (g % kQ6kGroupsPerSuper) * 16 + c]));
+}
+float q6k_zero(const PackedMatrix&, int, int, int) { return kQ6kOffset; }
 
 // fp8: per group, the sum of code * 2^-120 times x * 2^64 over the group (fp32, in k order, as
 // the SIMD kernels), times block scale * 2^56; the row's scale at the end.
@@ -164,6 +179,7 @@ void gemm(const GemmArgs& a) {
     case Element::fp4: return gemm_grouped(a, fp4_doubled, e8m0_group_scale, 0.5f);
     case Element::int4z: return gemm_grouped(a, nibble_code, int4z_scale, 1.f, int4z_zero);
     case Element::q4k: return gemm_grouped(a, nibble_code, q4k_scale, 1.f, no_zero, q4k_min);
+    case Element::q6k: return gemm_grouped(a, q6k_code, q6k_scale, 1.f, q6k_zero);
   }
 }
 
@@ -175,6 +191,7 @@ std::string describe(Element m) {
          : m == Element::int4z ? "scalar int32 dot per group, less zero points"
          : m == Element::q4k  ? "scalar int32 dot per group, less mins"
          : m == Element::int8h ? "scalar int32 dot per group, float16 scales"
+         : m == Element::q6k  ? "scalar int32 dot per group of 16, less 32 times the activation sum"
                               : "scalar int32 dot per group";
 }
 

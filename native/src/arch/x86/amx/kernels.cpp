@@ -75,6 +75,8 @@ constexpr int kAmxInt8MinRows = 16;
 constexpr int kAmxInt4MinRows = 32;
 // int8g flushes per group too; taken from int4 until measured on an AMX machine.
 constexpr int kAmxInt8gMinRows = 32;
+// q6k flushes per group of 16, twice as often as int4: doubled until measured on an AMX machine.
+constexpr int kAmxQ6kMinRows = 64;
 
 // AMX tile data needs a per-process permission from Linux; asked for once. When refused,
 // the backend keeps working on its AVX-512 kernels (describe() says why).
@@ -189,63 +191,14 @@ void amx_gemm(const GemmArgs& g) {
   tile::release();
 }
 
-// int4 panel rows ([Kp/8][16 columns][4 bytes], byte b holding k = 8j+b low and 8j+4+b high,
-// each as q + 8) -> signed int8 B-tile rows ([Kp/4][16][4]): row 2j the low nibbles, 2j+1
-// the high ones.
-void unpack_int4(const uint8_t* panel, int kp, int8_t* out) {
-#ifndef KTFORGE_AMX_MODEL
-  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-  for (int j = 0; j < kp / 8; ++j) {
-    const __m512i v = _mm512_loadu_si512(panel + j * 64);
-    _mm512_storeu_si512(out + 2 * j * 64, _mm512_sub_epi8(_mm512_and_si512(v, low), eight));
-    _mm512_storeu_si512(out + (2 * j + 1) * 64, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight));
-  }
-#else
-  for (int j = 0; j < kp / 8; ++j)
-    for (int b = 0; b < 64; ++b) {
-      out[2 * j * 64 + b] = static_cast<int8_t>((panel[j * 64 + b] & 0x0F) - 8);
-      out[(2 * j + 1) * 64 + b] = static_cast<int8_t>((panel[j * 64 + b] >> 4) - 8);
-    }
-#endif
-}
+}  // namespace
+}  // namespace kt
 
-// int4z panel rows (int4's order, unsigned codes) -> unsigned int8 B-tile rows, as int4's.
-void unpack_nibbles(const uint8_t* panel, int kp, int8_t* out) {
-#ifndef KTFORGE_AMX_MODEL
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  for (int j = 0; j < kp / 8; ++j) {
-    const __m512i v = _mm512_loadu_si512(panel + j * 64);
-    _mm512_storeu_si512(out + 2 * j * 64, _mm512_and_si512(v, low));
-    _mm512_storeu_si512(out + (2 * j + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-  }
-#else
-  for (int j = 0; j < kp / 8; ++j)
-    for (int b = 0; b < 64; ++b) {
-      out[2 * j * 64 + b] = static_cast<int8_t>(panel[j * 64 + b] & 0x0F);
-      out[(2 * j + 1) * 64 + b] = static_cast<int8_t>(panel[j * 64 + b] >> 4);
-    }
-#endif
-}
+// The B tiles' unpacking, in this file's unnamed namespace
+#include "arch/x86/amx/unpack.hpp"
 
-// fp4 panel rows (int4's order, E2M1 codes) -> signed int8 B-tile rows of twice their values
-// (kernels/types.hpp), looked up with vpshufb.
-void unpack_fp4(const uint8_t* panel, int kp, int8_t* out) {
-#ifndef KTFORGE_AMX_MODEL
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kFp4Doubled)));
-  for (int j = 0; j < kp / 8; ++j) {
-    const __m512i v = _mm512_loadu_si512(panel + j * 64);
-    _mm512_storeu_si512(out + 2 * j * 64, _mm512_shuffle_epi8(table, _mm512_and_si512(v, low)));
-    _mm512_storeu_si512(out + (2 * j + 1) * 64, _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), low)));
-  }
-#else
-  for (int j = 0; j < kp / 8; ++j)
-    for (int b = 0; b < 64; ++b) {
-      out[2 * j * 64 + b] = kFp4Doubled[panel[j * 64 + b] & 0x0F];
-      out[(2 * j + 1) * 64 + b] = kFp4Doubled[panel[j * 64 + b] >> 4];
-    }
-#endif
-}
+namespace kt {
+namespace {
 
 // acc[16] += float(c[16]) * ws[16], fused (one rounding, as vfmadd: the model is bit-identical).
 inline void fma_group(const int32_t* c, const float* ws, float* acc) {
@@ -265,20 +218,6 @@ inline void fnma_mins(int32_t x_sum, const float* mins, float* acc) {
 #else
   for (int n = 0; n < 16; ++n) acc[n] = std::fma(-static_cast<float>(x_sum), mins[n], acc[n]);
 #endif
-}
-
-// q4k's record (types.hpp) widened: per group and column d * sc_j and dmin * m_j, exact in float32.
-void q4k_scales_of(const uint8_t* meta, int G, float* scales, float* mins) {
-  for (int grp = 0; grp < G; ++grp) {
-    const uint8_t* r = meta + (grp / kQ4kGroupsPerSuper) * kQ4kSuperBytes;
-    const int j = (grp % kQ4kGroupsPerSuper) * 16;
-    for (int n = 0; n < 16; ++n) {
-      uint16_t d, dmin;
-      std::memcpy(&d, r + 2 * n, 2), std::memcpy(&dmin, r + 32 + 2 * n, 2);
-      scales[grp * 16 + n] = f16_to_f32(d) * r[kQ4kSubScales + j + n];
-      mins[grp * 16 + n] = f16_to_f32(dmin) * r[kQ4kMins + j + n];
-    }
-  }
 }
 
 // out[16] = acc[16] * xs
@@ -332,6 +271,10 @@ const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unp
   const int G = w.groups();
   if (w.element == Element::q4k) {
     q4k_scales_of(w.block_meta(blk), G, scales, mins);
+  } else if (w.element == Element::q6k) {
+    q6k_scales_of(w.block_meta(blk), G, scales);
+    unpack_q6k(w.block(blk), kp, unpacked);
+    return reinterpret_cast<const uint8_t*>(unpacked);
   } else if (w.element == Element::fp4) {
     const uint8_t* e8m0 = w.block_e8m0(blk);
     for (int k = 0; k < G * 16; ++k) scales[k] = e8m0_to_f32(e8m0[k]);
@@ -524,6 +467,7 @@ int min_rows(Element m) {
          : m == Element::bf16  ? kAmxBf16MinRows
          : m == Element::int8  ? kAmxInt8MinRows
          : int8_groups(m)      ? kAmxInt8gMinRows
+         : m == Element::q6k   ? kAmxQ6kMinRows
                                : kAmxInt4MinRows;  // int4, and fp4 (int4's kernel but the unpacking)
 }
 
@@ -546,6 +490,7 @@ std::string describe(Element m) {
                          : m == Element::fp4   ? "tdpbssd (fp4 looked up as doubled int8)"
                          : m == Element::int4z ? "tdpbsud per group, less zero points"
                          : m == Element::q4k   ? "tdpbsud per group, Q4_K's scales and mins"
+                         : m == Element::q6k   ? "tdpbssd per group of 16 (Q6_K's codes unpacked to q - 32)"
                                                : "tdpbssd (nibbles unpacked to int8)";
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +
          fallback;

@@ -402,17 +402,10 @@ void gemm_grouped(const GemmArgs& a) {
   }
 }
 
-void gemm_int4(const GemmArgs& a) {
-  gemm_grouped<NibbleTile<Int4Codes>::Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks>(a);
-}
-void gemm_fp4(const GemmArgs& a) {
-  gemm_grouped<NibbleTile<Fp4Codes>::Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks, Fp4Codes>(a);
-}
-void gemm_int4z(const GemmArgs& a) {
-  gemm_grouped<NibbleTile<Int4zCodes>::Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks, Int4zCodes>(a);
-}
-void gemm_q4k(const GemmArgs& a) {
-  gemm_grouped<NibbleTile<Q4kCodes>::Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks, Q4kCodes>(a);
+// int4, fp4, int4z, q4k, q6k
+template <class Codes>
+void gemm_nibbles(const GemmArgs& a) {
+  gemm_grouped<NibbleTile<Codes>::template Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks, Codes>(a);
 }
 void gemm_int8g(const GemmArgs& a) {
   gemm_grouped<Int8gTiles<false>::Tile, kInt8gRows, kInt8gBlocks, kInt8gDecodeBlocks>(a);
@@ -428,10 +421,11 @@ void gemm(const GemmArgs& a) {
     case Element::fp8: return gemm_fp8(a);
 #ifdef __AVX512VNNI__
     case Element::int8: return gemm_int8(a);
-    case Element::int4: return gemm_int4(a);
-    case Element::fp4: return gemm_fp4(a);
-    case Element::int4z: return gemm_int4z(a);
-    case Element::q4k: return gemm_q4k(a);
+    case Element::int4: return gemm_nibbles<Int4Codes>(a);
+    case Element::fp4: return gemm_nibbles<Fp4Codes>(a);
+    case Element::int4z: return gemm_nibbles<Int4zCodes>(a);
+    case Element::q4k: return gemm_nibbles<Q4kCodes>(a);
+    case Element::q6k: return gemm_nibbles<Q6kCodes>(a);
     case Element::int8g: return gemm_int8g(a);
     case Element::int8h: return gemm_int8h(a);
 #else
@@ -459,6 +453,7 @@ std::string describe(Element m) {
   const char* int8g = "avx512 vpdpbusd per group";
   const char* int8h = "avx512 vpdpbusd per group, float16 scales";
   const char* q4k = "avx512 vpdpbusd on unpacked nibbles, Q4_K's scales and mins per group";
+  const char* q6k = "avx512 vpdpbusd on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16";
 #else
   const char* int8 = "avx2 maddubs (no VNNI)";
   const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
@@ -467,6 +462,7 @@ std::string describe(Element m) {
   const char* int8g = "avx2 maddubs per group (no VNNI)";
   const char* int8h = "avx2 maddubs per group, float16 scales (no VNNI)";
   const char* q4k = "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group (no VNNI)";
+  const char* q6k = "avx2 maddubs on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16 (no VNNI)";
 #endif
 #ifdef __AVX512BF16__
   if (m == Element::fp8)
@@ -477,7 +473,7 @@ std::string describe(Element m) {
 #endif
   return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g
          : m == Element::int8h ? int8h : m == Element::fp4 ? fp4 : m == Element::int4z ? int4z
-         : m == Element::q4k ? q4k : int4;
+         : m == Element::q4k ? q4k : m == Element::q6k ? q6k : int4;
 }
 
 std::vector<std::string> features() { return compiled_features(); }

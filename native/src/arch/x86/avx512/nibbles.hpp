@@ -1,4 +1,5 @@
-// The AVX-512 kernels of the nibble elements (int4, fp4): a part of arch/x86/avx512/kernels.cpp,
+// The AVX-512 kernels of the nibble elements (int4, fp4, int4z, q4k) and of q6k (nibbles with two
+// high bits beside them): a part of arch/x86/avx512/kernels.cpp,
 // included there after its kStreamAheadLines, dpbusd and load_scales (in the same unnamed
 // namespace), so they are compiled with each AVX-512 level's flags.
 #pragma once
@@ -99,6 +100,44 @@ struct Q4kCodes {
   }
 };
 
+// q6k (GGUF's Q6_K): unsigned 6-bit codes, w = d * sc_j * (q - 32): each group's sums less 32
+// times its activation sum, scaled by d * sc_j from the super-block's record (types.hpp).
+struct Q6kCodes {
+  using Scale = uint8_t;
+  static constexpr float kFinal = 1.f;
+  static __m512i table() { return _mm512_setzero_si512(); }
+  static __m512i decode(__m512i nibbles, __m512i) { return nibbles; }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
+    const uint8_t* r = block + (g / kQ6kGroupsPerSuper) * kQ6kSuperBytes;
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kQ6kSubScales + (g % kQ6kGroupsPerSuper) * 16));
+    const __m512 scale = _mm512_mul_ps(Q4kCodes::halves(r), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+    const __m512i offset = _mm512_set1_epi32(kQ6kOffset * x_sum);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, offset)), scale, accf);
+  }
+};
+
+// A panel line's bytes and what its nibbles lack: nothing but for q6k, whose lines carry the
+// codes' high two bits after the nibbles (types.hpp): the 32 bytes as both halves of a vector,
+// the upper one shifted by 4, give line bytes b < 32 bits 0-3 and b >= 32 bits 4-7, moved to
+// bits 4-5 of each code.
+template <class Codes>
+struct HighBits {
+  static constexpr int kLine = 64;
+  static void add(const uint8_t*, __m512i&, __m512i&) {}
+};
+template <>
+struct HighBits<Q6kCodes> {
+  static constexpr int kLine = kQ6kLineBytes;
+  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 64));
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4), 1);
+    const __m512i two = _mm512_set1_epi8(0x30);
+    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(both, 4), two));
+    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(both, 2), two));
+  }
+};
+
 // Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12, int4z's q), activations
 // signed: the sum over a group carries offset * sum_k x (int4z: zero * sum_k x, by column), removed
 // per group before scaling.
@@ -120,10 +159,14 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
       const int p = g * steps + s;
       __m512i lo[NB], hi[NB];
       for (int j = 0; j < NB; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kStreamAheadLines) * 64), _MM_HINT_T1);
-        __m512i v = _mm512_loadu_si512(panel[j] + p * 64);
+        constexpr int kLine = HighBits<Codes>::kLine;
+        const uint8_t* line = panel[j] + p * kLine;
+        _mm_prefetch(reinterpret_cast<const char*>(line + kStreamAheadLines * kLine), _MM_HINT_T1);
+        if (kLine > 64) _mm_prefetch(reinterpret_cast<const char*>(line + (kStreamAheadLines + 1) * kLine - 1), _MM_HINT_T1);
+        __m512i v = _mm512_loadu_si512(line);
         lo[j] = Codes::decode(_mm512_and_si512(v, low), table);
         hi[j] = Codes::decode(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), table);
+        HighBits<Codes>::add(line, lo[j], hi[j]);
       }
       for (int i = 0; i < M; ++i) {
         __m512i a_lo = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));

@@ -1,0 +1,199 @@
+// The AVX2 kernels of the nibble elements (int4, fp4, int4z, q4k) and of q6k, whose 6-bit
+// codes are nibbles with two high bits beside them: a part of arch/x86/avx2/kernels.cpp, included
+// there after its prefetch_panel and load_scales (in the same unnamed namespace).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/types.hpp"
+
+namespace kt {
+namespace {
+
+// int4: a step's two pmaddubsw products (nibble x activation pairs, |sum| <= 2 * 15 * 127 each)
+// add up in 16 bits for kInt4Steps16 steps (4 * 7620 = 30480 < 32767: exact, never wraps)
+// before one pmaddwd widens them: 2.25 multiplies per 16 x 8 products instead of 3. Every
+// int4 group size (32, 64, 128: 4, 8, 16 steps) is a multiple of it.
+constexpr int kInt4Steps16 = 4;
+
+// A group's int32 sums (half h of a block's 16 columns) into the float accumulator: the offset they
+// carry taken off, then scaled (Codes: group(block, g) the group's metadata, scales(meta, h) half h's
+// 8 scales, offset(meta, h, x_sum) what half h's sums carry).
+template <class Codes>
+struct OffsetThenScale {
+  template <typename Scale>
+  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
+    const Scale* meta = Codes::group(block, g);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums, Codes::offset(meta, h, x_sum))),
+                           Codes::scales(meta, h), accf);
+  }
+};
+
+// What a nibble element's panel holds. int4: the nibbles themselves, w + 8, bf16 group scales.
+struct Int4Codes : OffsetThenScale<Int4Codes> {
+  using Scale = uint16_t;
+  static constexpr int kSteps16 = kInt4Steps16;
+  static constexpr float kFinal = 1.f;
+  static __m256i table() { return _mm256_setzero_si256(); }
+  static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
+  static __m256 scales(const Scale* s, int h) { return load_scales(s + h * 8); }
+  static __m256i offset(const Scale*, int, int32_t x_sum) { return _mm256_set1_epi32(8 * x_sum); }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
+};
+
+// int4z: unsigned nibbles q (int4's sums: 16-bit safe for 4 steps), the record of
+// kernels/types.hpp (float32 scales, then zero points), each column's zero times the group's
+// activation sum taken off.
+struct Int4zCodes : OffsetThenScale<Int4zCodes> {
+  using Scale = uint8_t;
+  static constexpr int kSteps16 = kInt4Steps16;
+  static constexpr float kFinal = 1.f;
+  static __m256i table() { return _mm256_setzero_si256(); }
+  static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
+  static const Scale* group(const Scale* block, int g) { return block + g * kInt4zGroupBytes; }
+  static __m256 scales(const Scale* record, int h) { return _mm256_loadu_ps(reinterpret_cast<const float*>(record) + h * 8); }
+  static __m256i offset(const Scale* record, int h, int32_t x_sum) {
+    const __m256i zeros = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(record + 64 + h * 8)));
+    return _mm256_mullo_epi32(zeros, _mm256_set1_epi32(x_sum));
+  }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+};
+
+// fp4: E2M1 codes looked up (vpshufb) as twice their value + 12, in [0, 24]: a step's pair sums
+// reach 2 * 2 * 24 * 127 = 12192, so 16-bit sums hold 2 steps, not 4. E8M0 scales built as float
+// bits (kernels/types.hpp), the doubling halved at the end.
+struct Fp4Codes : OffsetThenScale<Fp4Codes> {
+  using Scale = uint8_t;
+  static constexpr int kSteps16 = 2;
+  static constexpr float kFinal = 0.5f;
+  static __m256i table() {
+    alignas(16) int8_t t[16];
+    for (int c = 0; c < 16; ++c) t[c] = static_cast<int8_t>(kFp4Doubled[c] + kFp4Offset);
+    return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  }
+  static __m256i decode(__m256i nibbles, __m256i table) { return _mm256_shuffle_epi8(table, nibbles); }
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
+  static __m256 scales(const Scale* e, int h) {
+    const __m256i bits =
+        _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e + h * 8))), 23);
+    return _mm256_castsi256_ps(_mm256_max_epu32(bits, _mm256_set1_epi32(static_cast<int>(kE8m0MinBits))));
+  }
+  static __m256i offset(const Scale*, int, int32_t x_sum) { return _mm256_set1_epi32(kFp4Offset * x_sum); }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
+};
+
+// q4k (GGUF's Q4_K): unsigned nibbles as int4z's; each group's sums scaled by d * sc_j and its
+// activation sum times dmin * m_j taken off, both from the super-block's record (types.hpp).
+struct Q4kCodes {
+  using Scale = uint8_t;
+  static constexpr int kSteps16 = kInt4Steps16;
+  static constexpr float kFinal = 1.f;
+  static __m256i table() { return _mm256_setzero_si256(); }
+  static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m256 bytes(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static __m256 halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
+    const uint8_t* r = block + (g / kQ4kGroupsPerSuper) * kQ4kSuperBytes;
+    const int j = (g % kQ4kGroupsPerSuper) * 16 + h * 8;
+    const __m256 scale = _mm256_mul_ps(halves(r + h * 16), bytes(r + kQ4kSubScales + j));
+    const __m256 minimum = _mm256_mul_ps(halves(r + 32 + h * 16), bytes(r + kQ4kMins + j));
+    accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, accf);
+    return _mm256_fnmadd_ps(_mm256_set1_ps(static_cast<float>(x_sum)), minimum, accf);
+  }
+};
+
+// q6k (GGUF's Q6_K): unsigned 6-bit codes, w = d * sc_j * (q - 32): each group's sums less 32
+// times its activation sum, scaled by d * sc_j from the super-block's record (types.hpp). A
+// step's two pair sums reach 2 * 2 * 63 * 127 = 32004: 16-bit sums hold one step.
+struct Q6kCodes {
+  using Scale = uint8_t;
+  static constexpr int kSteps16 = 1;
+  static constexpr float kFinal = 1.f;
+  static __m256i table() { return _mm256_setzero_si256(); }
+  static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
+    const uint8_t* r = block + (g / kQ6kGroupsPerSuper) * kQ6kSuperBytes;
+    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + kQ6kSubScales + (g % kQ6kGroupsPerSuper) * 16 + h * 8));
+    const __m256 scale = _mm256_mul_ps(Q4kCodes::halves(r + h * 16), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+    const __m256i offset = _mm256_set1_epi32(kQ6kOffset * x_sum);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums, offset)), scale, accf);
+  }
+};
+
+// A panel line's bytes and what its nibbles lack: nothing but for q6k, whose lines carry the
+// codes' high two bits after the nibbles (types.hpp), moved to bits 4-5 of each half's bytes.
+template <class Codes>
+struct HighBits {
+  static constexpr int kLine = 64;
+  static void add(const uint8_t*, __m256i (&)[2], __m256i (&)[2]) {}
+};
+template <>
+struct HighBits<Q6kCodes> {
+  static constexpr int kLine = kQ6kLineBytes;
+  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 64)), two = _mm256_set1_epi8(0x30);
+    lo[0] = _mm256_or_si256(lo[0], _mm256_and_si256(_mm256_slli_epi16(bits, 4), two));
+    hi[0] = _mm256_or_si256(hi[0], _mm256_and_si256(_mm256_slli_epi16(bits, 2), two));
+    lo[1] = _mm256_or_si256(lo[1], _mm256_and_si256(bits, two));
+    hi[1] = _mm256_or_si256(hi[1], _mm256_and_si256(_mm256_srli_epi16(bits, 2), two));
+  }
+};
+
+template <class Codes>
+struct NibbleTile {
+ template <int M, int NB>
+ struct Tile {
+  static void run(const int8_t* const* x, const int32_t* const* gsum, const float* xs, const uint8_t* panel,
+                  const typename Codes::Scale* g_scale, int groups, int group, float* out, int64_t ld) {
+    constexpr int kSteps16 = Codes::kSteps16;
+    __m256 accf[M][2];
+    for (int i = 0; i < M; ++i) accf[i][0] = accf[i][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), table = Codes::table();
+    const int steps = group / 8;
+    for (int g = 0; g < groups; ++g) {
+      __m256i acc[M][2];
+      for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+      for (int s0 = g * steps; s0 < (g + 1) * steps; s0 += kSteps16) {
+        __m256i acc16[M][2];
+        for (int i = 0; i < M; ++i) acc16[i][0] = acc16[i][1] = _mm256_setzero_si256();
+        for (int p = s0; p < s0 + kSteps16; ++p) {
+          const uint8_t* line = panel + p * HighBits<Codes>::kLine;
+          prefetch_panel(line);
+          if (HighBits<Codes>::kLine > 64) prefetch_panel(line + HighBits<Codes>::kLine - 1);
+          __m256i lo[2], hi[2];
+          for (int h = 0; h < 2; ++h) {
+            __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + h * 32));
+            lo[h] = Codes::decode(_mm256_and_si256(v, low), table);
+            hi[h] = Codes::decode(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), table);
+          }
+          HighBits<Codes>::add(line, lo, hi);
+          for (int i = 0; i < M; ++i) {
+            __m256i a_lo = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
+            __m256i a_hi = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
+            for (int h = 0; h < 2; ++h)
+              acc16[i][h] = _mm256_add_epi16(
+                  acc16[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], a_lo), _mm256_maddubs_epi16(hi[h], a_hi)));
+          }
+        }
+        for (int i = 0; i < M; ++i)
+          for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(acc16[i][h], ones));
+      }
+      for (int i = 0; i < M; ++i)
+        for (int h = 0; h < 2; ++h) accf[i][h] = Codes::accumulate(g_scale, g, h, acc[i][h], gsum[i][g], accf[i][h]);
+    }
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(accf[i][h], _mm256_set1_ps(xs[i] * Codes::kFinal)));
+  }
+ };
+};
+
+}  // namespace
+}  // namespace kt

@@ -1,0 +1,62 @@
+#include "kernels/q6k.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace kt {
+
+void put_q6k_row(PackedMatrix& out, int n, const uint8_t* codes, const uint8_t* row_records) {
+  const int c = n % 16;
+  uint8_t* panel = out.values + static_cast<std::size_t>(n / 16) * out.block_bytes();
+  for (int k = 0; k < out.Kp; ++k) {
+    const int v = codes[k], b = c * 4 + k % 4, high = (k % 8) >= 4;  // b: the line byte, as int4's
+    uint8_t* line = panel + (k / 8) * kQ6kLineBytes;
+    line[b] = static_cast<uint8_t>(high ? (line[b] & 0x0F) | ((v & 0x0F) << 4) : (line[b] & 0xF0) | (v & 0x0F));
+    const int shift = 2 * (2 * (b / 32) + high);
+    uint8_t& bits = line[64 + b % 32];
+    bits = static_cast<uint8_t>((bits & ~(3 << shift)) | ((v >> 4) << shift));
+  }
+  const int supers = out.Kp / kQ4kSuperBlock;
+  for (int s = 0; s < supers; ++s) {
+    const uint8_t* in = row_records + s * kQ6kRowRecordBytes;
+    uint8_t* record = out.group_meta.data() + (static_cast<std::size_t>(n / 16) * supers + s) * kQ6kSuperBytes;
+    std::memcpy(record + 2 * c, in, 2);
+    for (int j = 0; j < kQ6kGroupsPerSuper; ++j) record[kQ6kSubScales + j * 16 + c] = in[2 + j];
+  }
+}
+
+// Q6_K of one row, for packing floats: per 16-value group a step of max|w| / 31; per super-block
+// d = the largest step / 127 (float16), each group's sc = round(step / d) in [0, 127] and
+// q = clamp(round(w / (d * sc)) + 32, 0, 63). Simpler than llama.cpp's search, the same format.
+bool quantize_q6k_row(const float* w, int K, uint8_t* q, uint8_t* records) {
+  bool finite = true;
+  constexpr int kGroup = kQ4kSuperBlock / kQ6kGroupsPerSuper;
+  for (int s0 = 0; s0 < K; s0 += kQ4kSuperBlock) {
+    float step[kQ6kGroupsPerSuper], max_step = 0.f;
+    for (int j = 0; j < kQ6kGroupsPerSuper; ++j) {
+      float amax = 0.f;
+      for (int k = s0 + kGroup * j; k < s0 + kGroup * (j + 1); ++k) {
+        finite &= std::isfinite(w[k]);
+        amax = std::max(amax, std::fabs(w[k]));
+      }
+      step[j] = amax / 31.f;
+      max_step = std::max(max_step, step[j]);
+    }
+    const uint16_t d_bits = f32_to_f16(max_step / 127.f);
+    const float d = f16_to_f32(d_bits);
+    uint8_t* record = records + (s0 / kQ4kSuperBlock) * kQ6kRowRecordBytes;
+    std::memcpy(record, &d_bits, 2);
+    for (int j = 0; j < kQ6kGroupsPerSuper; ++j) {
+      const int sc = d > 0.f ? std::clamp(static_cast<int>(std::nearbyint(step[j] / d)), 0, 127) : 0;
+      record[2 + j] = static_cast<uint8_t>(sc);
+      const float scale = d * static_cast<float>(sc);
+      for (int k = s0 + kGroup * j; k < s0 + kGroup * (j + 1); ++k)
+        q[k] = static_cast<uint8_t>(
+            scale > 0.f ? std::clamp(static_cast<int>(std::nearbyint(w[k] / scale)) + kQ6kOffset, 0, 63) : kQ6kOffset);
+    }
+  }
+  return finite;
+}
+
+}  // namespace kt
