@@ -50,6 +50,7 @@ MIXED = {
     "mixed-bf16": {"gate": "Q4_K", "up": "Q4_K", "down": "BF16"},
     "mixed-gate-up": {"gate": "Q4_K", "up": "Q4_0", "down": "Q4_K"},
     "mixed-q6k": {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K"},  # Q4_K_M's experts
+    "mixed-q5k": {"gate": "Q5_K", "up": "Q5_K", "down": "Q6_K"},  # Q5_K_M's
 }
 
 

@@ -141,19 +141,19 @@ def quantize_q8_0(w: Array) -> tuple[Array, Array]:
     return q.reshape(n, kp), d
 
 
-def quantize_q4k(w: Array) -> tuple[Array, Array, Array]:
+def quantize_q4k(w: Array, levels: int = 15) -> tuple[Array, Array, Array]:
     """GGUF's Q4_K as MoE.load_weights packs floats: [N, K] -> q [N, Kp] in [0, 15] (K zero-padded
     to 256), each group's scale d * sc and min dmin * m [N, Kp / 32] float32; per 32 the range
     [min(w, 0), max(w, 0)] in 15 steps, per 256 d = max step / 63 and dmin = max -min / 63 in
     float16, sc = rint(step / d) and m = rint(-min / dmin) in [0, 63], q = clip(rint((w + dmin * m)
-    / (d * sc)), 0, 15)."""
+    / (d * sc)), 0, 15). Q5_K (levels 31): the same in 31 steps, q in [0, 31]."""
     n, k = w.shape
     kp = -(-k // 256) * 256
     padded = np.zeros((n, kp), dtype=F32)
     padded[:, :k] = w
     grouped = padded.reshape(n, kp // 256, 8, 32)
     low = -np.minimum(grouped.min(axis=-1), F32(0))
-    step = ((np.maximum(grouped.max(axis=-1), F32(0)) + low) / F32(15)).astype(F32)
+    step = ((np.maximum(grouped.max(axis=-1), F32(0)) + low) / F32(levels)).astype(F32)
     d = (step.max(axis=-1) / F32(63)).astype(np.float16).astype(F32)[..., None]
     dmin = (low.max(axis=-1) / F32(63)).astype(np.float16).astype(F32)[..., None]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -162,7 +162,7 @@ def quantize_q4k(w: Array) -> tuple[Array, Array, Array]:
         scale, minimum = (d * sc).astype(F32), (dmin * m).astype(F32)
         q = np.where(
             scale[..., None] > 0,
-            np.clip(np.rint((grouped + minimum[..., None]) / scale[..., None]), 0, 15),
+            np.clip(np.rint((grouped + minimum[..., None]) / scale[..., None]), 0, levels),
             0,
         )
     return q.reshape(n, kp).astype(np.int64), scale.reshape(n, -1), minimum.reshape(n, -1)
@@ -232,8 +232,8 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         centred = wq.reshape(-1, groups, group) - zw[..., None]
         acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, groups, group), centred).astype(F32)
         return ((acc * sw[None, :, :]).sum(axis=-1) * sx[:, None]).astype(F32)
-    if method == "q4_k":  # exact int32 group sums of q * x, scaled, less min * the group's sum of x
-        wq, sw, mw = quantize_q4k(w)
+    if method in ("q4_k", "q5_k"):  # exact int32 group sums of q * x, scaled, less min * the group's sum of x
+        wq, sw, mw = quantize_q4k(w, 31 if method == "q5_k" else 15)
         kp = wq.shape[1]
         xp = np.zeros((x.shape[0], kp), dtype=np.int64)
         xp[:, : x.shape[1]] = xq

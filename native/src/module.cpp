@@ -158,7 +158,7 @@ class PyMoE {
         throw std::invalid_argument(std::string(name) + "_zero holds zero points above 15");
       return {values.data(), values.shape(2), scales.data(), groups * 4, zero.data(), groups};
     }
-    if (element_of(method) == Element::q4k) return q4k_weights(values, scales, N, K, name);
+    if (q4k_records(element_of(method))) return q4k_weights(values, scales, N, K, name, element_of(method) == Element::q5k);
     if (element_of(method) == Element::q6k) return q6k_weights(values, scales, N, K, name);
     if (element_of(method) == Element::bf16) {  // a mixed layer's bf16 projection (scale: unused)
       if (!values.dtype().is(py::dtype::of<uint16_t>()))
@@ -204,17 +204,23 @@ class PyMoE {
     }
   }
 
-  // q4k: values uint8 [E, N, Kp / 2] (int4's byte order, unsigned codes), scales uint8
-  // [E, N, Kp / 256, kQ4kRowRecordBytes] (d, dmin float16, sc[8], m[8]), Kp = K rounded up to 256.
+  // q4k: values uint8 [E, N, Kp / 2] (int4's byte order, unsigned codes); q5k (five): [E, N, Kp],
+  // a code in [0, 31] a byte; scales uint8 [E, N, Kp / 256, kQ4kRowRecordBytes] (d, dmin float16,
+  // sc[8], m[8]), Kp = K rounded up to 256.
   MoeLayer::QuantizedWeights q4k_weights(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
-                                         const char* name) {
+                                         const char* name, bool five) {
     const py::ssize_t E = layer_.config().experts, supers = (K + kQ4kSuperBlock - 1) / kQ4kSuperBlock;
     const std::string scale_name = std::string(name) + "_scale";
     if (!values.dtype().is(py::dtype::of<uint8_t>()))
-      throw std::invalid_argument(std::string(name) + " must be uint8 (two 4-bit values per byte)");
+      throw std::invalid_argument(std::string(name) + (five ? " must be uint8 (one 5-bit code per byte)"
+                                                            : " must be uint8 (two 4-bit values per byte)"));
     if (!scales.dtype().is(py::dtype::of<uint8_t>()))
-      throw std::invalid_argument(scale_name + " must be uint8 (q4_k's super-block records)");
-    require(values, {E, N, supers * kQ4kSuperBlock / 2}, name);
+      throw std::invalid_argument(scale_name + (five ? " must be uint8 (q5_k's super-block records)"
+                                                     : " must be uint8 (q4_k's super-block records)"));
+    require(values, {E, N, supers * kQ4kSuperBlock / (five ? 1 : 2)}, name);
+    const auto* q = static_cast<const uint8_t*>(values.data());
+    if (five && std::any_of(q, q + values.size(), [](uint8_t v) { return v > 31; }))
+      throw std::invalid_argument(std::string(name) + " holds codes above 31 (q5_k's are 5-bit)");
     require(scales, {E, N, supers, kQ4kRowRecordBytes}, scale_name.c_str());
     const auto* r = static_cast<const uint8_t*>(scales.data());
     for (py::ssize_t i = 0; i < scales.size(); i += kQ4kRowRecordBytes)

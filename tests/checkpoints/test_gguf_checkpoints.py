@@ -31,11 +31,19 @@ from .serving import inputs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
 E, K_TOP, H, I = 4, 2, 256, 256
-SERVED = {"BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "int4z", "Q4_K": "q4_k", "Q6_K": "q6_k", "MXFP4": "mxfp4"}
-REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS")
+SERVED = {
+    "BF16": "bf16",
+    "Q8_0": "q8_0",
+    "Q4_0": "int4z",
+    "Q4_K": "q4_k",
+    "Q5_K": "q5_k",
+    "Q6_K": "q6_k",
+    "MXFP4": "mxfp4",
+}
+REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 # packed bytes of the experts / the file's bytes of them: the repack's cost
 # (Q4_0 in int4z: a float32 scale and a zero byte a group for the file's float16 d)
-GROWTH = {"BF16": 1.0, "Q8_0": 1.0, "Q4_0": 21 / 18, "Q4_K": 148 / 144, "Q6_K": 1.0, "MXFP4": 1.0}
+GROWTH = {"BF16": 1.0, "Q8_0": 1.0, "Q4_0": 21 / 18, "Q4_K": 148 / 144, "Q5_K": 180 / 176, "Q6_K": 1.0, "MXFP4": 1.0}
 
 
 def fixture(name: str) -> Path:
@@ -154,13 +162,22 @@ def activations_reference(x: Any, ids: Any, w: Any, dense: list[Any], int8: tupl
     return out
 
 
+MIXED = {
+    "mixed": ("q4_k", "q8_0"),
+    "mixed-bf16": ("q4_k", "bf16"),
+    "mixed-q6k": ("q4_k", "q6_k"),
+    "mixed-q5k": ("q5_k", "q6_k"),
+}
+
+
 @pytest.mark.parametrize("backend", host.runnable_backends())
-@pytest.mark.parametrize(("name", "down"), [("mixed", "q8_0"), ("mixed-bf16", "bf16"), ("mixed-q6k", "q6_k")])
-def test_a_layer_whose_down_has_its_own_type_runs_each_in_its_format(name: str, down: str, backend: str) -> None:
-    # gate and up Q4_K, down Q8_0, BF16 or Q6_K (Q4_K_M's): as llama.cpp's _M mixes and Unsloth's
-    # UD files give them
+@pytest.mark.parametrize("name", MIXED)
+def test_a_layer_whose_down_has_its_own_type_runs_each_in_its_format(name: str, backend: str) -> None:
+    # gate and up Q4_K, down Q8_0, BF16 or Q6_K (Q4_K_M's); Q5_K and Q6_K (Q5_K_M's): as llama.cpp's
+    # _M mixes and Unsloth's UD files give them
+    method, down = MIXED[name]
     moe = ktforge.MoE.from_pretrained(fixture(name), 0, backend=backend)
-    assert (moe.method, moe.down_method) == ("q4_k", down) and moe.info["down_method"] == down
+    assert (moe.method, moe.down_method) == (method, down) and moe.info["down_method"] == down
     dense = tool_dense(fixture(name))
     with GgufCheckpoint(fixture(name)) as checkpoint:
         for projection, values in zip(("gate", "up", "down"), dense, strict=True):

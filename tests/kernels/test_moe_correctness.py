@@ -20,7 +20,7 @@ from ktforge.formats.quantize import Quantized, dequantize
 from .. import host
 from ..moe_reference import SHAPES, expected, expected_int8, float_reference, make_layer, rel_err, routing
 
-METHODS = ("bf16", "int8", "int8g", "int4", "fp8", "mxfp4", "int4z", "q4_k", "q8_0", "q6_k")
+METHODS = ("bf16", "int8", "int8g", "int4", "fp8", "mxfp4", "int4z", "q4_k", "q8_0", "q6_k", "q5_k")
 runnable_backends = host.runnable_backends
 
 
@@ -50,7 +50,11 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
     ids, w = routing(T, E, k)
     x = np.random.default_rng(2).standard_normal((T, H)).astype(np.float32)
     group = (
-        16 if method == "q6_k" else 32 if method in ("int4", "int8g", "fp8", "mxfp4", "int4z", "q4_k", "q8_0") else 128
+        16
+        if method == "q6_k"
+        else 32
+        if method in ("int4", "int8g", "fp8", "mxfp4", "int4z", "q4_k", "q5_k", "q8_0")
+        else 128
     )
     moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group, threads=2)
     moe.load_weights(gate, up, down)
@@ -72,6 +76,7 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
         "q4_k": 0.3,
         "q8_0": 5e-2,
         "q6_k": 0.1,
+        "q5_k": 0.15,
     }[method]
     assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
 
@@ -91,7 +96,7 @@ def test_backends_agree_with_the_reference_backend(method: str) -> None:
             I,
             method=method,
             backend=backend,
-            group_size=16 if method == "q6_k" else 32 if method in ("mxfp4", "q4_k", "q8_0") else 64,
+            group_size=16 if method == "q6_k" else 32 if method in ("mxfp4", "q4_k", "q5_k", "q8_0") else 64,
         )
         moe.load_weights(gate, up, down)
         outs[backend] = moe.forward(x, ids, w)
@@ -148,32 +153,42 @@ def test_int8g_at_the_largest_products_sums_exactly(sign: float) -> None:
     assert rel_err(outs["reference"], float_reference(x, ids, w, gate, up, down)) < 2e-2
 
 
+def _k_quant_ends(method: str, E: int, N: int, K: int, rng: np.random.Generator) -> Quantized:
+    """A projection of q5_k or q6_k whose codes, scales (and mins) are each at one of their ends."""
+    supers = K // 256
+    if method == "q6_k":  # d, then 16 signed scales
+        records = np.zeros((E, N, supers, 18), np.uint8)
+        records[..., :2] = np.full((E, N, supers, 1), 1e-3, np.float16).view(np.uint8)
+        records[..., 2:] = np.array([-128, 127], np.int8).view(np.uint8)[rng.integers(0, 2, (E, N, supers, 16))]
+    else:  # d, dmin, then 8 scales and 8 mins of 6 bits
+        records = np.zeros((E, N, supers, 20), np.uint8)
+        records[..., :4] = np.full((E, N, supers, 2), 1e-3, np.float16).view(np.uint8)
+        records[..., 4:] = np.array([0, 63], np.uint8)[rng.integers(0, 2, (E, N, supers, 16))]
+    top = 63 if method == "q6_k" else 31
+    return Quantized(np.array([0, top], np.uint8)[rng.integers(0, 2, (E, N, K))], records)
+
+
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_q6k_at_the_largest_products_sums_exactly(sign: float) -> None:
-    # Codes at both ends (0 and 63: -32 and 31 times the scale) and scales at theirs (-128, 127)
-    # against activations at +-127: the AVX2 kernel keeps a step's pmaddubsw pairs (up to 2 * 63 *
-    # 127 each) in 16 bits, VNNI and the tiles take 32 times the activation sum off. A wrapped or
-    # saturated sum would be far off the reference backend's exact int32 sums.
+@pytest.mark.parametrize(("method", "group"), [("q5_k", 32), ("q6_k", 16)])
+def test_k_quants_at_the_largest_products_sum_exactly(method: str, group: int, sign: float) -> None:
+    # Codes at both ends (q5_k: 0 and 31; q6_k: 0 and 63, -32 and 31 times the scale) and scales
+    # (and mins) at theirs against activations at +-127: the AVX2 kernel keeps pmaddubsw pairs
+    # in 16 bits (q5_k two steps, up to 4 * 2 * 31 * 127; q6_k one, 2 * 2 * 63 * 127), VNNI and
+    # the tiles take the offsets off in int32. A wrapped or saturated sum would be far off the
+    # reference backend's exact int32 sums.
     E, k, H, I, T = 2, 1, 512, 256, 140
     rng = np.random.default_rng(12)
-
-    def ends(N: int, K: int) -> Quantized:
-        records = np.zeros((E, N, K // 256, 18), np.uint8)
-        records[..., :2] = np.full((E, N, K // 256, 1), 1e-3, np.float16).view(np.uint8)
-        records[..., 2:] = np.array([-128, 127], np.int8).view(np.uint8)[rng.integers(0, 2, (E, N, K // 256, 16))]
-        return Quantized(np.array([0, 63], np.uint8)[rng.integers(0, 2, (E, N, K))], records)
-
-    quantized = [ends(I, H), ends(I, H), ends(H, I)]
+    quantized = [_k_quant_ends(method, E, N, K, rng) for N, K in ((I, H), (I, H), (H, I))]
     x = np.full((T, H), sign, np.float32)
     ids, w = np.arange(T).reshape(T, 1) % E, np.ones((T, 1), np.float32)
     outs = {}
     for backend in ALL_BACKENDS:  # 70 tokens per expert: the tile path of "amx-model" too
-        moe = ktforge.MoE(E, k, H, I, method="q6_k", backend=backend, group_size=16)
+        moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group)
         moe.load_quantized(*quantized)
         outs[backend] = moe.forward(x, ids, w)
     for backend, out in outs.items():
         assert rel_err(out, outs["reference"].astype(np.float64)) < 1e-5, backend
-    gate, up, down = (dequantize(q, "q6_k", q.weight.shape[-1]) for q in quantized)
+    gate, up, down = (dequantize(q, method, q.weight.shape[-1]) for q in quantized)
     assert rel_err(outs["reference"], float_reference(x, ids, w, gate, up, down)) < 2e-2
 
 
@@ -257,6 +272,7 @@ def test_int8_weights_of_minus_128_are_exact(backend: str, extreme: bool, T: int
     [
         ("q4_k", 32, "q8_0", 32),
         ("q4_k", 32, "q6_k", 16),  # Q4_K_M's experts
+        ("q5_k", 32, "q6_k", 16),  # Q5_K_M's
         ("q4_k", 32, "bf16", 128),
         ("int4", 64, "int8", 128),
         ("bf16", 128, "q4_k", 32),

@@ -22,6 +22,7 @@ DOT_PEAK = {
     "q4k": "int4_dot",  # int4z's, with Q4_K's scales and mins per group
     "int8h": "int8_dot",  # int8g's, float16 scales
     "q6k": "int4_dot",  # int4's unpacked nibbles, two high bits added to each
+    "q5k": "int4_dot",  # q4k's, a high bit added to each code
 }
 
 PEAK_RUNS = 7

@@ -62,18 +62,36 @@ def mxfp4(data: Array) -> Quantized:
     return Quantized(_pairs(codes), np.ascontiguousarray(blocks[..., 0]))
 
 
-def q4_k(data: Array) -> Quantized:
-    """Q4_K (float16 d and dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes) -> q4_k:
-    the codes in k order, a record per super-block: d, dmin, sc[8], m[8] (llama.cpp's
-    get_scale_min_k4 unpacking of the 12 bytes)."""
-    blocks = _blocks(data, 144)
+def _q4k_record(blocks: Array) -> Array:
+    """Q4_K's and Q5_K's first 16 bytes (float16 d and dmin, 12 bytes of 6-bit scales and mins) ->
+    q4_k's record: d, dmin, sc[8], m[8] (llama.cpp's get_scale_min_k4 unpacking of the 12 bytes)."""
     q = blocks[..., 4:16].astype(np.uint8)
     sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 0x0F) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
     m = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
-    record = np.concatenate([blocks[..., 0:4], sc, m], axis=-1).astype(np.uint8)
+    return np.ascontiguousarray(np.concatenate([blocks[..., 0:4], sc, m], axis=-1).astype(np.uint8))
+
+
+def q4_k(data: Array) -> Quantized:
+    """Q4_K (16 bytes of d, dmin, scales and mins, 128 bytes of codes) -> q4_k: the codes in k
+    order, a record per super-block."""
+    blocks = _blocks(data, 144)
     qs = blocks[..., 16:].reshape(*blocks.shape[:-1], 4, 32)  # 4 chunks: 32 low nibbles, then 32 high
     codes = np.stack([qs & 0x0F, qs >> 4], axis=-2).reshape(*blocks.shape[:-2], -1)
-    return Quantized(_pairs(codes), np.ascontiguousarray(record))
+    return Quantized(_pairs(codes), _q4k_record(blocks))
+
+
+def q5_k(data: Array) -> Quantized:
+    """Q5_K (Q4_K's 16 bytes, 32 bytes of high bits, 128 of low nibbles) -> q5_k: the codes in k
+    order a byte each, Q4_K's record. Value 64 j + l (+ 32) of a super-block (j < 4, l < 32) is the
+    low (high) nibble of byte 32 j + l of the nibbles, its bit 4 bit 2 j (+ 1) of byte l of the
+    high bits (ggml-quants.c's dequantize_row_q5_K)."""
+    blocks = _blocks(data, 176)
+    qh = blocks[..., 16:48].reshape(*blocks.shape[:-1], 1, 1, 32)
+    qs = blocks[..., 48:].reshape(*blocks.shape[:-1], 4, 1, 32)
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-2)  # [j][nibble][l]
+    shift = (2 * np.arange(4, dtype=np.uint8)[:, None] + np.arange(2, dtype=np.uint8)[None, :])[..., None]
+    codes = (low | (((qh >> shift) & 1) << 4)).astype(np.uint8).reshape(*blocks.shape[:-2], -1)
+    return Quantized(codes, _q4k_record(blocks))
 
 
 def q6_k(data: Array) -> Quantized:
@@ -93,4 +111,4 @@ def q6_k(data: Array) -> Quantized:
 
 
 # the format each served type repacks into (data/gguf_types.json's served_as) -> its repack
-REPACK = {"BF16": bf16, "Q4_0": q4_0, "Q8_0": q8_0, "MXFP4": mxfp4, "Q4_K": q4_k, "Q6_K": q6_k}
+REPACK = {"BF16": bf16, "Q4_0": q4_0, "Q8_0": q8_0, "MXFP4": mxfp4, "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k}

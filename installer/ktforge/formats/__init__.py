@@ -27,6 +27,7 @@ ELEMENTS = (
     "q4k",
     "int8h",
     "q6k",
+    "q5k",
 )  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 

@@ -39,6 +39,9 @@ Hugging Face checkpoints):
   uint8 ``[..., N, Kg / 256, 20]``, a record a super-block: d and dmin (float16, little endian),
   then sc[8] and m[8] (6-bit, one a group of 32): ``w = d * sc * q - dmin * m``. A GGUF's own,
   repacked (:mod:`ktforge.checkpoints.gguf_quants`); MoE.load_weights packs floats to it.
+- q5_k (element q5k): GGUF's Q5_K, q4_k's layout but for its ``weight``: uint8 ``[..., N, Kg]``,
+  one unsigned 5-bit code q in [0, 31] a byte, ``w = d * sc * q - dmin * m``. A GGUF's own,
+  repacked; MoE.load_weights packs floats to it.
 - q6_k (element q6k): GGUF's Q6_K, K zero-padded to ``Kg``, a multiple of 256: ``weight`` uint8
   ``[..., N, Kg]``, one unsigned 6-bit code q in [0, 63] a byte, ``scale`` uint8 ``[..., N, Kg / 256,
   18]``, a record a super-block: d (float16, little endian), then sc[16] (int8, one a group of
@@ -290,8 +293,9 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
         values = q.weight.astype(np.float32).reshape(*scale.shape, -1) - 32
         six: Array = (values * scale[..., None]).reshape(q.weight.shape)[..., :K]
         return six
-    codes = np.stack([q.weight & 0x0F, q.weight >> 4], axis=-1).reshape(*q.weight.shape[:-1], -1)
-    if element == "q4k":
+    codes = q.weight if element == "q5k" else np.stack([q.weight & 0x0F, q.weight >> 4], axis=-1)
+    codes = codes.reshape(*q.weight.shape[:-1], -1)
+    if element in ("q4k", "q5k"):
         scale, minimum = q4k_group_scales(q.scale)
         grouped = codes.astype(np.float32).reshape(*scale.shape, -1) * scale[..., None] - minimum[..., None]
         dense: Array = grouped.reshape(codes.shape)[..., :K]
@@ -348,10 +352,10 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
         return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}
     if f.super_block is not None:
         supers = -(-K // f.super_block.values)
-        six = f.element == "q6k"  # a code a byte, else two
+        per_byte = 2 if f.element == "q4k" else 1  # q5k's and q6k's codes a byte each
         return {
-            "weight": ((N, supers * f.super_block.values // (1 if six else 2)), weight),
-            "scale": ((N, supers, Q6K_RECORD if six else Q4K_RECORD), scale or "U8"),
+            "weight": ((N, supers * f.super_block.values // per_byte), weight),
+            "scale": ((N, supers, Q6K_RECORD if f.element == "q6k" else Q4K_RECORD), scale or "U8"),
         }
     groups = -(-K // group_size)
     if f.element in ("int8g", "int8h", "fp8"):

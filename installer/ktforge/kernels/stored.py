@@ -15,7 +15,7 @@ def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]])
     int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of zeros
     (or an int4z group) may have any finite scale; an E8M0 code of 255 is NaN."""
     element = formats.by_name(method).element
-    if element in ("q4k", "q6k"):  # their records' d (and dmin): the extension checks them as float16
+    if element in ("q4k", "q5k", "q6k"):  # their records' d (and dmin): the extension checks them as float16
         return
     scale = parts["scale"].astype(np.float32)
     ok = np.isfinite(scale)

@@ -64,7 +64,7 @@ void begin_quantized(PackedMatrix& out) {
     out.block_scale.assign(static_cast<std::size_t>(out.blocks()) * out.groups(), 1.f);
   } else if (out.element == Element::fp4) {
     out.group_e8m0.assign(static_cast<std::size_t>(out.Np) * out.groups(), kE8m0One);
-  } else if (out.element == Element::q4k || out.element == Element::q6k) {
+  } else if (k_quant(out.element)) {
     out.group_meta.assign(static_cast<std::size_t>(out.blocks()) * out.meta_bytes_per_block(), 0);  // zero weights
   } else if (out.element == Element::int4z) {
     out.group_meta.assign(static_cast<std::size_t>(out.blocks()) * out.groups() * kInt4zGroupBytes, 0);
@@ -412,16 +412,16 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
       put_q6k_row(out, n, codes.data(), records.data());
       continue;
     }
-    if (method != Element::q4k) quantize_weight_row(method, group, row.data(), out.Kp, q.data(), scales.data());
-    if (method == Element::int8) {
-      put_int8_row(out, n, q.data(), scales[0]);
+    if (q4k_records(method)) {
+      std::vector<uint8_t> records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock) * kQ4kRowRecordBytes);
+      quantize_q4k_row(row.data(), out.Kp, q.data(), records.data(), method == Element::q5k ? 31 : 15);
+      put_q4k_meta(out, n, records.data());
+      method == Element::q5k ? put_q5k_codes(out, n, q.data()) : put_nibbles(out, n, q.data(), 0);
       continue;
     }
-    if (method == Element::q4k) {
-      std::vector<uint8_t> records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock) * kQ4kRowRecordBytes);
-      quantize_q4k_row(row.data(), out.Kp, q.data(), records.data());
-      put_q4k_meta(out, n, records.data());
-      put_nibbles(out, n, q.data(), 0);
+    quantize_weight_row(method, group, row.data(), out.Kp, q.data(), scales.data());
+    if (method == Element::int8) {
+      put_int8_row(out, n, q.data(), scales[0]);
       continue;
     }
     if (method == Element::int4z) {
@@ -478,6 +478,11 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
         for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>((bytes[k / 2] >> (4 * (k % 2))) & 0x0F);
         put_q4k_meta(out, n, static_cast<const uint8_t*>(row.scales));
         put_nibbles(out, n, q.data(), 0);
+      }
+    } else if (method == Element::q5k) {  // portable q5k: a code a byte, q4k's records
+      if (row.values) {
+        put_q4k_meta(out, n, static_cast<const uint8_t*>(row.scales));
+        put_q5k_codes(out, n, static_cast<const int8_t*>(row.values));
       }
     } else if (method == Element::q6k) {  // portable q6k: a code a byte, a record a super-block
       if (row.values) put_q6k_row(out, n, static_cast<const uint8_t*>(row.values), static_cast<const uint8_t*>(row.scales));

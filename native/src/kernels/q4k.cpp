@@ -21,12 +21,24 @@ void put_q4k_meta(PackedMatrix& out, int n, const uint8_t* row_records) {
   }
 }
 
+void put_q5k_codes(PackedMatrix& out, int n, const int8_t* codes) {
+  uint8_t* panel = out.values + static_cast<std::size_t>(n / 16) * out.block_bytes();
+  for (int k = 0; k < out.Kp; ++k) {
+    const int v = codes[k], b = (n % 16) * 4 + k % 4, high = (k % 8) >= 4;  // b: the line byte, as int4's
+    uint8_t* line = panel + (k / 8) * kQ5kLineBytes;
+    line[b] = static_cast<uint8_t>(high ? (line[b] & 0x0F) | ((v & 0x0F) << 4) : (line[b] & 0xF0) | (v & 0x0F));
+    const int bit = 2 * (b / 16) + high;
+    uint8_t& bits = line[64 + b % 16];
+    bits = static_cast<uint8_t>((bits & ~(1 << bit)) | ((v >> 4) << bit));
+  }
+}
+
 // Q4_K of one row (K a multiple of 256), for packing floats: per 32-value group the range
-// [min(w, 0), max(w, 0)] in 15 steps; per super-block d = the largest step / 63 and dmin = the
-// largest -min / 63 (float16), each group's sc = round(step / d), m = round(-min / dmin) in [0, 63],
-// q = clamp(round((w + dmin * m) / (d * sc)), 0, 15). Simpler than llama.cpp's search, the same
-// format. records: kQ4kRowRecordBytes a super-block.
-bool quantize_q4k_row(const float* w, int K, int8_t* q, uint8_t* records) {
+// [min(w, 0), max(w, 0)] in `levels` steps (15; Q5_K: 31); per super-block d = the largest step /
+// 63 and dmin = the largest -min / 63 (float16), each group's sc = round(step / d), m = round(-min
+// / dmin) in [0, 63], q = clamp(round((w + dmin * m) / (d * sc)), 0, levels). Simpler than
+// llama.cpp's search, the same format. records: kQ4kRowRecordBytes a super-block.
+bool quantize_q4k_row(const float* w, int K, int8_t* q, uint8_t* records, int levels) {
   bool finite = true;
   for (int s0 = 0; s0 < K; s0 += kQ4kSuperBlock) {
     float step[kQ4kGroupsPerSuper], low[kQ4kGroupsPerSuper], max_step = 0.f, max_low = 0.f;
@@ -36,7 +48,7 @@ bool quantize_q4k_row(const float* w, int K, int8_t* q, uint8_t* records) {
         finite &= std::isfinite(w[k]);
         lo = std::min(lo, w[k]), hi = std::max(hi, w[k]);
       }
-      step[j] = (hi - lo) / 15.f, low[j] = -lo;
+      step[j] = (hi - lo) / static_cast<float>(levels), low[j] = -lo;
       max_step = std::max(max_step, step[j]), max_low = std::max(max_low, low[j]);
     }
     const uint16_t d_bits = f32_to_f16(max_step / 63.f), dmin_bits = f32_to_f16(max_low / 63.f);
@@ -50,7 +62,7 @@ bool quantize_q4k_row(const float* w, int K, int8_t* q, uint8_t* records) {
       record[4 + j] = static_cast<uint8_t>(sc), record[4 + kQ4kGroupsPerSuper + j] = static_cast<uint8_t>(m);
       const float scale = d * static_cast<float>(sc), offset = dmin * static_cast<float>(m);
       for (int k = s0 + 32 * j; k < s0 + 32 * (j + 1); ++k)
-        q[k] = scale > 0.f ? static_cast<int8_t>(std::clamp(static_cast<int>(std::nearbyint((w[k] + offset) / scale)), 0, 15))
+        q[k] = scale > 0.f ? static_cast<int8_t>(std::clamp(static_cast<int>(std::nearbyint((w[k] + offset) / scale)), 0, levels))
                            : 0;
     }
   }

@@ -1,5 +1,5 @@
-// q4k (GGUF's Q4_K, kernels/types.hpp's record): packing its portable rows, and quantizing
-// float rows to it for load_weights.
+// q4k and q5k (GGUF's Q4_K and Q5_K, kernels/types.hpp's record): packing their portable rows,
+// and quantizing float rows to them for load_weights.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +11,11 @@ namespace kt {
 // Row n's q4k super-block records (the portable kQ4kRowRecordBytes each) into its blocks' records.
 void put_q4k_meta(PackedMatrix& out, int n, const uint8_t* row_records);
 
-// Q4_K of one row (K a multiple of 256): codes into q, a portable record a super-block into
-// records; false if w holds NaN or infinity.
-bool quantize_q4k_row(const float* w, int K, int8_t* q, uint8_t* records);
+// Q4_K (levels 15) or Q5_K (31) of one row (K a multiple of 256): codes into q, a portable record
+// a super-block into records; false if w holds NaN or infinity.
+bool quantize_q4k_row(const float* w, int K, int8_t* q, uint8_t* records, int levels = 15);
+
+// Row n of a q5k matrix: Kp codes q in [0, 31] into the panel (nibbles and high bits).
+void put_q5k_codes(PackedMatrix& out, int n, const int8_t* codes);
 
 }  // namespace kt

@@ -11,6 +11,8 @@
 //   fp4:  [N/16][K/8][16][4]  nibbles     int4's order, each an E2M1 code (MXFP4's values)
 //   int4z: [N/16][K/8][16][4] nibbles     int4's order, each q in [0, 15]: w = (q - zero) * scale
 //   q4k:  [N/16][K/8][16][4]  nibbles     int4's order, each q in [0, 15]: GGUF's Q4_K (below)
+//   q5k:  [N/16][K/8][80]     5-bit codes line j: int4's 64 bytes of low nibbles, then 16 bytes
+//                                         of the codes' high bits (below): GGUF's Q5_K
 //   q6k:  [N/16][K/8][96]     6-bit codes line j: int4's 64 bytes of low nibbles, then 32 bytes
 //                                         of the codes' high two bits (below): GGUF's Q6_K
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
@@ -35,21 +37,24 @@ namespace kt {
 
 // K is padded to whole AMX tiles (32 bf16 or 64 int8 values a row), so every backend reads
 // the same layout and the tile kernels have no K tail.
-// q4k: K is padded to whole super-blocks (formats.json's k_step), its groups are their 32-value sub-blocks.
-// q6k likewise, its groups 16-value sub-blocks.
+// q4k, q5k: K is padded to whole super-blocks (formats.json's k_step), its groups are their
+// 32-value sub-blocks; q6k likewise, its groups 16-value sub-blocks.
 constexpr int kQ4kSuperBlock = 256, kQ4kGroupsPerSuper = 8, kQ6kGroupsPerSuper = 16;
+// GGUF's K-quants; q4k and q5k share Q4_K's record of scales and mins (below)
+inline bool k_quant(Element m) { return m == Element::q4k || m == Element::q5k || m == Element::q6k; }
+inline bool q4k_records(Element m) { return m == Element::q4k || m == Element::q5k; }
 inline int k_step(Element m, int group) {
-  return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : m == Element::q4k || m == Element::q6k ? kQ4kSuperBlock : group;
+  return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : k_quant(m) ? kQ4kSuperBlock : group;
 }
 // Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
 inline bool grouped(Element m) {
   return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z ||
-         m == Element::q4k || m == Element::int8h || m == Element::q6k;
+         m == Element::int8h || k_quant(m);
 }
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
 inline bool int8_activations(Element m) {
   return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z ||
-         m == Element::q4k || m == Element::int8h || m == Element::q6k;
+         m == Element::int8h || k_quant(m);
 }
 // Nibble elements: int4's panel layout, two values a byte.
 inline bool nibbles(Element m) {
@@ -57,7 +62,7 @@ inline bool nibbles(Element m) {
 }
 // int8g's layout and kernels, its scales bfloat16 (int8g) or float16 (int8h)
 inline bool int8_groups(Element m) { return m == Element::int8g || m == Element::int8h; }
-inline bool group_sums(Element m) { return int8_groups(m) || nibbles(m) || m == Element::q6k; }
+inline bool group_sums(Element m) { return int8_groups(m) || nibbles(m) || k_quant(m); }
 
 // int4z: per 16-column block and group, 16 float32 scales then 16 zero points (uint8, in
 // [0, 15]): one 80-byte record, so a tile reads one pointer a block.
@@ -104,6 +109,12 @@ inline uint16_t f32_to_f16(float f) {
   const uint32_t a = bits & 0x7FFFFFFFu, rounded = a + 0x0FFF + ((a >> 13) & 1);
   return static_cast<uint16_t>(sign | (((rounded >> 13) - (112u << 10)) & 0x7FFF));
 }
+// q5k, GGUF's Q5_K: Q4_K's super-blocks and record (above), codes q in [0, 31]: w = d * sc_j * q -
+// dmin * m_j. A panel line j is int4's 64 bytes of the codes' low nibbles, then 16 bytes of their
+// high bits: bit 2 (b / 16) + t of byte b % 16 holds the high bit of nibble t (0: low, 1: high) of
+// line byte b, so each 16-byte lane of a vector that repeats them has its two bits at fixed places.
+constexpr int kQ5kLineBytes = 80;
+
 // q6k, GGUF's Q6_K: per super-block of 256 values of K a float16 d, and per 16-value group j a
 // signed 8-bit scale sc_j: w = d * sc_j * (q - 32), q in [0, 63]. A panel line j (8 values of K
 // x 16 columns) is int4's 64 bytes of the codes' low nibbles, then 32 bytes of their high two
@@ -180,7 +191,7 @@ struct PackedMatrix {
   // fp4: the E8M0 scale codes, uint8 group_e8m0[block][group][16] (int4's order): the file's byte
   // a group, so MXFP4 packs into its own bytes.
   aligned_vector<uint8_t> group_e8m0;
-  // int4z: group_meta[block][group][kInt4zGroupBytes]; q4k, q6k: group_meta[block][super][k*SuperBytes]
+  // int4z: group_meta[block][group][kInt4zGroupBytes]; q4k, q5k, q6k: group_meta[block][super][k*SuperBytes]
   // (the records above)
   aligned_vector<uint8_t> group_meta;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
@@ -204,7 +215,7 @@ struct PackedMatrix {
   const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
   const uint8_t* block_e8m0(int b) const { return group_e8m0.data() + static_cast<std::size_t>(b) * groups() * 16; }
   std::size_t meta_bytes_per_block() const {
-    return element == Element::q4k   ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kQ4kSuperBytes
+    return q4k_records(element)      ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kQ4kSuperBytes
            : element == Element::q6k ? static_cast<std::size_t>(groups() / kQ6kGroupsPerSuper) * kQ6kSuperBytes
                                      : static_cast<std::size_t>(groups()) * kInt4zGroupBytes;
   }
@@ -218,7 +229,7 @@ struct PackedMatrix {
   const float* fp8_row_scales(int b) const { return scale.empty() ? nullptr : scale.data() + b * 16; }
 
   static std::size_t block_bytes(Element m, int Kp) {
-    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : nibbles(m) ? 8 : m == Element::q6k ? 12 : 16);
+    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : nibbles(m) ? 8 : m == Element::q5k ? 10 : m == Element::q6k ? 12 : 16);
   }
   // The bytes of values an N x K matrix packs into.
   static std::size_t value_bytes(Element m, int group, int N, int K) {

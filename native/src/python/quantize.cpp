@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cctype>
 #include <vector>
 
 #include "kernels/pack.hpp"
@@ -26,10 +27,13 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   if (method == Element::int8h)
     throw std::invalid_argument("q8_0 serves GGUF Q8_0 tensors as they are (or packs floats in load_weights); "
                                 "kt convert writes int8g, its bfloat16-scaled peer");
-  if (method == Element::q4k || method == Element::q6k)
-    throw std::invalid_argument(method_name + " serves GGUF " + (method == Element::q4k ? "Q4_K" : "Q6_K") +
+  if (k_quant(method)) {
+    std::string ggml = method_name;  // the ggml type's name: q4_k -> Q4_K
+    std::transform(ggml.begin(), ggml.end(), ggml.begin(), [](unsigned char c) { return std::toupper(c); });
+    throw std::invalid_argument(method_name + " serves GGUF " + ggml +
                                 " tensors as they are (or packs floats in load_weights); kt convert writes int4, "
                                 "int8g, int8 or bf16");
+  }
   if (method == Element::int4z)
     throw std::invalid_argument("int4z serves checkpoints' asymmetric INT4 as they are (or packs floats in "
                                 "load_weights); kt convert writes int4, int8g, int8 or bf16");

@@ -132,6 +132,15 @@ float q4k_min(const PackedMatrix& w, int block, int g, int c) {
 // int8g: bytes q + 128 in int8's order
 int int8g_code(const uint8_t* block, int c, int k) { return block[(k / 4) * 64 + c * 4 + k % 4] - 128; }
 
+// q5k: a line's nibble (int4's order) and its high bit (kernels/types.hpp), q in [0, 31]; Q4_K's
+// scales and mins
+int q5k_code(const uint8_t* block, int c, int k) {
+  const uint8_t* line = block + (k / 8) * kQ5kLineBytes;
+  const int b = c * 4 + k % 4, high = (k % 8) >= 4;
+  const int nibble = high ? line[b] >> 4 : line[b] & 0x0F;
+  return nibble | (((line[64 + b % 16] >> (2 * (b / 16) + high)) & 1) << 4);
+}
+
 // q6k: a line's nibble (int4's order) and its two high bits (kernels/types.hpp), q in [0, 63]
 // less 32 per group (its activation sum times 32 taken off, as the SIMD kernels do); per group
 // d * sc_j from its super-block's record, exact in float32
@@ -180,6 +189,7 @@ void gemm(const GemmArgs& a) {
     case Element::int4z: return gemm_grouped(a, nibble_code, int4z_scale, 1.f, int4z_zero);
     case Element::q4k: return gemm_grouped(a, nibble_code, q4k_scale, 1.f, no_zero, q4k_min);
     case Element::q6k: return gemm_grouped(a, q6k_code, q6k_scale, 1.f, q6k_zero);
+    case Element::q5k: return gemm_grouped(a, q5k_code, q4k_scale, 1.f, no_zero, q4k_min);
   }
 }
 
@@ -189,7 +199,7 @@ std::string describe(Element m) {
          : m == Element::fp8  ? "scalar fp32 dot of fp8 per block"
          : m == Element::fp4  ? "scalar int32 dot of doubled fp4 per group"
          : m == Element::int4z ? "scalar int32 dot per group, less zero points"
-         : m == Element::q4k  ? "scalar int32 dot per group, less mins"
+         : q4k_records(m)     ? "scalar int32 dot per group, less mins"
          : m == Element::int8h ? "scalar int32 dot per group, float16 scales"
          : m == Element::q6k  ? "scalar int32 dot per group of 16, less 32 times the activation sum"
                               : "scalar int32 dot per group";

@@ -269,7 +269,11 @@ void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* 
 // into `mins`), exactly.
 const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unpacked, float* scales, float* mins) {
   const int G = w.groups();
-  if (w.element == Element::q4k) {
+  if (w.element == Element::q5k) {
+    q4k_scales_of(w.block_meta(blk), G, scales, mins);
+    unpack_q5k(w.block(blk), kp, unpacked);
+    return reinterpret_cast<const uint8_t*>(unpacked);
+  } else if (w.element == Element::q4k) {
     q4k_scales_of(w.block_meta(blk), G, scales, mins);
   } else if (w.element == Element::q6k) {
     q6k_scales_of(w.block_meta(blk), G, scales);
@@ -317,7 +321,7 @@ void amx_grouped(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
   const bool int8g = int8_groups(w.element), fp4 = w.element == Element::fp4, int4z = w.element == Element::int4z;
-  const bool q4k = w.element == Element::q4k;
+  const bool q4k = q4k_records(w.element);  // q4k, q5k: unsigned codes, Q4_K's scales and mins
   const float final_scale = fp4 ? 0.5f : 1.f;  // fp4's B tiles hold twice its values
   const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
   const std::size_t row_bytes = static_cast<std::size_t>(kp);
@@ -490,6 +494,7 @@ std::string describe(Element m) {
                          : m == Element::fp4   ? "tdpbssd (fp4 looked up as doubled int8)"
                          : m == Element::int4z ? "tdpbsud per group, less zero points"
                          : m == Element::q4k   ? "tdpbsud per group, Q4_K's scales and mins"
+                         : m == Element::q5k   ? "tdpbsud per group, Q5_K's codes unpacked, its scales and mins"
                          : m == Element::q6k   ? "tdpbssd per group of 16 (Q6_K's codes unpacked to q - 32)"
                                                : "tdpbssd (nibbles unpacked to int8)";
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +

@@ -98,6 +98,37 @@ void unpack_q6k(const uint8_t* panel, int kp, int8_t* out) {
 #endif
 }
 
+// q5k panel lines (types.hpp: int4's nibbles, then the codes' high bits) -> unsigned int8 B-tile
+// rows of its codes, as q4k's.
+void unpack_q5k(const uint8_t* panel, int kp, int8_t* out) {
+#ifndef KTFORGE_AMX_MODEL
+  const __m512i low = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+  const __m512i low_bit = _mm512_set_epi32(0x40404040, 0x40404040, 0x40404040, 0x40404040, 0x10101010, 0x10101010,
+                                           0x10101010, 0x10101010, 0x04040404, 0x04040404, 0x04040404, 0x04040404,
+                                           0x01010101, 0x01010101, 0x01010101, 0x01010101);
+  for (int j = 0; j < kp / 8; ++j) {
+    const uint8_t* line = panel + j * kQ5kLineBytes;
+    const __m512i v = _mm512_loadu_si512(line);
+    const __m512i bits = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 64)));
+    const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low),
+                                       _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, low_bit), sixteen));
+    const __m512i hi = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi16(v, 4), low),
+        _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, _mm512_add_epi8(low_bit, low_bit)), sixteen));
+    _mm512_storeu_si512(out + 2 * j * 64, lo);
+    _mm512_storeu_si512(out + (2 * j + 1) * 64, hi);
+  }
+#else
+  for (int j = 0; j < kp / 8; ++j)
+    for (int b = 0; b < 64; ++b) {
+      const uint8_t* line = panel + j * kQ5kLineBytes;
+      const int bits = line[64 + b % 16] >> (2 * (b / 16));
+      out[2 * j * 64 + b] = static_cast<int8_t>((line[b] & 0x0F) | ((bits & 1) << 4));
+      out[(2 * j + 1) * 64 + b] = static_cast<int8_t>((line[b] >> 4) | (((bits >> 1) & 1) << 4));
+    }
+#endif
+}
+
 // q6k's records widened: per group and column d * sc_j, exact in float32.
 void q6k_scales_of(const uint8_t* meta, int G, float* scales) {
   for (int grp = 0; grp < G; ++grp) {

@@ -127,12 +127,34 @@ struct Q6kCodes {
   }
 };
 
+// q5k (GGUF's Q5_K): Q4_K's scales and mins on 5-bit codes: a step's two pair sums reach
+// 2 * 2 * 31 * 127 = 15748, so 16-bit sums hold two steps.
+struct Q5kCodes : Q4kCodes {
+  static constexpr int kSteps16 = 2;
+};
+
 // A panel line's bytes and what its nibbles lack: nothing but for q6k, whose lines carry the
 // codes' high two bits after the nibbles (types.hpp), moved to bits 4-5 of each half's bytes.
 template <class Codes>
 struct HighBits {
   static constexpr int kLine = 64;
   static void add(const uint8_t*, __m256i (&)[2], __m256i (&)[2]) {}
+};
+// q5k: the 16 bytes of high bits in both 128-bit lanes; a code's bit tested in place (a mask a
+// lane: bit 2 (b / 16) + t of byte b % 16, types.hpp) and made 16.
+template <>
+struct HighBits<Q5kCodes> {
+  static constexpr int kLine = kQ5kLineBytes;
+  static __m256i bit(__m256i bits, int first) {  // lanes 0-15 test bit `first`, 16-31 bit first + 2
+    const __m256i mask = _mm256_setr_m128i(_mm_set1_epi8(static_cast<char>(1 << first)),
+                                           _mm_set1_epi8(static_cast<char>(1 << (first + 2))));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask), _mm256_set1_epi8(16));
+  }
+  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) {
+    const __m256i bits = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 64)));
+    lo[0] = _mm256_or_si256(lo[0], bit(bits, 0)), hi[0] = _mm256_or_si256(hi[0], bit(bits, 1));
+    lo[1] = _mm256_or_si256(lo[1], bit(bits, 4)), hi[1] = _mm256_or_si256(hi[1], bit(bits, 5));
+  }
 };
 template <>
 struct HighBits<Q6kCodes> {

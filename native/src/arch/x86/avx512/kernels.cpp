@@ -426,6 +426,7 @@ void gemm(const GemmArgs& a) {
     case Element::int4z: return gemm_nibbles<Int4zCodes>(a);
     case Element::q4k: return gemm_nibbles<Q4kCodes>(a);
     case Element::q6k: return gemm_nibbles<Q6kCodes>(a);
+    case Element::q5k: return gemm_nibbles<Q5kCodes>(a);
     case Element::int8g: return gemm_int8g(a);
     case Element::int8h: return gemm_int8h(a);
 #else
@@ -454,6 +455,7 @@ std::string describe(Element m) {
   const char* int8h = "avx512 vpdpbusd per group, float16 scales";
   const char* q4k = "avx512 vpdpbusd on unpacked nibbles, Q4_K's scales and mins per group";
   const char* q6k = "avx512 vpdpbusd on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16";
+  const char* q5k = "avx512 vpdpbusd on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group";
 #else
   const char* int8 = "avx2 maddubs (no VNNI)";
   const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
@@ -463,6 +465,7 @@ std::string describe(Element m) {
   const char* int8h = "avx2 maddubs per group, float16 scales (no VNNI)";
   const char* q4k = "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group (no VNNI)";
   const char* q6k = "avx2 maddubs on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16 (no VNNI)";
+  const char* q5k = "avx2 maddubs on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group (no VNNI)";
 #endif
 #ifdef __AVX512BF16__
   if (m == Element::fp8)
@@ -473,7 +476,7 @@ std::string describe(Element m) {
 #endif
   return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g
          : m == Element::int8h ? int8h : m == Element::fp4 ? fp4 : m == Element::int4z ? int4z
-         : m == Element::q4k ? q4k : m == Element::q6k ? q6k : int4;
+         : m == Element::q4k ? q4k : m == Element::q5k ? q5k : m == Element::q6k ? q6k : int4;
 }
 
 std::vector<std::string> features() { return compiled_features(); }

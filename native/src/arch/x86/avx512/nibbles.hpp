@@ -117,6 +117,9 @@ struct Q6kCodes {
   }
 };
 
+// q5k (GGUF's Q5_K): Q4_K's scales and mins on 5-bit codes
+struct Q5kCodes : Q4kCodes {};
+
 // A panel line's bytes and what its nibbles lack: nothing but for q6k, whose lines carry the
 // codes' high two bits after the nibbles (types.hpp): the 32 bytes as both halves of a vector,
 // the upper one shifted by 4, give line bytes b < 32 bits 0-3 and b >= 32 bits 4-7, moved to
@@ -125,6 +128,21 @@ template <class Codes>
 struct HighBits {
   static constexpr int kLine = 64;
   static void add(const uint8_t*, __m512i&, __m512i&) {}
+};
+// q5k: the 16 bytes of high bits in every 128-bit lane; lane l's nibbles t take bit 2 l + t
+// (types.hpp), tested into a mask that ors 16 into their codes.
+template <>
+struct HighBits<Q5kCodes> {
+  static constexpr int kLine = kQ5kLineBytes;
+  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) {
+    const __m512i bits = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 64)));
+    const __m512i low_bit = _mm512_set_epi32(0x40404040, 0x40404040, 0x40404040, 0x40404040, 0x10101010, 0x10101010,
+                                             0x10101010, 0x10101010, 0x04040404, 0x04040404, 0x04040404, 0x04040404,
+                                             0x01010101, 0x01010101, 0x01010101, 0x01010101);
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, low_bit), sixteen));
+    hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, _mm512_add_epi8(low_bit, low_bit)), sixteen));
+  }
 };
 template <>
 struct HighBits<Q6kCodes> {
