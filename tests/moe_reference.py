@@ -168,6 +168,39 @@ def quantize_q4k(w: Array, levels: int = 15) -> tuple[Array, Array, Array]:
     return q.reshape(n, kp).astype(np.int64), scale.reshape(n, -1), minimum.reshape(n, -1)
 
 
+IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=F32)
+
+
+def quantize_iq4(w: Array, xs: bool) -> tuple[Array, Array]:
+    """GGUF's IQ4_NL (xs False) or IQ4_XS as MoE.load_weights packs floats: [N, K] -> the grid's
+    values [N, Kp] (K zero-padded to 32, or 256) and each group's scale [N, Kp / 32] float32. Per 32
+    m / -127 for the group's first value m of the largest magnitude; IQ4_NL: that in float16;
+    IQ4_XS: per 256 d = the largest |m / -127| / 31 in float16, sc = rint((m / -127) / d) in [-32,
+    31], the scale d * sc. Each value the grid's nearest to w / scale (the first of two as near;
+    the nearest to 0 where the scale is 0)."""
+    n, k = w.shape
+    step = 256 if xs else 32
+    kp = -(-k // step) * step
+    padded = np.zeros((n, kp), dtype=F32)
+    padded[:, :k] = w
+    grouped = padded.reshape(n, kp // 32, 32)
+    first = np.abs(grouped).argmax(axis=-1)
+    m = np.take_along_axis(grouped, first[..., None], axis=-1)[..., 0]
+    scale = (m / F32(-127)).astype(F32)
+    if xs:
+        supers = scale.reshape(n, -1, 8)
+        d = (np.abs(supers).max(axis=-1) / F32(31)).astype(np.float16).astype(F32)[..., None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.where(d > 0, np.clip(np.rint(supers / d), -32, 31), 0).astype(F32)
+        scale = (d * sc).astype(F32).reshape(n, -1)
+    else:
+        scale = scale.astype(np.float16).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(scale[..., None] != 0, grouped / scale[..., None], F32(0)).astype(F32)
+    codes = np.abs(ratio[..., None] - IQ4_GRID).argmin(axis=-1)
+    return IQ4_GRID[codes].reshape(n, kp).astype(np.int64), scale
+
+
 def quantize_q6k(w: Array) -> tuple[Array, Array]:
     """GGUF's Q6_K as MoE.load_weights packs floats: [N, K] -> q [N, Kp] in [0, 63] (K zero-padded
     to 256) and each group's scale d * sc [N, Kp / 16] float32; per 16 a step of max|w| / 31, per
@@ -247,6 +280,13 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         xp = np.zeros((x.shape[0], kp), dtype=np.int64)
         xp[:, : x.shape[1]] = xq
         acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, kp // 16, 16), (wq - 32).reshape(-1, kp // 16, 16))
+        return (((acc.astype(F32) * sw[None]).sum(axis=-1)) * sx[:, None]).astype(F32)
+    if method in ("iq4_nl", "iq4_xs"):  # exact int32 group sums of grid values * x, scaled per group
+        wq, sw = quantize_iq4(w, method == "iq4_xs")
+        kp = wq.shape[1]
+        xp = np.zeros((x.shape[0], kp), dtype=np.int64)
+        xp[:, : x.shape[1]] = xq
+        acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, kp // 32, 32), wq.reshape(-1, kp // 32, 32))
         return (((acc.astype(F32) * sw[None]).sum(axis=-1)) * sx[:, None]).astype(F32)
     if method == "int8":
         wq, sw = quantize_rows(w, 127)

@@ -159,7 +159,8 @@ class PyMoE {
       return {values.data(), values.shape(2), scales.data(), groups * 4, zero.data(), groups};
     }
     if (q4k_records(element_of(method))) return q4k_weights(values, scales, N, K, name, element_of(method) == Element::q5k);
-    if (element_of(method) == Element::q6k) return q6k_weights(values, scales, N, K, name);
+    if (element_of(method) == Element::q6k || element_of(method) == Element::iq4xs)
+      return d_and_scales_weights(values, scales, N, K, name, element_of(method) == Element::iq4xs);
     if (element_of(method) == Element::bf16) {  // a mixed layer's bf16 projection (scale: unused)
       if (!values.dtype().is(py::dtype::of<uint16_t>()))
         throw std::invalid_argument(std::string(name) + " must be bfloat16 (passed as uint16)");
@@ -198,7 +199,8 @@ class PyMoE {
         return {values.data(), values.shape(2), scales.data(), scales.shape(2)};
       }
       if (!scales.dtype().is(py::dtype::of<uint16_t>()))
-        throw std::invalid_argument(scale_name + (element_of(method) == Element::int8h ? " must be float16 (passed as uint16)"
+        throw std::invalid_argument(scale_name + (element_of(method) == Element::int8h || element_of(method) == Element::iq4nl
+                                                      ? " must be float16 (passed as uint16)"
                                                                                          : " must be bfloat16 (passed as uint16)"));
       return {values.data(), values.shape(2), scales.data(), scales.shape(2) * 2};
     }
@@ -231,25 +233,29 @@ class PyMoE {
   }
 
   // q6k: values uint8 [E, N, Kp] (a code q in [0, 63] a byte), scales uint8 [E, N, Kp / 256,
-  // kQ6kRowRecordBytes] (d float16, sc[16] int8), Kp = K rounded up to 256.
-  MoeLayer::QuantizedWeights q6k_weights(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
-                                         const char* name) {
+  // kQ6kRowRecordBytes] (d float16, sc[16] int8); iq4xs: values [E, N, Kp / 2] (int4's bytes),
+  // scales [E, N, Kp / 256, kIq4xsRowRecordBytes] (d float16, sc[8] int8). Kp = K rounded up to 256.
+  MoeLayer::QuantizedWeights d_and_scales_weights(const py::array& values, const py::array& scales, py::ssize_t N,
+                                                  py::ssize_t K, const char* name, bool iq4xs) {
     const py::ssize_t E = layer_.config().experts, supers = (K + kQ4kSuperBlock - 1) / kQ4kSuperBlock;
+    const py::ssize_t record_bytes = iq4xs ? kIq4xsRowRecordBytes : kQ6kRowRecordBytes;
     const std::string scale_name = std::string(name) + "_scale";
     if (!values.dtype().is(py::dtype::of<uint8_t>()))
-      throw std::invalid_argument(std::string(name) + " must be uint8 (one 6-bit code per byte)");
+      throw std::invalid_argument(std::string(name) + (iq4xs ? " must be uint8 (two 4-bit codes per byte)"
+                                                             : " must be uint8 (one 6-bit code per byte)"));
     if (!scales.dtype().is(py::dtype::of<uint8_t>()))
-      throw std::invalid_argument(scale_name + " must be uint8 (q6_k's super-block records)");
-    require(values, {E, N, supers * kQ4kSuperBlock}, name);
-    require(scales, {E, N, supers, kQ6kRowRecordBytes}, scale_name.c_str());
+      throw std::invalid_argument(scale_name + (iq4xs ? " must be uint8 (iq4_xs's super-block records)"
+                                                      : " must be uint8 (q6_k's super-block records)"));
+    require(values, {E, N, supers * kQ4kSuperBlock / (iq4xs ? 2 : 1)}, name);
+    require(scales, {E, N, supers, record_bytes}, scale_name.c_str());
     const auto* q = static_cast<const uint8_t*>(values.data());
-    if (std::any_of(q, q + values.size(), [](uint8_t v) { return v > 63; }))
+    if (!iq4xs && std::any_of(q, q + values.size(), [](uint8_t v) { return v > 63; }))
       throw std::invalid_argument(std::string(name) + " holds codes above 63 (q6_k's are 6-bit)");
     const auto* r = static_cast<const uint8_t*>(scales.data());
-    for (py::ssize_t i = 0; i < scales.size(); i += kQ6kRowRecordBytes)
+    for (py::ssize_t i = 0; i < scales.size(); i += record_bytes)
       if (((r[i + 1] >> 2) & 0x1F) == 0x1F)  // a float16 exponent of all ones: inf or NaN
         throw std::invalid_argument(scale_name + " holds a d that is not finite");
-    return {values.data(), values.shape(2), scales.data(), supers * kQ6kRowRecordBytes};
+    return {values.data(), values.shape(2), scales.data(), supers * record_bytes};
   }
 
   void load_quantized(const py::array& gate, const py::array& gate_scale, const py::array& up,

@@ -39,11 +39,23 @@ SERVED = {
     "Q5_K": "q5_k",
     "Q6_K": "q6_k",
     "MXFP4": "mxfp4",
+    "IQ4_NL": "iq4_nl",
+    "IQ4_XS": "iq4_xs",
 }
-REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K")
 # packed bytes of the experts / the file's bytes of them: the repack's cost
 # (Q4_0 in int4z: a float32 scale and a zero byte a group for the file's float16 d)
-GROWTH = {"BF16": 1.0, "Q8_0": 1.0, "Q4_0": 21 / 18, "Q4_K": 148 / 144, "Q5_K": 180 / 176, "Q6_K": 1.0, "MXFP4": 1.0}
+GROWTH = {
+    "BF16": 1.0,
+    "Q8_0": 1.0,
+    "Q4_0": 21 / 18,
+    "Q4_K": 148 / 144,
+    "Q5_K": 180 / 176,
+    "Q6_K": 1.0,
+    "MXFP4": 1.0,
+    "IQ4_NL": 1.0,
+    "IQ4_XS": 138 / 136,
+}
 
 
 def fixture(name: str) -> Path:

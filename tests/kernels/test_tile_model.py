@@ -134,6 +134,8 @@ def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: 
                 "q8_0": "tdpbsud",
                 "q6_k": "tdpbssd per group of 16",
                 "q5_k": "tdpbsud",
+                "iq4_nl": "tdpbssd",
+                "iq4_xs": "tdpbssd",
             }[method] in (moe.info["kernel"])
     return outs
 
@@ -151,7 +153,7 @@ def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
 @pytest.mark.parametrize(
     ("method", "group"),
     [(m, g) for m in ("int4", "int8g") for g in (32, 64, 128)]
-    + [("q4_k", 32), ("q8_0", 32), ("q6_k", 16), ("q5_k", 32)],
+    + [("q4_k", 32), ("q8_0", 32), ("q6_k", 16), ("q5_k", 32), ("iq4_nl", 32), ("iq4_xs", 32)],
 )
 def test_grouped_formats_on_tiles_are_bit_identical_to_avx512(method: str, group: int) -> None:
     import numpy as np

@@ -23,6 +23,8 @@ DOT_PEAK = {
     "int8h": "int8_dot",  # int8g's, float16 scales
     "q6k": "int4_dot",  # int4's unpacked nibbles, two high bits added to each
     "q5k": "int4_dot",  # q4k's, a high bit added to each code
+    "iq4nl": "int4_dot",  # fp4's, on the IQ4 grid's values
+    "iq4xs": "int4_dot",
 }
 
 PEAK_RUNS = 7

@@ -110,5 +110,40 @@ def q6_k(data: Array) -> Quantized:
     return Quantized(codes, np.ascontiguousarray(record))
 
 
+def iq4_nl(data: Array) -> Quantized:
+    """IQ4_NL (float16 d, 16 bytes of codes of the IQ4 grid: w = d * grid[q], Q4_0's byte order)
+    -> iq4_nl: the codes in int4's byte order, d as it is."""
+    blocks = _blocks(data, 18)
+    d = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0]
+    return Quantized(_pairs(_split_halves(blocks[..., 2:]).reshape(*blocks.shape[:-2], -1)), d)
+
+
+def iq4_xs(data: Array) -> Quantized:
+    """IQ4_XS (float16 d, 16 bits of scales' high bits, 4 bytes of their low nibbles, 128 bytes of
+    codes, IQ4_NL's order per 32) -> iq4_xs: the codes in int4's byte order, a record a super-block:
+    d and ls - 32 per 32 (ls: nibble ib % 2 of byte ib / 2, bits 2 ib, 2 ib + 1 of the 16 above it:
+    ggml-quants.c's dequantize_row_iq4_xs)."""
+    blocks = _blocks(data, 136)
+    high = np.ascontiguousarray(blocks[..., 2:4]).view("<u2")  # [..., S, 1]
+    low = blocks[..., 4:8]
+    ib = np.arange(8)
+    ls = ((low[..., ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 0x0F) | (((high >> (2 * ib)) & 3) << 4).astype(
+        np.uint8
+    )
+    record = np.concatenate([blocks[..., :2], (ls.astype(np.int16) - 32).astype(np.int8).view(np.uint8)], axis=-1)
+    codes = _split_halves(blocks[..., 8:].reshape(*blocks.shape[:-1], 8, 16)).reshape(*blocks.shape[:-2], -1)
+    return Quantized(_pairs(codes), np.ascontiguousarray(record.astype(np.uint8)))
+
+
 # the format each served type repacks into (data/gguf_types.json's served_as) -> its repack
-REPACK = {"BF16": bf16, "Q4_0": q4_0, "Q8_0": q8_0, "MXFP4": mxfp4, "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k}
+REPACK = {
+    "BF16": bf16,
+    "Q4_0": q4_0,
+    "Q8_0": q8_0,
+    "MXFP4": mxfp4,
+    "Q4_K": q4_k,
+    "Q5_K": q5_k,
+    "Q6_K": q6_k,
+    "IQ4_NL": iq4_nl,
+    "IQ4_XS": iq4_xs,
+}

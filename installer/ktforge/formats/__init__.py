@@ -28,6 +28,8 @@ ELEMENTS = (
     "int8h",
     "q6k",
     "q5k",
+    "iq4nl",
+    "iq4xs",
 )  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 

@@ -42,6 +42,13 @@ Hugging Face checkpoints):
 - q5_k (element q5k): GGUF's Q5_K, q4_k's layout but for its ``weight``: uint8 ``[..., N, Kg]``,
   one unsigned 5-bit code q in [0, 31] a byte, ``w = d * sc * q - dmin * m``. A GGUF's own,
   repacked; MoE.load_weights packs floats to it.
+- iq4_nl (element iq4nl): GGUF's IQ4_NL, K zero-padded to ``Kg``, a multiple of 32: ``weight``
+  uint8 ``[..., N, Kg / 2]``, two codes of the IQ4 grid (``IQ4_VALUES``) a byte (even k low),
+  ``scale`` float16 ``[..., N, Kg / 32]``: ``w = scale * IQ4_VALUES[q]``. A GGUF's own, repacked;
+  MoE.load_weights packs floats to it.
+- iq4_xs (element iq4xs): GGUF's IQ4_XS, K zero-padded to a multiple of 256: ``weight`` as
+  iq4_nl's, ``scale`` uint8 ``[..., N, Kg / 256, 10]``, a record a super-block: d (float16), then
+  sc[8] (int8, ls - 32, one a group of 32): ``w = d * sc * IQ4_VALUES[q]``.
 - q6_k (element q6k): GGUF's Q6_K, K zero-padded to ``Kg``, a multiple of 256: ``weight`` uint8
   ``[..., N, Kg]``, one unsigned 6-bit code q in [0, 63] a byte, ``scale`` uint8 ``[..., N, Kg / 256,
   18]``, a record a super-block: d (float16, little endian), then sc[16] (int8, one a group of
@@ -66,6 +73,8 @@ from ktforge import formats
 
 METHODS = formats.names()
 # E2M1 (MXFP4's element): sign, two exponent bits, one mantissa bit
+# the IQ4 grid (llama.cpp's kvalues_iq4nl): IQ4_NL's and IQ4_XS's values
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
 FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
 
 Array = np.ndarray[Any, Any]
@@ -295,13 +304,19 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
         return six
     codes = q.weight if element == "q5k" else np.stack([q.weight & 0x0F, q.weight >> 4], axis=-1)
     codes = codes.reshape(*q.weight.shape[:-1], -1)
+    if element == "iq4xs":
+        scale = q6k_group_scales(q.scale)  # d, then one int8 scale a group, as q6_k's
+        grid: Array = (IQ4_VALUES[codes].reshape(*scale.shape, -1) * scale[..., None]).reshape(codes.shape)[..., :K]
+        return grid
     if element in ("q4k", "q5k"):
         scale, minimum = q4k_group_scales(q.scale)
         grouped = codes.astype(np.float32).reshape(*scale.shape, -1) * scale[..., None] - minimum[..., None]
         dense: Array = grouped.reshape(codes.shape)[..., :K]
         return dense
     groups = q.scale.shape[-1]
-    if element == "fp4":
+    if element == "iq4nl":
+        values, scale = IQ4_VALUES[codes], q.scale.astype(np.float32)
+    elif element == "fp4":
         values = FP4_VALUES[codes]
         scale = np.ldexp(np.float32(1), q.scale.astype(np.int32) - 127).astype(np.float32)
     elif element == "int4z":
@@ -331,11 +346,12 @@ def q4k_group_scales(records: Array) -> tuple[Array, Array]:
 
 
 Q6K_RECORD = 18  # bytes of q6_k's portable record: d (float16), sc[16] (int8)
+IQ4XS_RECORD = 10  # iq4_xs's: d (float16), sc[8] (int8)
 
 
 def q6k_group_scales(records: Array) -> Array:
-    """q6_k's records ``[..., S, 18]`` -> each group's scale d * sc, float32 ``[..., S * 16]``
-    (exact: 11 + 8 significant bits)."""
+    """q6_k's records ``[..., S, 18]`` (iq4_xs's ``[..., S, 10]``) -> each group's scale d * sc,
+    float32 ``[..., S * 16]`` (``S * 8``; exact: 11 + 8 significant bits)."""
     d = np.ascontiguousarray(records[..., :2]).view("<f2").astype(np.float32)  # [..., S, 1]
     sc = np.ascontiguousarray(records[..., 2:]).view(np.int8).astype(np.float32)
     scale: Array = (d * sc).reshape(*records.shape[:-2], -1)
@@ -352,10 +368,11 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
         return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}
     if f.super_block is not None:
         supers = -(-K // f.super_block.values)
-        per_byte = 2 if f.element == "q4k" else 1  # q5k's and q6k's codes a byte each
+        per_byte = 2 if f.element in ("q4k", "iq4xs") else 1  # q5k's and q6k's codes a byte each
+        record = {"q6k": Q6K_RECORD, "iq4xs": IQ4XS_RECORD}.get(f.element, Q4K_RECORD)
         return {
             "weight": ((N, supers * f.super_block.values // per_byte), weight),
-            "scale": ((N, supers, Q6K_RECORD if f.element == "q6k" else Q4K_RECORD), scale or "U8"),
+            "scale": ((N, supers, record), scale or "U8"),
         }
     groups = -(-K // group_size)
     if f.element in ("int8g", "int8h", "fp8"):

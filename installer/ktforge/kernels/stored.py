@@ -15,7 +15,7 @@ def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]])
     int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of zeros
     (or an int4z group) may have any finite scale; an E8M0 code of 255 is NaN."""
     element = formats.by_name(method).element
-    if element in ("q4k", "q5k", "q6k"):  # their records' d (and dmin): the extension checks them as float16
+    if element in ("q4k", "q5k", "q6k", "iq4xs"):  # their records' d (and dmin): the extension checks them as float16
         return
     scale = parts["scale"].astype(np.float32)
     ok = np.isfinite(scale)
@@ -23,11 +23,11 @@ def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]])
         ok &= parts["scale"] != 255
     elif element == "int4":
         ok &= scale != 0
-    elif element not in ("fp8", "int4z", "int8h"):
+    elif element not in ("fp8", "int4z", "int8h", "iq4nl"):
         ok &= scale > 0
     if not ok.all():
         wanted = {"int4": "nonzero and finite", "fp4": "E8M0 codes other than 255 (NaN)", "fp8": "finite"}
-        expected = wanted.get(element, "finite" if element in ("int4z", "int8h") else "positive and finite")
+        expected = wanted.get(element, "finite" if element in ("int4z", "int8h", "iq4nl") else "positive and finite")
         raise ValueError(f"{name}.scale holds values that are not {expected}")
     if "zero" in parts and (parts["zero"] > 15).any():
         raise ValueError(f"{name}.zero holds zero points above 15")

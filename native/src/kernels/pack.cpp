@@ -10,6 +10,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "kernels/iq4.hpp"
 #include "kernels/q4k.hpp"
 #include "kernels/q6k.hpp"
 #include "kernels/scalar.hpp"
@@ -72,8 +73,9 @@ void begin_quantized(PackedMatrix& out) {
     const std::vector<uint8_t> zeros(out.groups(), 0);
     for (int n = 0; n < out.Np; ++n) put_int4z_meta(out, n, ones.data(), zeros.data());
   } else {
+    // iq4nl: scale 0 (no code of its grid is 0): a row packed from no values is zero
     out.group_scale.assign(static_cast<std::size_t>(out.Np) * out.groups(),
-                           out.element == Element::int8h ? kF16One : kBf16One);
+                           out.element == Element::iq4nl ? 0 : out.element == Element::int8h ? kF16One : kBf16One);
   }
 }
 
@@ -412,6 +414,13 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
       put_q6k_row(out, n, codes.data(), records.data());
       continue;
     }
+    if (iq4(method)) {
+      std::vector<uint8_t> records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock + 1) * kIq4xsRowRecordBytes);
+      quantize_iq4_row(row.data(), out.Kp, method == Element::iq4xs, q.data(), bits.data(), records.data());
+      method == Element::iq4xs ? put_iq4xs_meta(out, n, records.data()) : put_group_scales(out, n, bits.data());
+      put_nibbles(out, n, q.data(), 0);
+      continue;
+    }
     if (q4k_records(method)) {
       std::vector<uint8_t> records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock) * kQ4kRowRecordBytes);
       quantize_q4k_row(row.data(), out.Kp, q.data(), records.data(), method == Element::q5k ? 31 : 15);
@@ -456,6 +465,11 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
   for (int n = 0; n < out.Np; ++n) {
     const QuantizedRow row = n < N ? rows[n] : QuantizedRow{};
     std::fill(q.begin(), q.end(), int8_t{0});
+    if (nibbles(method) && row.values) {  // int4's byte order: byte j holds k = 2j low, 2j + 1 high
+      const auto* bytes = static_cast<const uint8_t*>(row.values);
+      const int offset = method == Element::int4 ? 8 : 0;  // int4's q + 8; the others' codes as they are
+      for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>(((bytes[k / 2] >> (4 * (k % 2))) & 0x0F) - offset);
+    }
     if (method == Element::int8 || int8_groups(method)) {
       if (row.values) std::copy(static_cast<const int8_t*>(row.values), static_cast<const int8_t*>(row.values) + K, q.begin());
       if (method == Element::int8)
@@ -466,16 +480,12 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
       // portable int4z: int4's byte order, the nibbles unsigned codes; a float32 scale and a zero
       // point per group (a missing row keeps begin_quantized's zeros, scale 1)
       if (row.values) {
-        const auto* bytes = static_cast<const uint8_t*>(row.values);
-        for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>((bytes[k / 2] >> (4 * (k % 2))) & 0x0F);
         put_int4z_row(out, n, q.data(), static_cast<const float*>(row.scales), static_cast<const uint8_t*>(row.zeros));
       }
     } else if (method == Element::q4k) {
       // portable q4k: int4's byte order, the nibbles unsigned codes; a record a super-block (a
       // missing row keeps begin_quantized's zero records: zero weights)
       if (row.values) {
-        const auto* bytes = static_cast<const uint8_t*>(row.values);
-        for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>((bytes[k / 2] >> (4 * (k % 2))) & 0x0F);
         put_q4k_meta(out, n, static_cast<const uint8_t*>(row.scales));
         put_nibbles(out, n, q.data(), 0);
       }
@@ -484,21 +494,19 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
         put_q4k_meta(out, n, static_cast<const uint8_t*>(row.scales));
         put_q5k_codes(out, n, static_cast<const int8_t*>(row.values));
       }
+    } else if (iq4(method)) {  // portable iq4: int4's bytes of codes; float16 scales (nl) or records (xs)
+      if (row.values) {
+        method == Element::iq4xs ? put_iq4xs_meta(out, n, static_cast<const uint8_t*>(row.scales))
+                                 : put_group_scales(out, n, static_cast<const uint16_t*>(row.scales));
+        put_nibbles(out, n, q.data(), 0);
+      }
     } else if (method == Element::q6k) {  // portable q6k: a code a byte, a record a super-block
       if (row.values) put_q6k_row(out, n, static_cast<const uint8_t*>(row.values), static_cast<const uint8_t*>(row.scales));
     } else if (method == Element::fp4) {
       // portable fp4: int4's byte order, the nibbles E2M1 codes; one E8M0 code per group
-      if (row.values) {
-        const auto* bytes = static_cast<const uint8_t*>(row.values);
-        for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>((bytes[k / 2] >> (4 * (k % 2))) & 0x0F);
-      }
       put_fp4_row(out, n, q.data(), row.values ? static_cast<const uint8_t*>(row.scales) : unit_e8m0.data());
     } else {
-      // portable int4: byte j holds k = 2j (low nibble) and k = 2j + 1 (high nibble), each q + 8
-      if (row.values) {
-        const auto* bytes = static_cast<const uint8_t*>(row.values);
-        for (int k = 0; k < out.Kp; ++k) q[k] = static_cast<int8_t>(((bytes[k / 2] >> (4 * (k % 2))) & 0x0F) - 8);
-      }
+      // portable int4: the codes q + 8
       put_int4_row(out, n, q.data(), row.values ? static_cast<const uint16_t*>(row.scales) : unit.data());
     }
   }

@@ -15,6 +15,7 @@
 //                                         of the codes' high bits (below): GGUF's Q5_K
 //   q6k:  [N/16][K/8][96]     6-bit codes line j: int4's 64 bytes of low nibbles, then 32 bytes
 //                                         of the codes' high two bits (below): GGUF's Q6_K
+//   iq4nl, iq4xs: [N/16][K/8][16][4] nibbles  int4's order, each a code of GGUF's IQ4 grid (below)
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
 //                                         unsigned operand of u8 x s8 dot products)
 //   int8h: int8g's layout, float16 group scales (GGUF's Q8_0)
@@ -41,7 +42,7 @@ namespace kt {
 // 32-value sub-blocks; q6k likewise, its groups 16-value sub-blocks.
 constexpr int kQ4kSuperBlock = 256, kQ4kGroupsPerSuper = 8, kQ6kGroupsPerSuper = 16;
 // GGUF's K-quants; q4k and q5k share Q4_K's record of scales and mins (below)
-inline bool k_quant(Element m) { return m == Element::q4k || m == Element::q5k || m == Element::q6k; }
+inline bool k_quant(Element m) { return m == Element::q4k || m == Element::q5k || m == Element::q6k || m == Element::iq4xs; }
 inline bool q4k_records(Element m) { return m == Element::q4k || m == Element::q5k; }
 inline int k_step(Element m, int group) {
   return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : k_quant(m) ? kQ4kSuperBlock : group;
@@ -49,16 +50,30 @@ inline int k_step(Element m, int group) {
 // Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
 inline bool grouped(Element m) {
   return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z ||
-         m == Element::int8h || k_quant(m);
+         m == Element::int8h || m == Element::iq4nl || k_quant(m);
 }
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
 inline bool int8_activations(Element m) {
   return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z ||
-         m == Element::int8h || k_quant(m);
+         m == Element::int8h || m == Element::iq4nl || k_quant(m);
 }
+// GGUF's IQ4_NL and IQ4_XS: int4's nibbles, each a code of a fixed non-linear grid (llama.cpp's
+// kvalues_iq4nl), w = scale * kIq4Values[code]. IQ4_NL: a float16 scale per 32 (int8h's scales);
+// IQ4_XS: per super-block of 256 a float16 d and per 32 a 6-bit ls, scale d * (ls - 32), kept as
+// q6k keeps its d and sc (one record a 16-column block and super-block: d[16], sc[8][16] int8).
+// VNNI takes the codes looked up as value + 128 (in [1, 241], the unsigned operand) and 128
+// times the group's activation sum off; AVX2's pmaddubsw would saturate on that, so it takes
+// the values signed (|w| * sign(x, w), int8's trick); the tiles take them signed (tdpbssd).
+inline bool iq4(Element m) { return m == Element::iq4nl || m == Element::iq4xs; }
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+constexpr int kIq4Offset = 128;
+constexpr int kIq4xsSuperBytes = 16 * 2 + kQ4kGroupsPerSuper * 16, kIq4xsSubScales = 32;
+// iq4xs's portable row record, one a super-block (ktforge.formats.quantize): d (float16), sc[8] (ls - 32).
+constexpr int kIq4xsRowRecordBytes = 2 + kQ4kGroupsPerSuper;
+
 // Nibble elements: int4's panel layout, two values a byte.
 inline bool nibbles(Element m) {
-  return m == Element::int4 || m == Element::fp4 || m == Element::int4z || m == Element::q4k;
+  return m == Element::int4 || m == Element::fp4 || m == Element::int4z || m == Element::q4k || iq4(m);
 }
 // int8g's layout and kernels, its scales bfloat16 (int8g) or float16 (int8h)
 inline bool int8_groups(Element m) { return m == Element::int8g || m == Element::int8h; }
@@ -217,6 +232,7 @@ struct PackedMatrix {
   std::size_t meta_bytes_per_block() const {
     return q4k_records(element)      ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kQ4kSuperBytes
            : element == Element::q6k ? static_cast<std::size_t>(groups() / kQ6kGroupsPerSuper) * kQ6kSuperBytes
+           : element == Element::iq4xs ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kIq4xsSuperBytes
                                      : static_cast<std::size_t>(groups()) * kInt4zGroupBytes;
   }
   const uint8_t* block_meta(int b) const { return group_meta.data() + static_cast<std::size_t>(b) * meta_bytes_per_block(); }

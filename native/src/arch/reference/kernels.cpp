@@ -132,6 +132,14 @@ float q4k_min(const PackedMatrix& w, int block, int g, int c) {
 // int8g: bytes q + 128 in int8's order
 int int8g_code(const uint8_t* block, int c, int k) { return block[(k / 4) * 64 + c * 4 + k % 4] - 128; }
 
+// iq4nl, iq4xs: int4's nibbles, each a code of the IQ4 grid; iq4nl's float16 scales, iq4xs's
+// d * sc from its super-block's record (kernels/types.hpp), exact in float32
+int iq4_value(const uint8_t* block, int c, int k) { return kIq4Values[nibble_code(block, c, k)]; }
+float iq4xs_scale(const PackedMatrix& w, int block, int g, int c) {
+  const uint8_t* r = w.block_meta(block) + (g / kQ4kGroupsPerSuper) * kIq4xsSuperBytes;
+  return q4k_half(r + 2 * c) * static_cast<float>(static_cast<int8_t>(r[kIq4xsSubScales + (g % kQ4kGroupsPerSuper) * 16 + c]));
+}
+
 // q5k: a line's nibble (int4's order) and its high bit (kernels/types.hpp), q in [0, 31]; Q4_K's
 // scales and mins
 int q5k_code(const uint8_t* block, int c, int k) {
@@ -190,6 +198,8 @@ void gemm(const GemmArgs& a) {
     case Element::q4k: return gemm_grouped(a, nibble_code, q4k_scale, 1.f, no_zero, q4k_min);
     case Element::q6k: return gemm_grouped(a, q6k_code, q6k_scale, 1.f, q6k_zero);
     case Element::q5k: return gemm_grouped(a, q5k_code, q4k_scale, 1.f, no_zero, q4k_min);
+    case Element::iq4nl: return gemm_grouped(a, iq4_value, f16_group_scale);
+    case Element::iq4xs: return gemm_grouped(a, iq4_value, iq4xs_scale);
   }
 }
 
@@ -200,6 +210,7 @@ std::string describe(Element m) {
          : m == Element::fp4  ? "scalar int32 dot of doubled fp4 per group"
          : m == Element::int4z ? "scalar int32 dot per group, less zero points"
          : q4k_records(m)     ? "scalar int32 dot per group, less mins"
+         : iq4(m)             ? "scalar int32 dot per group of IQ4 grid values"
          : m == Element::int8h ? "scalar int32 dot per group, float16 scales"
          : m == Element::q6k  ? "scalar int32 dot per group of 16, less 32 times the activation sum"
                               : "scalar int32 dot per group";

@@ -276,9 +276,11 @@ const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unp
   } else if (w.element == Element::q4k) {
     q4k_scales_of(w.block_meta(blk), G, scales, mins);
   } else if (w.element == Element::q6k) {
-    q6k_scales_of(w.block_meta(blk), G, scales);
+    signed_scales_of(w.block_meta(blk), G, scales, kQ6kGroupsPerSuper, kQ6kSuperBytes);
     unpack_q6k(w.block(blk), kp, unpacked);
     return reinterpret_cast<const uint8_t*>(unpacked);
+  } else if (w.element == Element::iq4xs) {
+    signed_scales_of(w.block_meta(blk), G, scales, kQ4kGroupsPerSuper, kIq4xsSuperBytes);
   } else if (w.element == Element::fp4) {
     const uint8_t* e8m0 = w.block_e8m0(blk);
     for (int k = 0; k < G * 16; ++k) scales[k] = e8m0_to_f32(e8m0[k]);
@@ -286,12 +288,15 @@ const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unp
     for (int grp = 0; grp < G; ++grp) std::memcpy(scales + grp * 16, w.block_meta(blk) + grp * kInt4zGroupBytes, 64);
   } else {
     const uint16_t* bits = w.block_scales(blk);
-    const auto widen = w.element == Element::int8h ? f16_to_f32 : bf16_to_f32;
+    const auto widen = w.element == Element::int8h || w.element == Element::iq4nl ? f16_to_f32 : bf16_to_f32;
     for (int k = 0; k < G * 16; ++k) scales[k] = widen(bits[k]);
   }
   if (int8_groups(w.element)) return w.block(blk);
   const bool unsigned_nibbles = w.element == Element::int4z || w.element == Element::q4k;
-  const auto unpack = w.element == Element::fp4 ? unpack_fp4 : unsigned_nibbles ? unpack_nibbles : unpack_int4;
+  const auto unpack = w.element == Element::fp4 ? unpack_fp4
+                      : iq4(w.element)          ? unpack_iq4
+                      : unsigned_nibbles        ? unpack_nibbles
+                                                : unpack_int4;
   unpack(w.block(blk), kp, unpacked);
   return reinterpret_cast<const uint8_t*>(unpacked);
 }
@@ -494,6 +499,7 @@ std::string describe(Element m) {
                          : m == Element::fp4   ? "tdpbssd (fp4 looked up as doubled int8)"
                          : m == Element::int4z ? "tdpbsud per group, less zero points"
                          : m == Element::q4k   ? "tdpbsud per group, Q4_K's scales and mins"
+                         : iq4(m)              ? "tdpbssd per group (the IQ4 grid's values looked up)"
                          : m == Element::q5k   ? "tdpbsud per group, Q5_K's codes unpacked, its scales and mins"
                          : m == Element::q6k   ? "tdpbssd per group of 16 (Q6_K's codes unpacked to q - 32)"
                                                : "tdpbssd (nibbles unpacked to int8)";

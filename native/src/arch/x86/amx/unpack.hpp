@@ -53,10 +53,10 @@ void unpack_nibbles(const uint8_t* panel, int kp, int8_t* out) {
 
 // fp4 panel rows (int4's order, E2M1 codes) -> signed int8 B-tile rows of twice their values
 // (kernels/types.hpp), looked up with vpshufb.
-void unpack_fp4(const uint8_t* panel, int kp, int8_t* out) {
+void unpack_looked_up(const uint8_t* panel, int kp, int8_t* out, const int8_t* values) {
 #ifndef KTFORGE_AMX_MODEL
   const __m512i low = _mm512_set1_epi8(0x0F);
-  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kFp4Doubled)));
+  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values)));
   for (int j = 0; j < kp / 8; ++j) {
     const __m512i v = _mm512_loadu_si512(panel + j * 64);
     _mm512_storeu_si512(out + 2 * j * 64, _mm512_shuffle_epi8(table, _mm512_and_si512(v, low)));
@@ -65,11 +65,14 @@ void unpack_fp4(const uint8_t* panel, int kp, int8_t* out) {
 #else
   for (int j = 0; j < kp / 8; ++j)
     for (int b = 0; b < 64; ++b) {
-      out[2 * j * 64 + b] = kFp4Doubled[panel[j * 64 + b] & 0x0F];
-      out[(2 * j + 1) * 64 + b] = kFp4Doubled[panel[j * 64 + b] >> 4];
+      out[2 * j * 64 + b] = values[panel[j * 64 + b] & 0x0F];
+      out[(2 * j + 1) * 64 + b] = values[panel[j * 64 + b] >> 4];
     }
 #endif
 }
+void unpack_fp4(const uint8_t* panel, int kp, int8_t* out) { unpack_looked_up(panel, kp, out, kFp4Doubled); }
+// iq4nl, iq4xs: the IQ4 grid's signed values (tdpbssd)
+void unpack_iq4(const uint8_t* panel, int kp, int8_t* out) { unpack_looked_up(panel, kp, out, kIq4Values); }
 
 // q6k panel lines (types.hpp: int4's nibbles, then the codes' high two bits) -> signed int8
 // B-tile rows of q - 32: tdpbssd's sums need no offset taken off.
@@ -130,13 +133,15 @@ void unpack_q5k(const uint8_t* panel, int kp, int8_t* out) {
 }
 
 // q6k's records widened: per group and column d * sc_j, exact in float32.
-void q6k_scales_of(const uint8_t* meta, int G, float* scales) {
+static_assert(kQ6kSubScales == kIq4xsSubScales, "q6k's and iq4xs's records keep sc at one offset");
+// iq4xs's likewise (8 groups a super-block).
+void signed_scales_of(const uint8_t* meta, int G, float* scales, int per_super, int super_bytes) {
   for (int grp = 0; grp < G; ++grp) {
-    const uint8_t* r = meta + (grp / kQ6kGroupsPerSuper) * kQ6kSuperBytes;
+    const uint8_t* r = meta + (grp / per_super) * super_bytes;
     for (int n = 0; n < 16; ++n) {
       uint16_t d;
       std::memcpy(&d, r + 2 * n, 2);
-      const auto sc = static_cast<int8_t>(r[kQ6kSubScales + (grp % kQ6kGroupsPerSuper) * 16 + n]);
+      const auto sc = static_cast<int8_t>(r[kQ6kSubScales + (grp % per_super) * 16 + n]);  // iq4xs's at 32 too
       scales[grp * 16 + n] = f16_to_f32(d) * static_cast<float>(sc);
     }
   }

@@ -304,6 +304,16 @@ void gemm(const GemmArgs& a) {
                                                        static_cast<const int32_t* const*>(sums),
                                                        static_cast<const float*>(xs), w.block(blk),
                                                        Q4kCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
+      else if (w.element == Element::iq4nl)
+        dispatch<kRows, 1, NibbleTile<Iq4nlCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
+                                                         static_cast<const int32_t* const*>(sums),
+                                                         static_cast<const float*>(xs), w.block(blk),
+                                                         Iq4nlCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
+      else if (w.element == Element::iq4xs)
+        dispatch<kRows, 1, NibbleTile<Iq4xsCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
+                                                         static_cast<const int32_t* const*>(sums),
+                                                         static_cast<const float*>(xs), w.block(blk),
+                                                         Iq4xsCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
       else if (w.element == Element::q5k)
         dispatch<kRows, 1, NibbleTile<Q5kCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
                                                        static_cast<const int32_t* const*>(sums),
@@ -337,6 +347,7 @@ std::string describe(Element m) {
          : m == Element::fp4   ? "avx2 maddubs on fp4 looked up as doubled int8"
          : m == Element::int4z ? "avx2 maddubs on unpacked nibbles, less zero points"
          : m == Element::q4k   ? "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group"
+         : iq4(m)              ? "avx2 maddubs on the IQ4 grid's values looked up, sign on the weights, per group"
          : m == Element::q5k   ? "avx2 maddubs on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group"
          : m == Element::q6k   ? "avx2 maddubs on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16"
                                : "avx2 maddubs on unpacked nibbles";

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/types.hpp"
 
@@ -133,6 +134,42 @@ struct Q5kCodes : Q4kCodes {
   static constexpr int kSteps16 = 2;
 };
 
+// iq4nl, iq4xs (GGUF's IQ4_NL, IQ4_XS): codes looked up (vpshufb) as the grid's signed values,
+// which take int8's |w| * sign(x, w) products (as w + 128 a pmaddubsw pair would saturate), each
+// pair sum widened at once (SignedValues). iq4nl: a float16 scale per group; iq4xs: d * sc from
+// the super-block's record (types.hpp).
+struct Iq4Lookup {
+  static constexpr int kSteps16 = 1;
+  static constexpr float kFinal = 1.f;
+  static __m256i table() { return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values))); }
+  static __m256i decode(__m256i nibbles, __m256i table) { return _mm256_shuffle_epi8(table, nibbles); }
+};
+struct Iq4nlCodes : Iq4Lookup, OffsetThenScale<Iq4nlCodes> {
+  using Scale = uint16_t;
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
+  static __m256 scales(const Scale* s, int h) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + h * 8)));
+  }
+  static __m256i offset(const Scale*, int, int32_t) { return _mm256_setzero_si256(); }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
+};
+struct Iq4xsCodes : Iq4Lookup {
+  using Scale = uint8_t;
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t, __m256 accf) {
+    const uint8_t* r = block + (g / kQ4kGroupsPerSuper) * kIq4xsSuperBytes;
+    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + kIq4xsSubScales + (g % kQ4kGroupsPerSuper) * 16 + h * 8));
+    const __m256 scale = _mm256_mul_ps(Q4kCodes::halves(r + h * 16), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, accf);
+  }
+};
+template <class Codes>
+struct SignedValues : std::false_type {};
+template <>
+struct SignedValues<Iq4nlCodes> : std::true_type {};
+template <>
+struct SignedValues<Iq4xsCodes> : std::true_type {};
+
 // A panel line's bytes and what its nibbles lack: nothing but for q6k, whose lines carry the
 // codes' high two bits after the nibbles (types.hpp), moved to bits 4-5 of each half's bytes.
 template <class Codes>
@@ -196,6 +233,20 @@ struct NibbleTile {
             hi[h] = Codes::decode(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), table);
           }
           HighBits<Codes>::add(line, lo, hi);
+          if constexpr (SignedValues<Codes>::value) {
+            const __m256i lo_abs[2] = {_mm256_abs_epi8(lo[0]), _mm256_abs_epi8(lo[1])};
+            const __m256i hi_abs[2] = {_mm256_abs_epi8(hi[0]), _mm256_abs_epi8(hi[1])};
+            for (int i = 0; i < M; ++i) {
+              __m256i a_lo = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
+              __m256i a_hi = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
+              for (int h = 0; h < 2; ++h) {
+                const __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(lo_abs[h], _mm256_sign_epi8(a_lo, lo[h])), ones);
+                const __m256i u = _mm256_madd_epi16(_mm256_maddubs_epi16(hi_abs[h], _mm256_sign_epi8(a_hi, hi[h])), ones);
+                acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_add_epi32(l, u));
+              }
+            }
+            continue;
+          }
           for (int i = 0; i < M; ++i) {
             __m256i a_lo = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
             __m256i a_hi = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p + 4));
@@ -204,8 +255,9 @@ struct NibbleTile {
                   acc16[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], a_lo), _mm256_maddubs_epi16(hi[h], a_hi)));
           }
         }
-        for (int i = 0; i < M; ++i)
-          for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(acc16[i][h], ones));
+        if constexpr (!SignedValues<Codes>::value)  // the signed values' sums are int32 already
+          for (int i = 0; i < M; ++i)
+            for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(acc16[i][h], ones));
       }
       for (int i = 0; i < M; ++i)
         for (int h = 0; h < 2; ++h) accf[i][h] = Codes::accumulate(g_scale, g, h, acc[i][h], gsum[i][g], accf[i][h]);

@@ -427,6 +427,8 @@ void gemm(const GemmArgs& a) {
     case Element::q4k: return gemm_nibbles<Q4kCodes>(a);
     case Element::q6k: return gemm_nibbles<Q6kCodes>(a);
     case Element::q5k: return gemm_nibbles<Q5kCodes>(a);
+    case Element::iq4nl: return gemm_nibbles<Iq4nlCodes>(a);
+    case Element::iq4xs: return gemm_nibbles<Iq4xsCodes>(a);
     case Element::int8g: return gemm_int8g(a);
     case Element::int8h: return gemm_int8h(a);
 #else
@@ -456,6 +458,7 @@ std::string describe(Element m) {
   const char* q4k = "avx512 vpdpbusd on unpacked nibbles, Q4_K's scales and mins per group";
   const char* q6k = "avx512 vpdpbusd on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16";
   const char* q5k = "avx512 vpdpbusd on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group";
+  const char* iq4_grid = "avx512 vpdpbusd on the IQ4 grid's values looked up (+ 128), per group";
 #else
   const char* int8 = "avx2 maddubs (no VNNI)";
   const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
@@ -466,6 +469,7 @@ std::string describe(Element m) {
   const char* q4k = "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group (no VNNI)";
   const char* q6k = "avx2 maddubs on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16 (no VNNI)";
   const char* q5k = "avx2 maddubs on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group (no VNNI)";
+  const char* iq4_grid = "avx2 maddubs on the IQ4 grid's values looked up, sign on the weights, per group (no VNNI)";
 #endif
 #ifdef __AVX512BF16__
   if (m == Element::fp8)
@@ -476,7 +480,7 @@ std::string describe(Element m) {
 #endif
   return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g
          : m == Element::int8h ? int8h : m == Element::fp4 ? fp4 : m == Element::int4z ? int4z
-         : m == Element::q4k ? q4k : m == Element::q5k ? q5k : m == Element::q6k ? q6k : int4;
+         : m == Element::q4k ? q4k : m == Element::q5k ? q5k : m == Element::q6k ? q6k : iq4(m) ? iq4_grid : int4;
 }
 
 std::vector<std::string> features() { return compiled_features(); }

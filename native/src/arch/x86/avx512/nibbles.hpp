@@ -120,6 +120,37 @@ struct Q6kCodes {
 // q5k (GGUF's Q5_K): Q4_K's scales and mins on 5-bit codes
 struct Q5kCodes : Q4kCodes {};
 
+// iq4nl, iq4xs (GGUF's IQ4_NL, IQ4_XS): codes looked up (vpshufb, in each 128-bit lane) as the
+// grid's values + 128, the unsigned operand; 128 times the group's activation sum taken off.
+// iq4nl: a float16 scale per group; iq4xs: d * sc from the super-block's record (types.hpp).
+struct Iq4Lookup {
+  static constexpr float kFinal = 1.f;
+  static __m512i table() {
+    alignas(16) uint8_t t[16];
+    for (int c = 0; c < 16; ++c) t[c] = static_cast<uint8_t>(kIq4Values[c] + kIq4Offset);
+    return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  }
+  static __m512i decode(__m512i nibbles, __m512i table) { return _mm512_shuffle_epi8(table, nibbles); }
+};
+struct Iq4nlCodes : Iq4Lookup, OffsetThenScale<Iq4nlCodes> {
+  using Scale = uint16_t;
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
+  static __m512 scales(const Scale* s) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s))); }
+  static __m512i offset(const Scale*, int32_t x_sum) { return _mm512_set1_epi32(kIq4Offset * x_sum); }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
+};
+struct Iq4xsCodes : Iq4Lookup {
+  using Scale = uint8_t;
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
+    const uint8_t* r = block + (g / kQ4kGroupsPerSuper) * kIq4xsSuperBytes;
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kIq4xsSubScales + (g % kQ4kGroupsPerSuper) * 16));
+    const __m512 scale = _mm512_mul_ps(Q4kCodes::halves(r), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+    const __m512i offset = _mm512_set1_epi32(kIq4Offset * x_sum);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, offset)), scale, accf);
+  }
+};
+
 // A panel line's bytes and what its nibbles lack: nothing but for q6k, whose lines carry the
 // codes' high two bits after the nibbles (types.hpp): the 32 bytes as both halves of a vector,
 // the upper one shifted by 4, give line bytes b < 32 bits 0-3 and b >= 32 bits 4-7, moved to
