@@ -257,6 +257,26 @@ void gemm_fp8_block(const GemmArgs& a, int blk) {
   }
 }
 
+// A nibble element's (or q5k's, q6k's) rows against block blk, its codes chosen by element.
+template <class Codes>
+void nibble_rows_of(int m, const int8_t* const* rows, const int32_t* const* sums, const float* xs, const PackedMatrix& w,
+                    int blk, float* out, int64_t ld) {
+  dispatch<kRows, 1, NibbleTile<Codes>::template Tile>(m, 1, rows, sums, xs, w.block(blk), Codes::scales_of(w, blk),
+                                                       w.groups(), w.group, out, ld);
+}
+void nibble_rows(Element e, int m, const int8_t* const* rows, const int32_t* const* sums, const float* xs,
+                 const PackedMatrix& w, int blk, float* out, int64_t ld) {
+  const auto run = e == Element::int4z   ? nibble_rows_of<Int4zCodes>
+                   : e == Element::q4k   ? nibble_rows_of<Q4kCodes>
+                   : e == Element::q5k   ? nibble_rows_of<Q5kCodes>
+                   : e == Element::q6k   ? nibble_rows_of<Q6kCodes>
+                   : e == Element::iq4nl ? nibble_rows_of<Iq4nlCodes>
+                   : e == Element::iq4xs ? nibble_rows_of<Iq4xsCodes>
+                   : e == Element::fp4   ? nibble_rows_of<Fp4Codes>
+                                         : nibble_rows_of<Int4Codes>;
+  run(m, rows, sums, xs, w, blk, out, ld);
+}
+
 void gemm(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
   const Activations& act = *a.act;
@@ -294,46 +314,9 @@ void gemm(const GemmArgs& a) {
         dispatch<kRows, 1, Int8gTiles<true>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
                                                    static_cast<const float*>(xs), w.block(blk), w.block_scales(blk),
                                                    G, w.group, out, a.ld_out);
-      else if (w.element == Element::int4z)
-        dispatch<kRows, 1, NibbleTile<Int4zCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                         static_cast<const int32_t* const*>(sums),
-                                                         static_cast<const float*>(xs), w.block(blk),
-                                                         Int4zCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
-      else if (w.element == Element::q4k)
-        dispatch<kRows, 1, NibbleTile<Q4kCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                       static_cast<const int32_t* const*>(sums),
-                                                       static_cast<const float*>(xs), w.block(blk),
-                                                       Q4kCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
-      else if (w.element == Element::iq4nl)
-        dispatch<kRows, 1, NibbleTile<Iq4nlCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                         static_cast<const int32_t* const*>(sums),
-                                                         static_cast<const float*>(xs), w.block(blk),
-                                                         Iq4nlCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
-      else if (w.element == Element::iq4xs)
-        dispatch<kRows, 1, NibbleTile<Iq4xsCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                         static_cast<const int32_t* const*>(sums),
-                                                         static_cast<const float*>(xs), w.block(blk),
-                                                         Iq4xsCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
-      else if (w.element == Element::q5k)
-        dispatch<kRows, 1, NibbleTile<Q5kCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                       static_cast<const int32_t* const*>(sums),
-                                                       static_cast<const float*>(xs), w.block(blk),
-                                                       Q5kCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
-      else if (w.element == Element::q6k)
-        dispatch<kRows, 1, NibbleTile<Q6kCodes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                       static_cast<const int32_t* const*>(sums),
-                                                       static_cast<const float*>(xs), w.block(blk),
-                                                       Q6kCodes::scales_of(w, blk), G, w.group, out, a.ld_out);
-      else if (w.element == Element::fp4)
-        dispatch<kRows, 1, NibbleTile<Fp4Codes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                       static_cast<const int32_t* const*>(sums),
-                                                       static_cast<const float*>(xs), w.block(blk),
-                                                       Fp4Codes::scales_of(w, blk), G, w.group, out, a.ld_out);
       else
-        dispatch<kRows, 1, NibbleTile<Int4Codes>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                        static_cast<const int32_t* const*>(sums),
-                                                        static_cast<const float*>(xs), w.block(blk),
-                                                        w.block_scales(blk), G, w.group, out, a.ld_out);
+        nibble_rows(w.element, m, static_cast<const int8_t* const*>(rows), static_cast<const int32_t* const*>(sums),
+                    static_cast<const float*>(xs), w, blk, out, a.ld_out);
     }
   }
 }

@@ -112,20 +112,25 @@ struct Q4kCodes {
 // q6k (GGUF's Q6_K): unsigned 6-bit codes, w = d * sc_j * (q - 32): each group's sums less 32
 // times its activation sum, scaled by d * sc_j from the super-block's record (types.hpp). A
 // step's two pair sums reach 2 * 2 * 63 * 127 = 32004: 16-bit sums hold one step.
-struct Q6kCodes {
+// A super-block record of d[16] (float16) then sc[Groups][16] (int8) a 16-column block (q6k's,
+// iq4xs's, types.hpp): each group's sums less Offset times its activation sum, scaled by d * sc_j.
+template <int Groups, int SuperBytes, int Offset>
+struct SignedGroupScales {
   using Scale = uint8_t;
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
+    const uint8_t* r = block + (g / Groups) * SuperBytes;
+    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + kQ6kSubScales + (g % Groups) * 16 + h * 8));
+    const __m256 scale = _mm256_mul_ps(Q4kCodes::halves(r + h * 16), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+    if (Offset != 0) sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(Offset * x_sum));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, accf);
+  }
+};
+struct Q6kCodes : SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ6kOffset> {
   static constexpr int kSteps16 = 1;
   static constexpr float kFinal = 1.f;
   static __m256i table() { return _mm256_setzero_si256(); }
   static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
-  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
-  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
-    const uint8_t* r = block + (g / kQ6kGroupsPerSuper) * kQ6kSuperBytes;
-    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + kQ6kSubScales + (g % kQ6kGroupsPerSuper) * 16 + h * 8));
-    const __m256 scale = _mm256_mul_ps(Q4kCodes::halves(r + h * 16), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-    const __m256i offset = _mm256_set1_epi32(kQ6kOffset * x_sum);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums, offset)), scale, accf);
-  }
 };
 
 // q5k (GGUF's Q5_K): Q4_K's scales and mins on 5-bit codes: a step's two pair sums reach
@@ -153,16 +158,7 @@ struct Iq4nlCodes : Iq4Lookup, OffsetThenScale<Iq4nlCodes> {
   static __m256i offset(const Scale*, int, int32_t) { return _mm256_setzero_si256(); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
 };
-struct Iq4xsCodes : Iq4Lookup {
-  using Scale = uint8_t;
-  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
-  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t, __m256 accf) {
-    const uint8_t* r = block + (g / kQ4kGroupsPerSuper) * kIq4xsSuperBytes;
-    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + kIq4xsSubScales + (g % kQ4kGroupsPerSuper) * 16 + h * 8));
-    const __m256 scale = _mm256_mul_ps(Q4kCodes::halves(r + h * 16), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, accf);
-  }
-};
+struct Iq4xsCodes : Iq4Lookup, SignedGroupScales<kQ4kGroupsPerSuper, kIq4xsSuperBytes, 0> {};  // signed values: no offset
 template <class Codes>
 struct SignedValues : std::false_type {};
 template <>

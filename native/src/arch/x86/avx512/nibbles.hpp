@@ -102,19 +102,24 @@ struct Q4kCodes {
 
 // q6k (GGUF's Q6_K): unsigned 6-bit codes, w = d * sc_j * (q - 32): each group's sums less 32
 // times its activation sum, scaled by d * sc_j from the super-block's record (types.hpp).
-struct Q6kCodes {
+// A super-block record of d[16] (float16) then sc[Groups][16] (int8) a 16-column block (q6k's,
+// iq4xs's, types.hpp): each group's sums less Offset times its activation sum, scaled by d * sc_j.
+template <int Groups, int SuperBytes, int Offset>
+struct SignedGroupScales {
   using Scale = uint8_t;
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
+    const uint8_t* r = block + (g / Groups) * SuperBytes;
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kQ6kSubScales + (g % Groups) * 16));
+    const __m512 scale = _mm512_mul_ps(Q4kCodes::halves(r), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+    const __m512i offset = _mm512_set1_epi32(Offset * x_sum);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, offset)), scale, accf);
+  }
+};
+struct Q6kCodes : SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ6kOffset> {
   static constexpr float kFinal = 1.f;
   static __m512i table() { return _mm512_setzero_si512(); }
   static __m512i decode(__m512i nibbles, __m512i) { return nibbles; }
-  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
-  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
-    const uint8_t* r = block + (g / kQ6kGroupsPerSuper) * kQ6kSuperBytes;
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kQ6kSubScales + (g % kQ6kGroupsPerSuper) * 16));
-    const __m512 scale = _mm512_mul_ps(Q4kCodes::halves(r), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
-    const __m512i offset = _mm512_set1_epi32(kQ6kOffset * x_sum);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, offset)), scale, accf);
-  }
 };
 
 // q5k (GGUF's Q5_K): Q4_K's scales and mins on 5-bit codes
@@ -139,17 +144,7 @@ struct Iq4nlCodes : Iq4Lookup, OffsetThenScale<Iq4nlCodes> {
   static __m512i offset(const Scale*, int32_t x_sum) { return _mm512_set1_epi32(kIq4Offset * x_sum); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
 };
-struct Iq4xsCodes : Iq4Lookup {
-  using Scale = uint8_t;
-  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
-  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
-    const uint8_t* r = block + (g / kQ4kGroupsPerSuper) * kIq4xsSuperBytes;
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kIq4xsSubScales + (g % kQ4kGroupsPerSuper) * 16));
-    const __m512 scale = _mm512_mul_ps(Q4kCodes::halves(r), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
-    const __m512i offset = _mm512_set1_epi32(kIq4Offset * x_sum);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, offset)), scale, accf);
-  }
-};
+struct Iq4xsCodes : Iq4Lookup, SignedGroupScales<kQ4kGroupsPerSuper, kIq4xsSuperBytes, kIq4Offset> {};
 
 // A panel line's bytes and what its nibbles lack: nothing but for q6k, whose lines carry the
 // codes' high two bits after the nibbles (types.hpp): the 32 bytes as both halves of a vector,
