@@ -158,9 +158,7 @@ class PyMoE {
         throw std::invalid_argument(std::string(name) + "_zero holds zero points above 15");
       return {values.data(), values.shape(2), scales.data(), groups * 4, zero.data(), groups};
     }
-    if (q4k_records(element_of(method))) return q4k_weights(values, scales, N, K, name, element_of(method) == Element::q5k);
-    if (element_of(method) == Element::q6k || element_of(method) == Element::iq4xs)
-      return d_and_scales_weights(values, scales, N, K, name, element_of(method) == Element::iq4xs);
+    if (k_quant(element_of(method))) return super_block_weights(values, scales, N, K, name, method);
     if (element_of(method) == Element::bf16) {  // a mixed layer's bf16 projection (scale: unused)
       if (!values.dtype().is(py::dtype::of<uint16_t>()))
         throw std::invalid_argument(std::string(name) + " must be bfloat16 (passed as uint16)");
@@ -206,56 +204,46 @@ class PyMoE {
     }
   }
 
-  // q4k: values uint8 [E, N, Kp / 2] (int4's byte order, unsigned codes); q5k (five): [E, N, Kp],
-  // a code in [0, 31] a byte; scales uint8 [E, N, Kp / 256, kQ4kRowRecordBytes] (d, dmin float16,
-  // sc[8], m[8]), Kp = K rounded up to 256.
-  MoeLayer::QuantizedWeights q4k_weights(const py::array& values, const py::array& scales, py::ssize_t N, py::ssize_t K,
-                                         const char* name, bool five) {
-    const py::ssize_t E = layer_.config().experts, supers = (K + kQ4kSuperBlock - 1) / kQ4kSuperBlock;
-    const std::string scale_name = std::string(name) + "_scale";
-    if (!values.dtype().is(py::dtype::of<uint8_t>()))
-      throw std::invalid_argument(std::string(name) + (five ? " must be uint8 (one 5-bit code per byte)"
-                                                            : " must be uint8 (two 4-bit values per byte)"));
-    if (!scales.dtype().is(py::dtype::of<uint8_t>()))
-      throw std::invalid_argument(scale_name + (five ? " must be uint8 (q5_k's super-block records)"
-                                                     : " must be uint8 (q4_k's super-block records)"));
-    require(values, {E, N, supers * kQ4kSuperBlock / (five ? 1 : 2)}, name);
-    const auto* q = static_cast<const uint8_t*>(values.data());
-    if (five && std::any_of(q, q + values.size(), [](uint8_t v) { return v > 31; }))
-      throw std::invalid_argument(std::string(name) + " holds codes above 31 (q5_k's are 5-bit)");
-    require(scales, {E, N, supers, kQ4kRowRecordBytes}, scale_name.c_str());
-    const auto* r = static_cast<const uint8_t*>(scales.data());
-    for (py::ssize_t i = 0; i < scales.size(); i += kQ4kRowRecordBytes)
-      for (int h = 0; h < 2; ++h)
-        if (((r[i + 2 * h + 1] >> 2) & 0x1F) == 0x1F)  // a float16 exponent of all ones: inf or NaN
-          throw std::invalid_argument(scale_name + " holds a d or dmin that is not finite");
-    return {values.data(), values.shape(2), scales.data(), supers * kQ4kRowRecordBytes};
+  // The super-block elements' portable parts (ktforge.formats.quantize): values uint8 [E, N, Kp /
+  // codes_per_byte] (two codes a byte in int4's order, or one), scales uint8 [E, N, Kp / 256,
+  // record_bytes] whose first `halves` fields are float16 (d; q4k's and q5k's d and dmin). Kp = K
+  // rounded up to 256.
+  struct SuperBlockParts {
+    int codes_per_byte, bits, record_bytes, halves;
+  };
+  static SuperBlockParts super_block_parts(Element e) {
+    switch (e) {
+      case Element::q5k: return {1, 5, kQ4kRowRecordBytes, 2};
+      case Element::q6k: return {1, 6, kQ6kRowRecordBytes, 1};
+      case Element::iq4xs: return {2, 4, kIq4xsRowRecordBytes, 1};
+      default: return {2, 4, kQ4kRowRecordBytes, 2};  // q4k
+    }
   }
-
-  // q6k: values uint8 [E, N, Kp] (a code q in [0, 63] a byte), scales uint8 [E, N, Kp / 256,
-  // kQ6kRowRecordBytes] (d float16, sc[16] int8); iq4xs: values [E, N, Kp / 2] (int4's bytes),
-  // scales [E, N, Kp / 256, kIq4xsRowRecordBytes] (d float16, sc[8] int8). Kp = K rounded up to 256.
-  MoeLayer::QuantizedWeights d_and_scales_weights(const py::array& values, const py::array& scales, py::ssize_t N,
-                                                  py::ssize_t K, const char* name, bool iq4xs) {
+  MoeLayer::QuantizedWeights super_block_weights(const py::array& values, const py::array& scales, py::ssize_t N,
+                                                 py::ssize_t K, const char* name, Method method) {
+    const SuperBlockParts parts = super_block_parts(element_of(method));
     const py::ssize_t E = layer_.config().experts, supers = (K + kQ4kSuperBlock - 1) / kQ4kSuperBlock;
-    const py::ssize_t record_bytes = iq4xs ? kIq4xsRowRecordBytes : kQ6kRowRecordBytes;
-    const std::string scale_name = std::string(name) + "_scale";
+    const std::string scale_name = std::string(name) + "_scale", format = format_info(method).name;
     if (!values.dtype().is(py::dtype::of<uint8_t>()))
-      throw std::invalid_argument(std::string(name) + (iq4xs ? " must be uint8 (two 4-bit codes per byte)"
-                                                             : " must be uint8 (one 6-bit code per byte)"));
+      throw std::invalid_argument(std::string(name) + (parts.codes_per_byte == 2 ? " must be uint8 (two 4-bit codes per byte)"
+                                                        : " must be uint8 (one " + std::to_string(parts.bits) +
+                                                              "-bit code per byte)"));
     if (!scales.dtype().is(py::dtype::of<uint8_t>()))
-      throw std::invalid_argument(scale_name + (iq4xs ? " must be uint8 (iq4_xs's super-block records)"
-                                                      : " must be uint8 (q6_k's super-block records)"));
-    require(values, {E, N, supers * kQ4kSuperBlock / (iq4xs ? 2 : 1)}, name);
-    require(scales, {E, N, supers, record_bytes}, scale_name.c_str());
+      throw std::invalid_argument(scale_name + " must be uint8 (" + format + "'s super-block records)");
+    require(values, {E, N, supers * kQ4kSuperBlock / parts.codes_per_byte}, name);
+    require(scales, {E, N, supers, parts.record_bytes}, scale_name.c_str());
     const auto* q = static_cast<const uint8_t*>(values.data());
-    if (!iq4xs && std::any_of(q, q + values.size(), [](uint8_t v) { return v > 63; }))
-      throw std::invalid_argument(std::string(name) + " holds codes above 63 (q6_k's are 6-bit)");
+    const int top = (1 << parts.bits) - 1;
+    if (parts.codes_per_byte == 1 && std::any_of(q, q + values.size(), [top](uint8_t v) { return v > top; }))
+      throw std::invalid_argument(std::string(name) + " holds codes above " + std::to_string(top) + " (" + format +
+                                  "'s are " + std::to_string(parts.bits) + "-bit)");
     const auto* r = static_cast<const uint8_t*>(scales.data());
-    for (py::ssize_t i = 0; i < scales.size(); i += record_bytes)
-      if (((r[i + 1] >> 2) & 0x1F) == 0x1F)  // a float16 exponent of all ones: inf or NaN
-        throw std::invalid_argument(scale_name + " holds a d that is not finite");
-    return {values.data(), values.shape(2), scales.data(), supers * record_bytes};
+    for (py::ssize_t i = 0; i < scales.size(); i += parts.record_bytes)
+      for (int h = 0; h < parts.halves; ++h)
+        if (((r[i + 2 * h + 1] >> 2) & 0x1F) == 0x1F)  // a float16 exponent of all ones: inf or NaN
+          throw std::invalid_argument(scale_name + (parts.halves == 2 ? " holds a d or dmin that is not finite"
+                                                                      : " holds a d that is not finite"));
+    return {values.data(), values.shape(2), scales.data(), supers * parts.record_bytes};
   }
 
   void load_quantized(const py::array& gate, const py::array& gate_scale, const py::array& up,

@@ -152,11 +152,13 @@ def test_int8g_at_the_largest_products_sums_exactly(sign: float) -> None:
 
 
 def _k_quant_ends(method: str, E: int, N: int, K: int, rng: np.random.Generator) -> Quantized:
-    """A projection of q5_k, q6_k, iq4_nl or iq4_xs whose codes, scales (and mins) are each at one of
-    their ends."""
+    """A projection of q4_k, q5_k, q6_k, iq4_nl or iq4_xs whose codes, scales (and mins) are each at
+    one of their ends."""
     supers = K // 256
-    if method.startswith("iq4"):  # codes 0 and 15: the grid's -127 and 113, two a byte
-        codes = np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8)[rng.integers(0, 4, (E, N, K // 2))]
+    codes = np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8)[rng.integers(0, 4, (E, N, K // 2))]  # 0 and 15, two a byte
+    if method == "q4_k":  # q5_k's records
+        return Quantized(codes, _k_quant_ends("q5_k", E, N, K, rng).scale)
+    if method.startswith("iq4"):  # codes 0 and 15: the grid's -127 and 113
         if method == "iq4_nl":
             return Quantized(codes, np.array([-1e-3, 1e-3], np.float16)[rng.integers(0, 2, (E, N, K // 32))])
         records = np.zeros((E, N, supers, 10), np.uint8)
@@ -310,3 +312,34 @@ def test_a_down_format_is_checked_like_the_layers() -> None:
         ktforge.MoE(4, 2, 64, 64, method="int4", group_size=32, down_method="int3")
     with pytest.raises(ValueError, match="down_group_size must be 32"):
         ktforge.MoE(4, 2, 64, 64, method="int4", group_size=64, down_method="q8_0")
+
+
+@pytest.mark.parametrize("method", ["q4_k", "q5_k", "q6_k", "iq4_xs"])
+def test_super_block_parts_are_checked_naming_what_is_wrong(method: str) -> None:
+    # a GGUF repack's parts as load_quantized takes them: a wrong dtype (the portable layout's check),
+    # codes beyond the format's bits and a d that is not finite (float16 inf; the extension's): each
+    # a ValueError naming the part, and the good parts load after them
+    E, k, H, I = 2, 1, 256, 256
+    rng = np.random.default_rng(13)
+    good = [_k_quant_ends(method, E, N, K, rng) for N, K in ((I, H), (I, H), (H, I))]
+    moe = ktforge.MoE(E, k, H, I, method=method, group_size=SMALLEST_GROUP[method])
+
+    def load(gate: Quantized) -> None:
+        moe.load_quantized(gate, *good[1:])
+
+    with pytest.raises(ValueError, match=rf"gate\.weight is int8 .* {method} .* needs uint8"):
+        load(Quantized(good[0].weight.astype(np.int8), good[0].scale))
+    with pytest.raises(ValueError, match=rf"gate\.scale is float32 .* {method} .* needs uint8"):
+        load(Quantized(good[0].weight, good[0].scale.astype(np.float32)))
+    if method in ("q5_k", "q6_k"):
+        codes = good[0].weight.copy()
+        codes[0, 0, 0] = 64 if method == "q6_k" else 32
+        with pytest.raises(ValueError, match=r"gate holds codes above (63|31)"):
+            load(Quantized(codes, good[0].scale))
+    records = good[0].scale.copy()
+    records[1, 3, 0, :2] = np.array([np.inf], np.float16).view(np.uint8)
+    with pytest.raises(ValueError, match=r"gate_scale holds a d (or dmin )?that is not finite"):
+        load(Quantized(good[0].weight, records))
+    load(good[0])  # the good parts still load and run
+    x = np.ones((3, H), np.float32)
+    assert np.isfinite(moe.forward(x, np.zeros((3, 1), np.int64), np.ones((3, 1), np.float32))).all()
