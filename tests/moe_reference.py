@@ -141,24 +141,25 @@ def quantize_q8_0(w: Array) -> tuple[Array, Array]:
     return q.reshape(n, kp), d
 
 
-def quantize_q4k(w: Array, levels: int = 15) -> tuple[Array, Array, Array]:
+def quantize_q4k(w: Array, levels: int = 15, group: int = 32, top: int = 63) -> tuple[Array, Array, Array]:
     """GGUF's Q4_K as MoE.load_weights packs floats: [N, K] -> q [N, Kp] in [0, 15] (K zero-padded
     to 256), each group's scale d * sc and min dmin * m [N, Kp / 32] float32; per 32 the range
     [min(w, 0), max(w, 0)] in 15 steps, per 256 d = max step / 63 and dmin = max -min / 63 in
     float16, sc = rint(step / d) and m = rint(-min / dmin) in [0, 63], q = clip(rint((w + dmin * m)
-    / (d * sc)), 0, 15). Q5_K (levels 31): the same in 31 steps, q in [0, 31]."""
+    / (d * sc)), 0, 15). Q5_K (levels 31): the same in 31 steps, q in [0, 31]. Q2_K (levels 3, group
+    16, top 15): per 16 in 3 steps, d, dmin per 256 over 15, sc and m in [0, 15]."""
     n, k = w.shape
     kp = -(-k // 256) * 256
     padded = np.zeros((n, kp), dtype=F32)
     padded[:, :k] = w
-    grouped = padded.reshape(n, kp // 256, 8, 32)
+    grouped = padded.reshape(n, kp // 256, 256 // group, group)
     low = -np.minimum(grouped.min(axis=-1), F32(0))
     step = ((np.maximum(grouped.max(axis=-1), F32(0)) + low) / F32(levels)).astype(F32)
-    d = (step.max(axis=-1) / F32(63)).astype(np.float16).astype(F32)[..., None]
-    dmin = (low.max(axis=-1) / F32(63)).astype(np.float16).astype(F32)[..., None]
+    d = (step.max(axis=-1) / F32(top)).astype(np.float16).astype(F32)[..., None]
+    dmin = (low.max(axis=-1) / F32(top)).astype(np.float16).astype(F32)[..., None]
     with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d > 0, np.clip(np.rint(step / d), 0, 63), 0).astype(F32)
-        m = np.where(dmin > 0, np.clip(np.rint(low / dmin), 0, 63), 0).astype(F32)
+        sc = np.where(d > 0, np.clip(np.rint(step / d), 0, top), 0).astype(F32)
+        m = np.where(dmin > 0, np.clip(np.rint(low / dmin), 0, top), 0).astype(F32)
         scale, minimum = (d * sc).astype(F32), (dmin * m).astype(F32)
         q = np.where(
             scale[..., None] > 0,
@@ -201,22 +202,25 @@ def quantize_iq4(w: Array, xs: bool) -> tuple[Array, Array]:
     return IQ4_GRID[codes].reshape(n, kp).astype(np.int64), scale
 
 
-def quantize_q6k(w: Array) -> tuple[Array, Array]:
+def quantize_q6k(w: Array, levels: int = 31, offset: int = 32, top: int = 127) -> tuple[Array, Array]:
     """GGUF's Q6_K as MoE.load_weights packs floats: [N, K] -> q [N, Kp] in [0, 63] (K zero-padded
     to 256) and each group's scale d * sc [N, Kp / 16] float32; per 16 a step of max|w| / 31, per
     256 d = max step / 127 in float16, sc = rint(step / d) in [0, 127], q = clip(rint(w / (d * sc))
-    + 32, 0, 63) (32 where d * sc is 0)."""
+    + 32, 0, 63) (32 where d * sc is 0). Q3_K (levels 3, offset 4, top 31): a step of max|w| / 3,
+    d = max step / 31, sc in [0, 31], q in [0, 7] about 4."""
     n, k = w.shape
     kp = -(-k // 256) * 256
     padded = np.zeros((n, kp), dtype=F32)
     padded[:, :k] = w
     grouped = padded.reshape(n, kp // 256, 16, 16)
-    step = (np.abs(grouped).max(axis=-1) / F32(31)).astype(F32)
-    d = (step.max(axis=-1) / F32(127)).astype(np.float16).astype(F32)[..., None]
+    step = (np.abs(grouped).max(axis=-1) / F32(levels)).astype(F32)
+    d = (step.max(axis=-1) / F32(top)).astype(np.float16).astype(F32)[..., None]
     with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d > 0, np.clip(np.rint(step / d), 0, 127), 0).astype(F32)
+        sc = np.where(d > 0, np.clip(np.rint(step / d), 0, top), 0).astype(F32)
         scale = (d * sc).astype(F32)
-        q = np.where(scale[..., None] > 0, np.clip(np.rint(grouped / scale[..., None]) + 32, 0, 63), 32)
+        q = np.where(
+            scale[..., None] > 0, np.clip(np.rint(grouped / scale[..., None]) + offset, 0, 2 * offset - 1), offset
+        )
     return q.reshape(n, kp).astype(np.int64), scale.reshape(n, -1)
 
 
@@ -265,21 +269,23 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         centred = wq.reshape(-1, groups, group) - zw[..., None]
         acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, groups, group), centred).astype(F32)
         return ((acc * sw[None, :, :]).sum(axis=-1) * sx[:, None]).astype(F32)
-    if method in ("q4_k", "q5_k"):  # exact int32 group sums of q * x, scaled, less min * the group's sum of x
-        wq, sw, mw = quantize_q4k(w, 31 if method == "q5_k" else 15)
+    if method in ("q4_k", "q5_k", "q2_k"):  # exact int32 group sums of q * x, scaled, less min * the group's sum of x
+        size = 16 if method == "q2_k" else 32
+        wq, sw, mw = quantize_q4k(w, *({"q5_k": (31,), "q2_k": (3, 16, 15)}.get(method, (15,))))
         kp = wq.shape[1]
         xp = np.zeros((x.shape[0], kp), dtype=np.int64)
         xp[:, : x.shape[1]] = xq
-        xg = xp.reshape(-1, kp // 32, 32)
-        acc = np.einsum("mgk,ngk->mng", xg, wq.reshape(-1, kp // 32, 32)).astype(np.float64)
+        xg = xp.reshape(-1, kp // size, size)
+        acc = np.einsum("mgk,ngk->mng", xg, wq.reshape(-1, kp // size, size)).astype(np.float64)
         sums = (acc * sw[None]).sum(axis=-1) - xg.sum(axis=-1).astype(np.float64) @ mw.T.astype(np.float64)
         return (sums * sx[:, None]).astype(F32)
-    if method == "q6_k":  # exact int32 group sums of (q - 32) * x, scaled per group of 16
-        wq, sw = quantize_q6k(w)
+    if method in ("q6_k", "q3_k"):  # exact int32 group sums of (q - offset) * x, scaled per group of 16
+        offset = 32 if method == "q6_k" else 4
+        wq, sw = quantize_q6k(w) if method == "q6_k" else quantize_q6k(w, 3, 4, 31)
         kp = wq.shape[1]
         xp = np.zeros((x.shape[0], kp), dtype=np.int64)
         xp[:, : x.shape[1]] = xq
-        acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, kp // 16, 16), (wq - 32).reshape(-1, kp // 16, 16))
+        acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, kp // 16, 16), (wq - offset).reshape(-1, kp // 16, 16))
         return (((acc.astype(F32) * sw[None]).sum(axis=-1)) * sx[:, None]).astype(F32)
     if method in ("iq4_nl", "iq4_xs"):  # exact int32 group sums of grid values * x, scaled per group
         wq, sw = quantize_iq4(w, method == "iq4_xs")

@@ -215,6 +215,8 @@ class PyMoE {
     switch (e) {
       case Element::q5k: return {1, 5, kQ4kRowRecordBytes, 2};
       case Element::q6k: return {1, 6, kQ6kRowRecordBytes, 1};
+      case Element::q3k: return {1, 3, kQ6kRowRecordBytes, 1};
+      case Element::q2k: return {1, 2, kQ2kRowRecordBytes, 2};
       case Element::iq4xs: return {2, 4, kIq4xsRowRecordBytes, 1};
       default: return {2, 4, kQ4kRowRecordBytes, 2};  // q4k
     }

@@ -41,8 +41,10 @@ SERVED = {
     "MXFP4": "mxfp4",
     "IQ4_NL": "iq4_nl",
     "IQ4_XS": "iq4_xs",
+    "Q3_K": "q3_k",
+    "Q2_K": "q2_k",
 }
-REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K")
+REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1")
 # packed bytes of the experts / the file's bytes of them: the repack's cost
 # (Q4_0 in int4z: a float32 scale and a zero byte a group for the file's float16 d)
 GROWTH = {
@@ -55,6 +57,8 @@ GROWTH = {
     "MXFP4": 1.0,
     "IQ4_NL": 1.0,
     "IQ4_XS": 138 / 136,
+    "Q3_K": 114 / 110,
+    "Q2_K": 1.0,
 }
 
 
@@ -126,8 +130,8 @@ def test_each_served_type_runs_within_the_rounding_of_its_activations(name: str,
     moe = ktforge.MoE.from_pretrained(fixture(name), 0, backend=backend)
     assert moe.method == SERVED[name] and (moe.num_experts, moe.top_k, moe.hidden_size) == (E, K_TOP, H)
     dense = tool_dense(fixture(name))
-    # decode, and > 32 tokens an expert (the AMX tile path; q6_k's tiles start at 64)
-    for T in (2, 70, 140) if name == "Q6_K" else (2, 70):
+    # decode, and > 32 tokens an expert (the AMX tile path; those of groups of 16 start at 64)
+    for T in (2, 70, 140) if name in ("Q6_K", "Q3_K", "Q2_K") else (2, 70):
         x, ids, w = inputs(T, E, K_TOP, H)
         y = moe.forward(x, ids, w)
         if name == "BF16":

@@ -136,6 +136,8 @@ def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: 
                 "q5_k": "tdpbsud",
                 "iq4_nl": "tdpbssd",
                 "iq4_xs": "tdpbssd",
+                "q3_k": "tdpbssd per group of 16",
+                "q2_k": "tdpbsud per group of 16",
             }[method] in (moe.info["kernel"])
     return outs
 
@@ -153,12 +155,21 @@ def test_real_tiles_and_the_model_agree_bit_for_bit_on_int8() -> None:
 @pytest.mark.parametrize(
     ("method", "group"),
     [(m, g) for m in ("int4", "int8g") for g in (32, 64, 128)]
-    + [("q4_k", 32), ("q8_0", 32), ("q6_k", 16), ("q5_k", 32), ("iq4_nl", 32), ("iq4_xs", 32)],
+    + [
+        ("q4_k", 32),
+        ("q8_0", 32),
+        ("q6_k", 16),
+        ("q5_k", 32),
+        ("iq4_nl", 32),
+        ("iq4_xs", 32),
+        ("q3_k", 16),
+        ("q2_k", 16),
+    ],
 )
 def test_grouped_formats_on_tiles_are_bit_identical_to_avx512(method: str, group: int) -> None:
     import numpy as np
 
-    # 100 tokens per expert: above the grouped formats' tile thresholds (q6_k's 64 included)
+    # 100 tokens per expert: above the grouped formats' tile thresholds (64 for the groups of 16 included)
     outs = _outputs_per_backend(method, (3, 2, 200, 72, 150), seed=group, group=group)
     # exact group sums on the tiles, then the AVX-512 kernel's order of scaling: same bits
     if simd_peer() == "avx512":

@@ -25,6 +25,8 @@ DOT_PEAK = {
     "q5k": "int4_dot",  # q4k's, a high bit added to each code
     "iq4nl": "int4_dot",  # fp4's, on the IQ4 grid's values
     "iq4xs": "int4_dot",
+    "q3k": "int4_dot",  # int8 dot products on codes built from two bit planes, as q6k's
+    "q2k": "int4_dot",  # q3k's, one plane
 }
 
 PEAK_RUNS = 7

@@ -296,7 +296,8 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
     """Checks everything that can be checked before writing; finds what an earlier run finished."""
     if method not in METHODS:
         raise ConversionError(f"--quant must be one of {', '.join(METHODS)}, got {method!r}")
-    if formats.by_name(method).element in ("fp8", "int4z", "q4k", "q5k", "q6k", "iq4nl", "iq4xs"):
+    f = formats.by_name(method)
+    if f.super_block is not None or f.element in ("fp8", "int4z", "iq4nl"):
         raise ConversionError(
             f"--quant {method}: a checkpoint in it needs no conversion, MoE.from_pretrained(checkpoint, layer) serves "
             "its experts as they are; kt convert writes the smaller formats (int8, int8g, int4, mxfp4) or bf16"

@@ -110,6 +110,44 @@ def q6_k(data: Array) -> Quantized:
     return Quantized(codes, np.ascontiguousarray(record))
 
 
+def _two_bit_fields(planes: Array) -> Array:
+    """ggml's 2-bit planes (``[..., chunks, 32]`` bytes; value 32 t + l of a chunk of 128 in bits 2t,
+    2t + 1 of byte l) -> codes in k order ``[..., chunks * 128]``."""
+    shift = (2 * np.arange(4, dtype=np.uint8))[:, None]
+    fields: Array = (planes[..., None, :] >> shift) & 3
+    return fields.reshape(*planes.shape[:-2], -1)
+
+
+def q3_k(data: Array) -> Quantized:
+    """Q3_K (32 bytes of hmask, 64 of 2-bit codes, 12 of 6-bit scales, float16 d) -> q3_k: the codes
+    in k order a byte each, q = the two low bits + 4 where hmask's bit is set (value 32 t + l: bit
+    t of hmask byte l), and q6_k's record: d, sc[16] = scale - 32 (scale j: nibble j // 8 of byte j
+    % 8, its bits 4-5 bits 2 (j // 4) .. of byte 8 + j % 4: ggml-quants.c's dequantize_row_q3_K)."""
+    blocks = _blocks(data, 110)
+    low = _two_bit_fields(blocks[..., 32:96].reshape(*blocks.shape[:-1], 2, 32))
+    hmask = blocks[..., 0:32]
+    high = ((hmask[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(*blocks.shape[:-1], -1)
+    codes = (low | (high << 2)).astype(np.uint8).reshape(*blocks.shape[:-2], -1)
+    packed = blocks[..., 96:108]
+    j = np.arange(16)
+    scale = ((packed[..., j % 8] >> (4 * (j // 8)).astype(np.uint8)) & 0x0F) | (
+        ((packed[..., 8 + j % 4] >> (2 * (j // 4)).astype(np.uint8)) & 3) << 4
+    ).astype(np.uint8)
+    sc = (scale.astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+    record = np.concatenate([blocks[..., 108:110], sc], axis=-1).astype(np.uint8)
+    return Quantized(codes, np.ascontiguousarray(record))
+
+
+def q2_k(data: Array) -> Quantized:
+    """Q2_K (16 bytes of 4-bit scales and mins, 64 of 2-bit codes, float16 d and dmin) -> q2_k: the
+    codes in k order a byte each, a record a super-block: d, dmin, then the 16 bytes of scales and
+    mins as they are (ggml-quants.c's dequantize_row_q2_K)."""
+    blocks = _blocks(data, 84)
+    codes = _two_bit_fields(blocks[..., 16:80].reshape(*blocks.shape[:-1], 2, 32)).astype(np.uint8)
+    record = np.concatenate([blocks[..., 80:84], blocks[..., 0:16]], axis=-1).astype(np.uint8)
+    return Quantized(codes.reshape(*blocks.shape[:-2], -1), np.ascontiguousarray(record))
+
+
 def iq4_nl(data: Array) -> Quantized:
     """IQ4_NL (float16 d, 16 bytes of codes of the IQ4 grid: w = d * grid[q], Q4_0's byte order)
     -> iq4_nl: the codes in int4's byte order, d as it is."""
@@ -144,6 +182,8 @@ REPACK = {
     "Q4_K": q4_k,
     "Q5_K": q5_k,
     "Q6_K": q6_k,
+    "Q3_K": q3_k,
+    "Q2_K": q2_k,
     "IQ4_NL": iq4_nl,
     "IQ4_XS": iq4_xs,
 }

@@ -30,6 +30,8 @@ ELEMENTS = (
     "q5k",
     "iq4nl",
     "iq4xs",
+    "q3k",
+    "q2k",
 )  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 

@@ -53,6 +53,14 @@ Hugging Face checkpoints):
   ``[..., N, Kg]``, one unsigned 6-bit code q in [0, 63] a byte, ``scale`` uint8 ``[..., N, Kg / 256,
   18]``, a record a super-block: d (float16, little endian), then sc[16] (int8, one a group of
   16): ``w = d * sc * (q - 32)``. A GGUF's own, repacked; MoE.load_weights packs floats to it.
+- q3_k (element q3k): GGUF's Q3_K, q6_k's layout and records (sc: the file's 6-bit scale less 32),
+  the codes q in [0, 7] (two low bits, and 4 where the file's hmask bit is set): ``w = d * sc * (q -
+  4)``. A GGUF's own, repacked; MoE.load_weights packs floats to it.
+- q2_k (element q2k): GGUF's Q2_K, K zero-padded to a multiple of 256: ``weight`` uint8 ``[..., N,
+  Kg]``, one code q in [0, 3] a byte, ``scale`` uint8 ``[..., N, Kg / 256, 20]``, a record a
+  super-block: d and dmin (float16), then a byte a group of 16 as the file has it, sc in its low
+  nibble and m in its high: ``w = d * sc * q - dmin * m``. A GGUF's own, repacked;
+  MoE.load_weights packs floats to it.
 - fp8: a checkpoint's own FP8 E4M3 codes, ``weight`` float8_e4m3fn ``[..., N, K]``, and its
   scales as float32 ``[..., N, Kg / group]``, one per row and group of K (a 128 x 128 block's
   scale repeated over its rows, a channel's over its groups): a repack, not a quantization.
@@ -297,11 +305,16 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
         group = next(g for g in formats.by_name(method).group_sizes if -(-K // g) == groups)
         per_value = np.repeat(q.scale.astype(np.float32), group, axis=-1)[..., :K]
         return q.weight.astype(np.float32) * per_value
-    if element == "q6k":
+    if element in ("q6k", "q3k"):
         scale = q6k_group_scales(q.scale)
-        values = q.weight.astype(np.float32).reshape(*scale.shape, -1) - 32
-        six: Array = (values * scale[..., None]).reshape(q.weight.shape)[..., :K]
-        return six
+        values = q.weight.astype(np.float32).reshape(*scale.shape, -1) - (32 if element == "q6k" else 4)
+        signed: Array = (values * scale[..., None]).reshape(q.weight.shape)[..., :K]
+        return signed
+    if element == "q2k":
+        scale, minimum = q2k_group_scales(q.scale)
+        two = q.weight.astype(np.float32).reshape(*scale.shape, -1) * scale[..., None] - minimum[..., None]
+        low: Array = two.reshape(q.weight.shape)[..., :K]
+        return low
     codes = q.weight if element == "q5k" else np.stack([q.weight & 0x0F, q.weight >> 4], axis=-1)
     codes = codes.reshape(*q.weight.shape[:-1], -1)
     if element == "iq4xs":
@@ -345,7 +358,22 @@ def q4k_group_scales(records: Array) -> tuple[Array, Array]:
     return scale, minimum
 
 
-Q6K_RECORD = 18  # bytes of q6_k's portable record: d (float16), sc[16] (int8)
+Q2K_RECORD = 20  # q2_k's: d, dmin (float16), then a byte a group of 16: sc (low nibble), m (high)
+
+
+def q2k_group_scales(records: Array) -> tuple[Array, Array]:
+    """q2_k's records ``[..., S, 20]`` -> each group's scale d * sc and min dmin * m, float32
+    ``[..., S * 16]`` (exact)."""
+    halves = np.ascontiguousarray(records[..., :4]).view("<f2").astype(np.float32)  # [..., S, 2]
+    scm = records[..., 4:20]
+    scale = (halves[..., 0:1] * (scm & 0x0F).astype(np.float32)).reshape(*records.shape[:-2], -1)
+    minimum = (halves[..., 1:2] * (scm >> 4).astype(np.float32)).reshape(*records.shape[:-2], -1)
+    return scale, minimum
+
+
+Q6K_RECORD = (
+    18  # bytes of q6_k's portable record: d (float16), sc[16] (int8)  (q3_k's too: sc the file's 6-bit scale less 32)
+)
 IQ4XS_RECORD = 10  # iq4_xs's: d (float16), sc[8] (int8)
 
 
@@ -368,8 +396,10 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
         return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}
     if f.super_block is not None:
         supers = -(-K // f.super_block.values)
-        per_byte = 2 if f.element in ("q4k", "iq4xs") else 1  # q5k's and q6k's codes a byte each
-        record = {"q6k": Q6K_RECORD, "iq4xs": IQ4XS_RECORD}.get(f.element, Q4K_RECORD)
+        per_byte = 2 if f.element in ("q4k", "iq4xs") else 1  # the others' codes a byte each
+        record = {"q6k": Q6K_RECORD, "q3k": Q6K_RECORD, "q2k": Q2K_RECORD, "iq4xs": IQ4XS_RECORD}.get(
+            f.element, Q4K_RECORD
+        )
         return {
             "weight": ((N, supers * f.super_block.values // per_byte), weight),
             "scale": ((N, supers, record), scale or "U8"),

@@ -14,8 +14,9 @@ def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]])
     """A projection's scales (and zero points) checked, FP8 codes viewed as their bytes in place.
     int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of zeros
     (or an int4z group) may have any finite scale; an E8M0 code of 255 is NaN."""
-    element = formats.by_name(method).element
-    if element in ("q4k", "q5k", "q6k", "iq4xs"):  # their records' d (and dmin): the extension checks them as float16
+    f = formats.by_name(method)
+    element = f.element
+    if f.super_block is not None:  # their records' d (and dmin): the extension checks them as float16
         return
     scale = parts["scale"].astype(np.float32)
     ok = np.isfinite(scale)

@@ -6,16 +6,6 @@
 
 namespace kt {
 
-void put_iq4xs_meta(PackedMatrix& out, int n, const uint8_t* row_records) {
-  const int supers = out.Kp / kQ4kSuperBlock, c = n % 16;
-  for (int s = 0; s < supers; ++s) {
-    const uint8_t* in = row_records + s * kIq4xsRowRecordBytes;
-    uint8_t* record = out.group_meta.data() + (static_cast<std::size_t>(n / 16) * supers + s) * kIq4xsSuperBytes;
-    std::memcpy(record + 2 * c, in, 2);
-    for (int j = 0; j < kQ4kGroupsPerSuper; ++j) record[kIq4xsSubScales + j * 16 + c] = in[2 + j];
-  }
-}
-
 namespace {
 
 constexpr int kGroup = 32;

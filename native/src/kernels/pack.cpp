@@ -11,9 +11,9 @@
 #include <stdexcept>
 
 #include "kernels/iq4.hpp"
-#include "kernels/q4k.hpp"
 #include "kernels/q6k.hpp"
 #include "kernels/scalar.hpp"
+#include "kernels/super_blocks.hpp"
 
 namespace kt {
 namespace {
@@ -104,16 +104,6 @@ void put_int8g_row(PackedMatrix& out, int n, const int8_t* q, const uint16_t* sc
   for (int k = 0; k < out.Kp; ++k)
     out.values[((static_cast<int64_t>(n / 16) * (out.Kp / 4) + k / 4) * 16 + n % 16) * 4 + k % 4] =
         static_cast<uint8_t>(q[k] + 128);
-}
-
-// Row n of a nibble matrix: Kp values in [0, 15] at k = 8j + b (low) and 8j + 4 + b (high) of
-// byte b of line j.
-void put_nibbles(PackedMatrix& out, int n, const int8_t* q, int offset) {
-  for (int k = 0; k < out.Kp; ++k) {
-    const int v = q[k] + offset, q8 = k / 8, b = k % 4, high = (k % 8) >= 4;
-    uint8_t& byte = out.values[((static_cast<int64_t>(n / 16) * (out.Kp / 8) + q8) * 16 + n % 16) * 4 + b];
-    byte = static_cast<uint8_t>(high ? (byte & 0x0F) | (v << 4) : (byte & 0xF0) | v);
-  }
 }
 
 // Row n of an int4 matrix: Kp values in [-8, 7], stored as q + 8, and one bf16 scale per group.
@@ -408,24 +398,15 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
   begin_quantized(out);
   for (int n = 0; n < out.Np; ++n) {
     for (int k = 0; k < out.Kp; ++k) row[k] = value(n, k);
-    if (method == Element::q6k) {
-      std::vector<uint8_t> codes(out.Kp), records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock) * kQ6kRowRecordBytes);
-      quantize_q6k_row(row.data(), out.Kp, codes.data(), records.data());
-      put_q6k_row(out, n, codes.data(), records.data());
+    if (super_block_rows(method)) {
+      pack_super_block_floats(out, n, row.data());
       continue;
     }
     if (iq4(method)) {
       std::vector<uint8_t> records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock + 1) * kIq4xsRowRecordBytes);
       quantize_iq4_row(row.data(), out.Kp, method == Element::iq4xs, q.data(), bits.data(), records.data());
-      method == Element::iq4xs ? put_iq4xs_meta(out, n, records.data()) : put_group_scales(out, n, bits.data());
+      method == Element::iq4xs ? put_signed_records(out, n, records.data(), kQ4kGroupsPerSuper, kIq4xsSuperBytes) : put_group_scales(out, n, bits.data());
       put_nibbles(out, n, q.data(), 0);
-      continue;
-    }
-    if (q4k_records(method)) {
-      std::vector<uint8_t> records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock) * kQ4kRowRecordBytes);
-      quantize_q4k_row(row.data(), out.Kp, q.data(), records.data(), method == Element::q5k ? 31 : 15);
-      put_q4k_meta(out, n, records.data());
-      method == Element::q5k ? put_q5k_codes(out, n, q.data()) : put_nibbles(out, n, q.data(), 0);
       continue;
     }
     quantize_weight_row(method, group, row.data(), out.Kp, q.data(), scales.data());
@@ -482,26 +463,17 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
       if (row.values) {
         put_int4z_row(out, n, q.data(), static_cast<const float*>(row.scales), static_cast<const uint8_t*>(row.zeros));
       }
-    } else if (method == Element::q4k) {
-      // portable q4k: int4's byte order, the nibbles unsigned codes; a record a super-block (a
-      // missing row keeps begin_quantized's zero records: zero weights)
-      if (row.values) {
-        put_q4k_meta(out, n, static_cast<const uint8_t*>(row.scales));
-        put_nibbles(out, n, q.data(), 0);
-      }
-    } else if (method == Element::q5k) {  // portable q5k: a code a byte, q4k's records
-      if (row.values) {
-        put_q4k_meta(out, n, static_cast<const uint8_t*>(row.scales));
-        put_q5k_codes(out, n, static_cast<const int8_t*>(row.values));
-      }
+    } else if (super_block_rows(method)) {
+      // a missing row keeps begin_quantized's zero records: zero weights
+      if (row.values)
+        put_super_block_row(out, n, static_cast<const uint8_t*>(row.values), static_cast<const uint8_t*>(row.scales));
     } else if (iq4(method)) {  // portable iq4: int4's bytes of codes; float16 scales (nl) or records (xs)
       if (row.values) {
-        method == Element::iq4xs ? put_iq4xs_meta(out, n, static_cast<const uint8_t*>(row.scales))
+        method == Element::iq4xs ? put_signed_records(out, n, static_cast<const uint8_t*>(row.scales), kQ4kGroupsPerSuper,
+                                                     kIq4xsSuperBytes)
                                  : put_group_scales(out, n, static_cast<const uint16_t*>(row.scales));
         put_nibbles(out, n, q.data(), 0);
       }
-    } else if (method == Element::q6k) {  // portable q6k: a code a byte, a record a super-block
-      if (row.values) put_q6k_row(out, n, static_cast<const uint8_t*>(row.values), static_cast<const uint8_t*>(row.scales));
     } else if (method == Element::fp4) {
       // portable fp4: int4's byte order, the nibbles E2M1 codes; one E8M0 code per group
       put_fp4_row(out, n, q.data(), row.values ? static_cast<const uint8_t*>(row.scales) : unit_e8m0.data());

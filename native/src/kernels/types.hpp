@@ -15,6 +15,9 @@
 //                                         of the codes' high bits (below): GGUF's Q5_K
 //   q6k:  [N/16][K/8][96]     6-bit codes line j: int4's 64 bytes of low nibbles, then 32 bytes
 //                                         of the codes' high two bits (below): GGUF's Q6_K
+//   q3k:  [N/16][K/8][48]     3-bit codes line j: 32 bytes of their low two bits (q6k's high-bit
+//                                         plane), then 16 of their third bits (q5k's): GGUF's Q3_K
+//   q2k:  [N/16][K/8][32]     2-bit codes line j: q6k's high-bit plane alone: GGUF's Q2_K
 //   iq4nl, iq4xs: [N/16][K/8][16][4] nibbles  int4's order, each a code of GGUF's IQ4 grid (below)
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
 //                                         unsigned operand of u8 x s8 dot products)
@@ -42,7 +45,10 @@ namespace kt {
 // 32-value sub-blocks; q6k likewise, its groups 16-value sub-blocks.
 constexpr int kQ4kSuperBlock = 256, kQ4kGroupsPerSuper = 8, kQ6kGroupsPerSuper = 16;
 // GGUF's K-quants; q4k and q5k share Q4_K's record of scales and mins (below)
-inline bool k_quant(Element m) { return m == Element::q4k || m == Element::q5k || m == Element::q6k || m == Element::iq4xs; }
+inline bool k_quant(Element m) {
+  return m == Element::q4k || m == Element::q5k || m == Element::q6k || m == Element::iq4xs || m == Element::q3k ||
+         m == Element::q2k;
+}
 inline bool q4k_records(Element m) { return m == Element::q4k || m == Element::q5k; }
 inline int k_step(Element m, int group) {
   return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : k_quant(m) ? kQ4kSuperBlock : group;
@@ -144,6 +150,34 @@ constexpr int kQ6kSuperBytes = 16 * 2 + kQ6kGroupsPerSuper * 16, kQ6kSubScales =
 // q6k's portable row record, one a super-block (ktforge.formats.quantize): d (float16), sc[16].
 constexpr int kQ6kRowRecordBytes = 2 + kQ6kGroupsPerSuper;
 
+// q3k, GGUF's Q3_K: q6k's super-blocks, groups of 16 and record (d, sc_j = the file's 6-bit scale
+// less 32), codes q in [0, 7] (the file's 2 low bits, 4 where its hmask bit is set): w = d * sc_j *
+// (q - 4). A panel line j is 32 bytes of the codes' low two bits as q6k's high-bit plane holds
+// them (bits 2t..2t+1 of byte b for nibble t of int4's line byte b + 32 (t / 2)), then 16 bytes of
+// their third bits as q5k's high bits (bit 2 (b / 16) + t of byte b % 16).
+constexpr int kQ3kLineBytes = 48, kQ3kOffset = 4;
+// q2k, GGUF's Q2_K: per super-block of 256 a float16 d and dmin, per 16-value group j a 4-bit
+// scale sc_j and min m_j: w = d * sc_j * q - dmin * m_j, q in [0, 3]. A panel line j is q3k's
+// first 32 bytes. Per 16-column block and super-block one record: d[16], dmin[16] (float16 bits),
+// scm[16][16] (the file's byte: sc_j low nibble, m_j high), so it packs into the file's bytes.
+constexpr int kQ2kLineBytes = 32;
+constexpr int kQ2kSuperBytes = 16 * 2 * 2 + kQ6kGroupsPerSuper * 16, kQ2kScalesMins = 64;
+// q2k's portable row record, one a super-block: d, dmin (float16), scm[16] (the file's bytes).
+constexpr int kQ2kRowRecordBytes = 4 + kQ6kGroupsPerSuper;
+// A code's bits in a line's planes, for int4's line byte b (c * 4 + k % 4) and nibble high ((k % 8)
+// >= 4): two bits in the 32-byte plane (q6k's high bits, q3k's and q2k's low), one in the 16-byte
+// plane (q5k's high bit, q3k's third).
+inline void put_two_bits(uint8_t* plane, int b, int high, int v) {
+  const int shift = 2 * (2 * (b / 32) + high);
+  plane[b % 32] = static_cast<uint8_t>((plane[b % 32] & ~(3 << shift)) | ((v & 3) << shift));
+}
+inline int two_bits(const uint8_t* plane, int b, int high) { return (plane[b % 32] >> (2 * (2 * (b / 32) + high))) & 3; }
+inline void put_one_bit(uint8_t* plane, int b, int high, int v) {
+  const int bit = 2 * (b / 16) + high;
+  plane[b % 16] = static_cast<uint8_t>((plane[b % 16] & ~(1 << bit)) | ((v & 1) << bit));
+}
+inline int one_bit(const uint8_t* plane, int b, int high) { return (plane[b % 16] >> (2 * (b / 16) + high)) & 1; }
+
 // q4k's portable row record, one a super-block (ktforge.formats.quantize): d, dmin (float16, little
 // endian), sc[8], m[8].
 constexpr int kQ4kRowRecordBytes = 2 + 2 + 2 * kQ4kGroupsPerSuper;
@@ -206,7 +240,7 @@ struct PackedMatrix {
   // fp4: the E8M0 scale codes, uint8 group_e8m0[block][group][16] (int4's order): the file's byte
   // a group, so MXFP4 packs into its own bytes.
   aligned_vector<uint8_t> group_e8m0;
-  // int4z: group_meta[block][group][kInt4zGroupBytes]; q4k, q5k, q6k: group_meta[block][super][k*SuperBytes]
+  // int4z: group_meta[block][group][kInt4zGroupBytes]; q4k, q5k, q6k, q3k, q2k: group_meta[block][super][k*SuperBytes]
   // (the records above)
   aligned_vector<uint8_t> group_meta;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
@@ -231,7 +265,9 @@ struct PackedMatrix {
   const uint8_t* block_e8m0(int b) const { return group_e8m0.data() + static_cast<std::size_t>(b) * groups() * 16; }
   std::size_t meta_bytes_per_block() const {
     return q4k_records(element)      ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kQ4kSuperBytes
-           : element == Element::q6k ? static_cast<std::size_t>(groups() / kQ6kGroupsPerSuper) * kQ6kSuperBytes
+           : element == Element::q6k || element == Element::q3k
+               ? static_cast<std::size_t>(groups() / kQ6kGroupsPerSuper) * kQ6kSuperBytes
+           : element == Element::q2k ? static_cast<std::size_t>(groups() / kQ6kGroupsPerSuper) * kQ2kSuperBytes
            : element == Element::iq4xs ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kIq4xsSuperBytes
                                      : static_cast<std::size_t>(groups()) * kInt4zGroupBytes;
   }
@@ -245,13 +281,29 @@ struct PackedMatrix {
   const float* fp8_row_scales(int b) const { return scale.empty() ? nullptr : scale.data() + b * 16; }
 
   static std::size_t block_bytes(Element m, int Kp) {
-    return static_cast<std::size_t>(Kp) * (m == Element::bf16 ? 32 : nibbles(m) ? 8 : m == Element::q5k ? 10 : m == Element::q6k ? 12 : 16);
+    return static_cast<std::size_t>(Kp) * (m == Element::bf16  ? 32
+                                           : nibbles(m)        ? 8
+                                           : m == Element::q5k ? 10
+                                           : m == Element::q6k ? 12
+                                           : m == Element::q3k ? 6
+                                           : m == Element::q2k ? 4
+                                                               : 16);
   }
   // The bytes of values an N x K matrix packs into.
   static std::size_t value_bytes(Element m, int group, int N, int K) {
     return static_cast<std::size_t>(round_up(N, 16) / 16) * block_bytes(m, static_cast<int>(round_up(K, k_step(m, group))));
   }
 };
+
+// Row n of a nibble matrix: Kp values q + offset in [0, 15] at k = 8j + b (low) and 8j + 4 + b
+// (high) of byte b of its 16-column line j.
+inline void put_nibbles(PackedMatrix& out, int n, const int8_t* q, int offset) {
+  for (int k = 0; k < out.Kp; ++k) {
+    const int v = q[k] + offset, high = (k % 8) >= 4;
+    uint8_t& byte = out.values[((static_cast<int64_t>(n / 16) * (out.Kp / 8) + k / 8) * 16 + n % 16) * 4 + k % 4];
+    byte = static_cast<uint8_t>(high ? (byte & 0x0F) | (v << 4) : (byte & 0xF0) | v);
+  }
+}
 
 // Activation rows converted for an element family: bf16 values, or int8 with a per-row scale.
 struct Activations {

@@ -146,7 +146,7 @@ int q5k_code(const uint8_t* block, int c, int k) {
   const uint8_t* line = block + (k / 8) * kQ5kLineBytes;
   const int b = c * 4 + k % 4, high = (k % 8) >= 4;
   const int nibble = high ? line[b] >> 4 : line[b] & 0x0F;
-  return nibble | (((line[64 + b % 16] >> (2 * (b / 16) + high)) & 1) << 4);
+  return nibble | (one_bit(line + 64, b, high) << 4);
 }
 
 // q6k: a line's nibble (int4's order) and its two high bits (kernels/types.hpp), q in [0, 63]
@@ -156,13 +156,37 @@ int q6k_code(const uint8_t* block, int c, int k) {
   const uint8_t* line = block + (k / 8) * kQ6kLineBytes;
   const int b = c * 4 + k % 4, high = (k % 8) >= 4;
   const int nibble = high ? line[b] >> 4 : line[b] & 0x0F;
-  return nibble | (((line[64 + b % 32] >> (2 * (2 * (b / 32) + high))) & 3) << 4);
+  return nibble | (two_bits(line + 64, b, high) << 4);
 }
 float q6k_scale(const PackedMatrix& w, int block, int g, int c) {
   const uint8_t* r = w.block_meta(block) + (g / kQ6kGroupsPerSuper) * kQ6kSuperBytes;
   return q4k_half(r + 2 * c) * static_cast<float>(static_cast<int8_t>(r[kQ6kSubScales + (g % kQ6kGroupsPerSuper) * 16 + c]));
 }
 float q6k_zero(const PackedMatrix&, int, int, int) { return kQ6kOffset; }
+
+// q3k: a line's two low bits and third bit (kernels/types.hpp), q in [0, 7] less 4 per group;
+// q6k's scales
+int q3k_code(const uint8_t* block, int c, int k) {
+  const uint8_t* line = block + (k / 8) * kQ3kLineBytes;
+  const int b = c * 4 + k % 4, high = (k % 8) >= 4;
+  return two_bits(line, b, high) | (one_bit(line + 32, b, high) << 2);
+}
+float q3k_zero(const PackedMatrix&, int, int, int) { return kQ3kOffset; }
+
+// q2k: a line's two bits, q in [0, 3]; per group d * sc_j and dmin * m_j from its super-block's
+// record (kernels/types.hpp), exact in float32
+int q2k_code(const uint8_t* block, int c, int k) { return two_bits(block + (k / 8) * kQ2kLineBytes, c * 4 + k % 4, (k % 8) >= 4); }
+const uint8_t* q2k_record(const PackedMatrix& w, int block, int g) {
+  return w.block_meta(block) + (g / kQ6kGroupsPerSuper) * kQ2kSuperBytes;
+}
+float q2k_scale(const PackedMatrix& w, int block, int g, int c) {
+  const uint8_t* r = q2k_record(w, block, g);
+  return q4k_half(r + 2 * c) * static_cast<float>(r[kQ2kScalesMins + (g % kQ6kGroupsPerSuper) * 16 + c] & 0x0F);
+}
+float q2k_min(const PackedMatrix& w, int block, int g, int c) {
+  const uint8_t* r = q2k_record(w, block, g);
+  return q4k_half(r + 32 + 2 * c) * static_cast<float>(r[kQ2kScalesMins + (g % kQ6kGroupsPerSuper) * 16 + c] >> 4);
+}
 
 // fp8: per group, the sum of code * 2^-120 times x * 2^64 over the group (fp32, in k order, as
 // the SIMD kernels), times block scale * 2^56; the row's scale at the end.
@@ -198,6 +222,8 @@ void gemm(const GemmArgs& a) {
     case Element::q4k: return gemm_grouped(a, nibble_code, q4k_scale, 1.f, no_zero, q4k_min);
     case Element::q6k: return gemm_grouped(a, q6k_code, q6k_scale, 1.f, q6k_zero);
     case Element::q5k: return gemm_grouped(a, q5k_code, q4k_scale, 1.f, no_zero, q4k_min);
+    case Element::q3k: return gemm_grouped(a, q3k_code, q6k_scale, 1.f, q3k_zero);
+    case Element::q2k: return gemm_grouped(a, q2k_code, q2k_scale, 1.f, no_zero, q2k_min);
     case Element::iq4nl: return gemm_grouped(a, iq4_value, f16_group_scale);
     case Element::iq4xs: return gemm_grouped(a, iq4_value, iq4xs_scale);
   }
@@ -213,6 +239,8 @@ std::string describe(Element m) {
          : iq4(m)             ? "scalar int32 dot per group of IQ4 grid values"
          : m == Element::int8h ? "scalar int32 dot per group, float16 scales"
          : m == Element::q6k  ? "scalar int32 dot per group of 16, less 32 times the activation sum"
+         : m == Element::q3k  ? "scalar int32 dot per group of 16, less 4 times the activation sum"
+         : m == Element::q2k  ? "scalar int32 dot per group of 16, less mins"
                               : "scalar int32 dot per group";
 }
 

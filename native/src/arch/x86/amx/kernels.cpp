@@ -75,7 +75,8 @@ constexpr int kAmxInt8MinRows = 16;
 constexpr int kAmxInt4MinRows = 32;
 // int8g flushes per group too; taken from int4 until measured on an AMX machine.
 constexpr int kAmxInt8gMinRows = 32;
-// q6k flushes per group of 16, twice as often as int4: doubled until measured on an AMX machine.
+// q6k, q3k and q2k flush per group of 16, twice as often as int4: doubled until measured on an
+// AMX machine.
 constexpr int kAmxQ6kMinRows = 64;
 
 // AMX tile data needs a per-process permission from Linux; asked for once. When refused,
@@ -269,16 +270,17 @@ void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* 
 // into `mins`), exactly.
 const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unpacked, float* scales, float* mins) {
   const int G = w.groups();
-  if (w.element == Element::q5k) {
+  const auto planes = w.element == Element::q6k   ? unpack_planes<Q6kLine>
+                      : w.element == Element::q5k ? unpack_planes<Q5kLine>
+                      : w.element == Element::q3k ? unpack_planes<Q3kLine>
+                      : w.element == Element::q2k ? unpack_planes<Q2kLine>
+                                                  : nullptr;
+  if (q4k_records(w.element)) {
     q4k_scales_of(w.block_meta(blk), G, scales, mins);
-    unpack_q5k(w.block(blk), kp, unpacked);
-    return reinterpret_cast<const uint8_t*>(unpacked);
-  } else if (w.element == Element::q4k) {
-    q4k_scales_of(w.block_meta(blk), G, scales, mins);
-  } else if (w.element == Element::q6k) {
+  } else if (w.element == Element::q2k) {
+    q2k_scales_of(w.block_meta(blk), G, scales, mins);
+  } else if (w.element == Element::q6k || w.element == Element::q3k) {
     signed_scales_of(w.block_meta(blk), G, scales, kQ6kGroupsPerSuper, kQ6kSuperBytes);
-    unpack_q6k(w.block(blk), kp, unpacked);
-    return reinterpret_cast<const uint8_t*>(unpacked);
   } else if (w.element == Element::iq4xs) {
     signed_scales_of(w.block_meta(blk), G, scales, kQ4kGroupsPerSuper, kIq4xsSuperBytes);
   } else if (w.element == Element::fp4) {
@@ -290,6 +292,10 @@ const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unp
     const uint16_t* bits = w.block_scales(blk);
     const auto widen = w.element == Element::int8h || w.element == Element::iq4nl ? f16_to_f32 : bf16_to_f32;
     for (int k = 0; k < G * 16; ++k) scales[k] = widen(bits[k]);
+  }
+  if (planes) {
+    planes(w.block(blk), kp, unpacked);
+    return reinterpret_cast<const uint8_t*>(unpacked);
   }
   if (int8_groups(w.element)) return w.block(blk);
   const bool unsigned_nibbles = w.element == Element::int4z || w.element == Element::q4k;
@@ -326,7 +332,7 @@ void amx_grouped(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
   const bool int8g = int8_groups(w.element), fp4 = w.element == Element::fp4, int4z = w.element == Element::int4z;
-  const bool q4k = q4k_records(w.element);  // q4k, q5k: unsigned codes, Q4_K's scales and mins
+  const bool with_mins = q4k_records(w.element) || w.element == Element::q2k;  // unsigned codes, scales and mins
   const float final_scale = fp4 ? 0.5f : 1.f;  // fp4's B tiles hold twice its values
   const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
   const std::size_t row_bytes = static_cast<std::size_t>(kp);
@@ -342,8 +348,8 @@ void amx_grouped(const GemmArgs& g) {
   widened.resize(static_cast<std::size_t>(2) * G * 16);
   float* scales[2] = {widened.data(), widened.data() + static_cast<std::size_t>(G) * 16};
   auto& widened_mins = scratch().mins;
-  if (q4k) widened_mins.resize(static_cast<std::size_t>(2) * G * 16);
-  float* mins[2] = {widened_mins.data(), widened_mins.data() + (q4k ? static_cast<std::size_t>(G) * 16 : 0)};
+  if (with_mins) widened_mins.resize(static_cast<std::size_t>(2) * G * 16);
+  float* mins[2] = {widened_mins.data(), widened_mins.data() + (with_mins ? static_cast<std::size_t>(G) * 16 : 0)};
   tile::configure(int8_tiles(kbytes));  // per call: see amx_gemm
   for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
     const bool pair = blk + 1 < g.n1 / 16;
@@ -362,7 +368,7 @@ void amx_grouped(const GemmArgs& g) {
           for (int h = 0; h < next_blocks; ++h)
             for (int l = grp * lines_per_group; l < std::min(panel_lines, (grp + 1) * lines_per_group); ++l)
               _mm_prefetch(reinterpret_cast<const char*>(w.block(blk + 2 + h) + l * 64), _MM_HINT_T1);
-        if (int8g || int4z || q4k)
+        if (int8g || int4z || with_mins)
           group_sums<GroupDot::unsigned_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
         else
           group_sums<GroupDot::signed_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
@@ -371,7 +377,7 @@ void amx_grouped(const GemmArgs& g) {
           for (int i = 0; i < rows; ++i) {
             float* acc_row = acc + i * 32 + h * 16;
             fma_group(c + i * 32 + h * 16, scales[h] + grp * 16, acc_row);
-            if (q4k) fnma_mins(act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp], mins[h] + grp * 16, acc_row);
+            if (with_mins) fnma_mins(act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp], mins[h] + grp * 16, acc_row);
           }
       }
       for (int i = 0; i < rows; ++i) {
@@ -476,7 +482,7 @@ int min_rows(Element m) {
          : m == Element::bf16  ? kAmxBf16MinRows
          : m == Element::int8  ? kAmxInt8MinRows
          : int8_groups(m)      ? kAmxInt8gMinRows
-         : m == Element::q6k   ? kAmxQ6kMinRows
+         : m == Element::q6k || m == Element::q3k || m == Element::q2k ? kAmxQ6kMinRows
                                : kAmxInt4MinRows;  // int4, and fp4 (int4's kernel but the unpacking)
 }
 
@@ -502,6 +508,8 @@ std::string describe(Element m) {
                          : iq4(m)              ? "tdpbssd per group (the IQ4 grid's values looked up)"
                          : m == Element::q5k   ? "tdpbsud per group, Q5_K's codes unpacked, its scales and mins"
                          : m == Element::q6k   ? "tdpbssd per group of 16 (Q6_K's codes unpacked to q - 32)"
+                         : m == Element::q3k   ? "tdpbssd per group of 16 (Q3_K's codes unpacked to q - 4)"
+                         : m == Element::q2k   ? "tdpbsud per group of 16, Q2_K's codes unpacked, its scales and mins"
                                                : "tdpbssd (nibbles unpacked to int8)";
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +
          fallback;

@@ -74,67 +74,90 @@ void unpack_fp4(const uint8_t* panel, int kp, int8_t* out) { unpack_looked_up(pa
 // iq4nl, iq4xs: the IQ4 grid's signed values (tdpbssd)
 void unpack_iq4(const uint8_t* panel, int kp, int8_t* out) { unpack_looked_up(panel, kp, out, kIq4Values); }
 
-// q6k panel lines (types.hpp: int4's nibbles, then the codes' high two bits) -> signed int8
-// B-tile rows of q - 32: tdpbssd's sums need no offset taken off.
-void unpack_q6k(const uint8_t* panel, int kp, int8_t* out) {
+// The K-quants' lines with bit planes (types.hpp): bytes, whether int4's 64 bytes of nibbles
+// lead, where a 32-byte plane of two-bit fields is (-1: none) and which bit of the codes it
+// gives, where a 16-byte plane of single bits is and which bit it gives, and what the B tiles
+// take off each code (signed tiles: q6k's q - 32, q3k's q - 4; 0 for the unsigned ones).
+template <int Bytes, bool Nibbles, int TwoBits, int TwoBitsAt, int OneBit, int OneBitAt, int Offset>
+struct PlaneLine {
+  static constexpr int kBytes = Bytes, kTwoBits = TwoBits, kTwoBitsAt = TwoBitsAt, kOneBit = OneBit;
+  static constexpr int kOneBitAt = OneBitAt, kOffset = Offset;
+  static constexpr bool kNibbles = Nibbles;
+};
+using Q6kLine = PlaneLine<kQ6kLineBytes, true, 64, 4, -1, 0, kQ6kOffset>;
+using Q5kLine = PlaneLine<kQ5kLineBytes, true, -1, 0, 64, 4, 0>;
+using Q3kLine = PlaneLine<kQ3kLineBytes, false, 0, 0, 32, 2, kQ3kOffset>;
+using Q2kLine = PlaneLine<kQ2kLineBytes, false, 0, 0, -1, 0, 0>;
+
 #ifndef KTFORGE_AMX_MODEL
-  const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x30), offset = _mm512_set1_epi8(kQ6kOffset);
+template <int Shift>
+inline __m512i shift_bytes(__m512i v) {
+  if constexpr (Shift >= 0) return _mm512_slli_epi16(v, Shift);
+  else return _mm512_srli_epi16(v, -Shift);
+}
+#endif
+
+// Panel lines -> int8 B-tile rows ([Kp/4][16][4]): row 2j the codes of line j's low nibbles'
+// places, 2j + 1 of its high ones', each less L::kOffset.
+template <class L>
+void unpack_planes(const uint8_t* panel, int kp, int8_t* out) {
+#ifndef KTFORGE_AMX_MODEL
+  const __m512i low = _mm512_set1_epi8(0x0F), offset = _mm512_set1_epi8(L::kOffset);
+  const __m512i single = _mm512_set_epi32(0x40404040, 0x40404040, 0x40404040, 0x40404040, 0x10101010, 0x10101010,
+                                          0x10101010, 0x10101010, 0x04040404, 0x04040404, 0x04040404, 0x04040404,
+                                          0x01010101, 0x01010101, 0x01010101, 0x01010101);  // lane l's bit 2 l
   for (int j = 0; j < kp / 8; ++j) {
-    const uint8_t* line = panel + j * kQ6kLineBytes;
-    const __m512i v = _mm512_loadu_si512(line);
-    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 64));
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4), 1);
-    const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low), _mm512_and_si512(_mm512_slli_epi16(both, 4), two));
-    const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low),
-                                       _mm512_and_si512(_mm512_slli_epi16(both, 2), two));
+    const uint8_t* line = panel + j * L::kBytes;
+    __m512i lo = _mm512_setzero_si512(), hi = lo;
+    if constexpr (L::kNibbles) {
+      const __m512i v = _mm512_loadu_si512(line);
+      lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    if constexpr (L::kTwoBits >= 0) {  // the 32 bytes twice, the upper copy shifted by 4 (types.hpp)
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + L::kTwoBits));
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4), 1);
+      const __m512i mask = _mm512_set1_epi8(static_cast<char>(3 << L::kTwoBitsAt));
+      lo = _mm512_or_si512(lo, _mm512_and_si512(shift_bytes<L::kTwoBitsAt>(both), mask));
+      hi = _mm512_or_si512(hi, _mm512_and_si512(shift_bytes<L::kTwoBitsAt - 2>(both), mask));
+    }
+    if constexpr (L::kOneBit >= 0) {
+      const __m512i bits = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + L::kOneBit)));
+      const __m512i value = _mm512_set1_epi8(1 << L::kOneBitAt);
+      lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, single), value));
+      hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, _mm512_add_epi8(single, single)), value));
+    }
     _mm512_storeu_si512(out + 2 * j * 64, _mm512_sub_epi8(lo, offset));
     _mm512_storeu_si512(out + (2 * j + 1) * 64, _mm512_sub_epi8(hi, offset));
   }
 #else
   for (int j = 0; j < kp / 8; ++j)
-    for (int b = 0; b < 64; ++b) {
-      const uint8_t* line = panel + j * kQ6kLineBytes;
-      const int bits = line[64 + b % 32] >> (4 * (b / 32));
-      out[2 * j * 64 + b] = static_cast<int8_t>(((line[b] & 0x0F) | ((bits & 3) << 4)) - kQ6kOffset);
-      out[(2 * j + 1) * 64 + b] = static_cast<int8_t>(((line[b] >> 4) | (((bits >> 2) & 3) << 4)) - kQ6kOffset);
-    }
+    for (int b = 0; b < 64; ++b)
+      for (int t = 0; t < 2; ++t) {
+        const uint8_t* line = panel + j * L::kBytes;
+        int v = L::kNibbles ? (t ? line[b] >> 4 : line[b] & 0x0F) : 0;
+        if (L::kTwoBits >= 0) v |= two_bits(line + L::kTwoBits, b, t) << L::kTwoBitsAt;
+        if (L::kOneBit >= 0) v |= one_bit(line + L::kOneBit, b, t) << L::kOneBitAt;
+        out[(2 * j + t) * 64 + b] = static_cast<int8_t>(v - L::kOffset);
+      }
 #endif
 }
 
-// q5k panel lines (types.hpp: int4's nibbles, then the codes' high bits) -> unsigned int8 B-tile
-// rows of its codes, as q4k's.
-void unpack_q5k(const uint8_t* panel, int kp, int8_t* out) {
-#ifndef KTFORGE_AMX_MODEL
-  const __m512i low = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
-  const __m512i low_bit = _mm512_set_epi32(0x40404040, 0x40404040, 0x40404040, 0x40404040, 0x10101010, 0x10101010,
-                                           0x10101010, 0x10101010, 0x04040404, 0x04040404, 0x04040404, 0x04040404,
-                                           0x01010101, 0x01010101, 0x01010101, 0x01010101);
-  for (int j = 0; j < kp / 8; ++j) {
-    const uint8_t* line = panel + j * kQ5kLineBytes;
-    const __m512i v = _mm512_loadu_si512(line);
-    const __m512i bits = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 64)));
-    const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low),
-                                       _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, low_bit), sixteen));
-    const __m512i hi = _mm512_or_si512(
-        _mm512_and_si512(_mm512_srli_epi16(v, 4), low),
-        _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, _mm512_add_epi8(low_bit, low_bit)), sixteen));
-    _mm512_storeu_si512(out + 2 * j * 64, lo);
-    _mm512_storeu_si512(out + (2 * j + 1) * 64, hi);
+// q2k's records (types.hpp) widened: per group and column d * sc_j and dmin * m_j, exact in float32.
+void q2k_scales_of(const uint8_t* meta, int G, float* scales, float* mins) {
+  for (int grp = 0; grp < G; ++grp) {
+    const uint8_t* r = meta + (grp / kQ6kGroupsPerSuper) * kQ2kSuperBytes;
+    for (int n = 0; n < 16; ++n) {
+      uint16_t d, dmin;
+      std::memcpy(&d, r + 2 * n, 2), std::memcpy(&dmin, r + 32 + 2 * n, 2);
+      const uint8_t scm = r[kQ2kScalesMins + (grp % kQ6kGroupsPerSuper) * 16 + n];
+      scales[grp * 16 + n] = f16_to_f32(d) * static_cast<float>(scm & 0x0F);
+      mins[grp * 16 + n] = f16_to_f32(dmin) * static_cast<float>(scm >> 4);
+    }
   }
-#else
-  for (int j = 0; j < kp / 8; ++j)
-    for (int b = 0; b < 64; ++b) {
-      const uint8_t* line = panel + j * kQ5kLineBytes;
-      const int bits = line[64 + b % 16] >> (2 * (b / 16));
-      out[2 * j * 64 + b] = static_cast<int8_t>((line[b] & 0x0F) | ((bits & 1) << 4));
-      out[(2 * j + 1) * 64 + b] = static_cast<int8_t>((line[b] >> 4) | (((bits >> 1) & 1) << 4));
-    }
-#endif
 }
 
-// q6k's records widened: per group and column d * sc_j, exact in float32.
-static_assert(kQ6kSubScales == kIq4xsSubScales, "q6k's and iq4xs's records keep sc at one offset");
-// iq4xs's likewise (8 groups a super-block).
+// q6k's and q3k's records widened: per group and column d * sc_j, exact in float32; iq4xs's
+// likewise (8 groups a super-block, sc at the same offset).
 void signed_scales_of(const uint8_t* meta, int G, float* scales, int per_super, int super_bytes) {
   for (int grp = 0; grp < G; ++grp) {
     const uint8_t* r = meta + (grp / per_super) * super_bytes;

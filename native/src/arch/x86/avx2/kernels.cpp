@@ -270,6 +270,8 @@ void nibble_rows(Element e, int m, const int8_t* const* rows, const int32_t* con
                    : e == Element::q4k   ? nibble_rows_of<Q4kCodes>
                    : e == Element::q5k   ? nibble_rows_of<Q5kCodes>
                    : e == Element::q6k   ? nibble_rows_of<Q6kCodes>
+                   : e == Element::q3k   ? nibble_rows_of<Q3kCodes>
+                   : e == Element::q2k   ? nibble_rows_of<Q2kCodes>
                    : e == Element::iq4nl ? nibble_rows_of<Iq4nlCodes>
                    : e == Element::iq4xs ? nibble_rows_of<Iq4xsCodes>
                    : e == Element::fp4   ? nibble_rows_of<Fp4Codes>
@@ -333,6 +335,8 @@ std::string describe(Element m) {
          : iq4(m)              ? "avx2 maddubs on the IQ4 grid's values looked up, sign on the weights, per group"
          : m == Element::q5k   ? "avx2 maddubs on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group"
          : m == Element::q6k   ? "avx2 maddubs on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16"
+         : m == Element::q3k   ? "avx2 maddubs on 3-bit codes (two bit planes), Q3_K's scales per group of 16"
+         : m == Element::q2k   ? "avx2 maddubs on 2-bit codes, Q2_K's scales and mins per group of 16"
                                : "avx2 maddubs on unpacked nibbles";
 }
 

@@ -1,5 +1,5 @@
-// The AVX2 kernels of the nibble elements (int4, fp4, int4z, q4k) and of q6k, whose 6-bit
-// codes are nibbles with two high bits beside them: a part of arch/x86/avx2/kernels.cpp, included
+// The AVX2 kernels of the nibble elements (int4, fp4, int4z, q4k, iq4) and of the other K-quants'
+// codes (q5k, q6k: nibbles and high bits; q3k, q2k: bit planes): a part of arch/x86/avx2/kernels.cpp, included
 // there after its prefetch_panel and load_scales (in the same unnamed namespace).
 #pragma once
 
@@ -126,11 +126,38 @@ struct SignedGroupScales {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, accf);
   }
 };
-struct Q6kCodes : SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ6kOffset> {
-  static constexpr int kSteps16 = 1;
+// Codes that are their own values (no lookup, no final scale)
+struct PlainCodes {
   static constexpr float kFinal = 1.f;
   static __m256i table() { return _mm256_setzero_si256(); }
   static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
+};
+struct Q6kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ6kOffset> {
+  static constexpr int kSteps16 = 1;
+};
+
+// q3k (GGUF's Q3_K): unsigned 3-bit codes, q6k's scaling with offset 4. A step's two pair sums
+// reach 2 * 2 * 7 * 127 = 3556: 16-bit sums hold a group's two steps.
+struct Q3kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ3kOffset> {
+  static constexpr int kSteps16 = 2;
+};
+
+// q2k (GGUF's Q2_K): unsigned 2-bit codes; each group's sums scaled by d * sc_j and its activation
+// sum times dmin * m_j taken off, sc_j and m_j a byte's nibbles (types.hpp's record).
+struct Q2kCodes : PlainCodes {
+  using Scale = uint8_t;
+  static constexpr int kSteps16 = 2;
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
+    const uint8_t* r = block + (g / kQ6kGroupsPerSuper) * kQ2kSuperBytes;
+    const __m256i scm = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + kQ2kScalesMins + (g % kQ6kGroupsPerSuper) * 16 + h * 8)));
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(scm, _mm256_set1_epi32(0x0F)));
+    const __m256 scale = _mm256_mul_ps(Q4kCodes::halves(r + h * 16), sc);
+    const __m256 minimum = _mm256_mul_ps(Q4kCodes::halves(r + 32 + h * 16), _mm256_cvtepi32_ps(_mm256_srli_epi32(scm, 4)));
+    accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, accf);
+    return _mm256_fnmadd_ps(_mm256_set1_ps(static_cast<float>(x_sum)), minimum, accf);
+  }
 };
 
 // q5k (GGUF's Q5_K): Q4_K's scales and mins on 5-bit codes: a step's two pair sums reach
@@ -166,39 +193,70 @@ struct SignedValues<Iq4nlCodes> : std::true_type {};
 template <>
 struct SignedValues<Iq4xsCodes> : std::true_type {};
 
-// A panel line's bytes and what its nibbles lack: nothing but for q6k, whose lines carry the
-// codes' high two bits after the nibbles (types.hpp), moved to bits 4-5 of each half's bytes.
-template <class Codes>
-struct HighBits {
-  static constexpr int kLine = 64;
-  static void add(const uint8_t*, __m256i (&)[2], __m256i (&)[2]) {}
-};
-// q5k: the 16 bytes of high bits in both 128-bit lanes; a code's bit tested in place (a mask a
-// lane: bit 2 (b / 16) + t of byte b % 16, types.hpp) and made 16.
-template <>
-struct HighBits<Q5kCodes> {
-  static constexpr int kLine = kQ5kLineBytes;
-  static __m256i bit(__m256i bits, int first) {  // lanes 0-15 test bit `first`, 16-31 bit first + 2
+// A 32-byte plane's two-bit fields (types.hpp's put_two_bits) or'd into bits Bit, Bit + 1 of the
+// codes: byte b holds line bytes b (bits 0-3: low nibble's, high's) and b + 32 (bits 4-7).
+template <int Shift>
+inline __m256i shift_bytes(__m256i v) {
+  if constexpr (Shift >= 0) return _mm256_slli_epi16(v, Shift);
+  else return _mm256_srli_epi16(v, -Shift);
+}
+template <int Bit>
+inline void add_two_bits(const uint8_t* plane, __m256i (&lo)[2], __m256i (&hi)[2]) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(plane));
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>(3 << Bit));
+  lo[0] = _mm256_or_si256(lo[0], _mm256_and_si256(shift_bytes<Bit>(bits), mask));
+  hi[0] = _mm256_or_si256(hi[0], _mm256_and_si256(shift_bytes<Bit - 2>(bits), mask));
+  lo[1] = _mm256_or_si256(lo[1], _mm256_and_si256(shift_bytes<Bit - 4>(bits), mask));
+  hi[1] = _mm256_or_si256(hi[1], _mm256_and_si256(shift_bytes<Bit - 6>(bits), mask));
+}
+// A 16-byte plane's bits (types.hpp's put_one_bit) as Value: the plane in both 128-bit lanes, a
+// code's bit tested in place (a mask a lane: bit 2 (b / 16) + t of byte b % 16).
+template <int Value>
+inline void add_one_bit(const uint8_t* plane, __m256i (&lo)[2], __m256i (&hi)[2]) {
+  const __m256i bits = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(plane)));
+  const auto bit = [bits](int first) {  // lanes 0-15 test bit `first`, 16-31 bit first + 2
     const __m256i mask = _mm256_setr_m128i(_mm_set1_epi8(static_cast<char>(1 << first)),
                                            _mm_set1_epi8(static_cast<char>(1 << (first + 2))));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask), _mm256_set1_epi8(16));
-  }
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask), _mm256_set1_epi8(Value));
+  };
+  lo[0] = _mm256_or_si256(lo[0], bit(0)), hi[0] = _mm256_or_si256(hi[0], bit(1));
+  lo[1] = _mm256_or_si256(lo[1], bit(4)), hi[1] = _mm256_or_si256(hi[1], bit(5));
+}
+
+// A panel line (types.hpp): its bytes, whether it starts with int4's 64 bytes of nibbles, and
+// what its other planes add to the codes (each half's 32 line bytes).
+template <class Codes>
+struct Line {
+  static constexpr int kBytes = 64;
+  static constexpr bool kNibbles = true;
+  static void add(const uint8_t*, __m256i (&)[2], __m256i (&)[2]) {}
+};
+template <>
+struct Line<Q5kCodes> {
+  static constexpr int kBytes = kQ5kLineBytes;
+  static constexpr bool kNibbles = true;
+  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) { add_one_bit<16>(line + 64, lo, hi); }
+};
+template <>
+struct Line<Q6kCodes> {
+  static constexpr int kBytes = kQ6kLineBytes;
+  static constexpr bool kNibbles = true;
+  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) { add_two_bits<4>(line + 64, lo, hi); }
+};
+template <>
+struct Line<Q3kCodes> {
+  static constexpr int kBytes = kQ3kLineBytes;
+  static constexpr bool kNibbles = false;
   static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) {
-    const __m256i bits = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 64)));
-    lo[0] = _mm256_or_si256(lo[0], bit(bits, 0)), hi[0] = _mm256_or_si256(hi[0], bit(bits, 1));
-    lo[1] = _mm256_or_si256(lo[1], bit(bits, 4)), hi[1] = _mm256_or_si256(hi[1], bit(bits, 5));
+    add_two_bits<0>(line, lo, hi);
+    add_one_bit<4>(line + 32, lo, hi);
   }
 };
 template <>
-struct HighBits<Q6kCodes> {
-  static constexpr int kLine = kQ6kLineBytes;
-  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) {
-    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 64)), two = _mm256_set1_epi8(0x30);
-    lo[0] = _mm256_or_si256(lo[0], _mm256_and_si256(_mm256_slli_epi16(bits, 4), two));
-    hi[0] = _mm256_or_si256(hi[0], _mm256_and_si256(_mm256_slli_epi16(bits, 2), two));
-    lo[1] = _mm256_or_si256(lo[1], _mm256_and_si256(bits, two));
-    hi[1] = _mm256_or_si256(hi[1], _mm256_and_si256(_mm256_srli_epi16(bits, 2), two));
-  }
+struct Line<Q2kCodes> {
+  static constexpr int kBytes = kQ2kLineBytes;
+  static constexpr bool kNibbles = false;
+  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) { add_two_bits<0>(line, lo, hi); }
 };
 
 template <class Codes>
@@ -219,16 +277,21 @@ struct NibbleTile {
         __m256i acc16[M][2];
         for (int i = 0; i < M; ++i) acc16[i][0] = acc16[i][1] = _mm256_setzero_si256();
         for (int p = s0; p < s0 + kSteps16; ++p) {
-          const uint8_t* line = panel + p * HighBits<Codes>::kLine;
+          constexpr int kLine = Line<Codes>::kBytes;
+          const uint8_t* line = panel + p * kLine;
           prefetch_panel(line);
-          if (HighBits<Codes>::kLine > 64) prefetch_panel(line + HighBits<Codes>::kLine - 1);
+          if (kLine % 64 != 0 && 64 % kLine != 0) prefetch_panel(line + kLine - 1);  // it crosses cache lines
           __m256i lo[2], hi[2];
           for (int h = 0; h < 2; ++h) {
-            __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + h * 32));
-            lo[h] = Codes::decode(_mm256_and_si256(v, low), table);
-            hi[h] = Codes::decode(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), table);
+            if constexpr (Line<Codes>::kNibbles) {
+              const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + h * 32));
+              lo[h] = Codes::decode(_mm256_and_si256(v, low), table);
+              hi[h] = Codes::decode(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), table);
+            } else {
+              lo[h] = hi[h] = _mm256_setzero_si256();
+            }
           }
-          HighBits<Codes>::add(line, lo, hi);
+          Line<Codes>::add(line, lo, hi);
           if constexpr (SignedValues<Codes>::value) {
             const __m256i lo_abs[2] = {_mm256_abs_epi8(lo[0]), _mm256_abs_epi8(lo[1])};
             const __m256i hi_abs[2] = {_mm256_abs_epi8(hi[0]), _mm256_abs_epi8(hi[1])};

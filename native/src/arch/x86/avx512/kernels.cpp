@@ -402,7 +402,7 @@ void gemm_grouped(const GemmArgs& a) {
   }
 }
 
-// int4, fp4, int4z, q4k, q6k
+// the nibble elements, and the super-blocks' other codes (q5k, q6k, q3k, q2k)
 template <class Codes>
 void gemm_nibbles(const GemmArgs& a) {
   gemm_grouped<NibbleTile<Codes>::template Tile, kInt4Rows, kInt4Blocks, kInt4DecodeBlocks, Codes>(a);
@@ -427,6 +427,8 @@ void gemm(const GemmArgs& a) {
     case Element::q4k: return gemm_nibbles<Q4kCodes>(a);
     case Element::q6k: return gemm_nibbles<Q6kCodes>(a);
     case Element::q5k: return gemm_nibbles<Q5kCodes>(a);
+    case Element::q3k: return gemm_nibbles<Q3kCodes>(a);
+    case Element::q2k: return gemm_nibbles<Q2kCodes>(a);
     case Element::iq4nl: return gemm_nibbles<Iq4nlCodes>(a);
     case Element::iq4xs: return gemm_nibbles<Iq4xsCodes>(a);
     case Element::int8g: return gemm_int8g(a);
@@ -449,27 +451,10 @@ std::string describe(Element m) {
   const char* bf16 = "avx512 fp32 fma (exact vdpbf16ps emulation)";
 #endif
 #ifdef __AVX512VNNI__
-  const char* int8 = "avx512 vpdpbusd";
-  const char* int4 = "avx512 vpdpbusd on unpacked nibbles";
-  const char* fp4 = "avx512 vpdpbusd on fp4 looked up as doubled int8";
-  const char* int4z = "avx512 vpdpbusd on unpacked nibbles, less zero points";
-  const char* int8g = "avx512 vpdpbusd per group";
-  const char* int8h = "avx512 vpdpbusd per group, float16 scales";
-  const char* q4k = "avx512 vpdpbusd on unpacked nibbles, Q4_K's scales and mins per group";
-  const char* q6k = "avx512 vpdpbusd on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16";
-  const char* q5k = "avx512 vpdpbusd on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group";
-  const char* iq4_grid = "avx512 vpdpbusd on the IQ4 grid's values looked up (+ 128), per group";
+  const std::string dot = "avx512 vpdpbusd", without = "", iq4_grid = " on the IQ4 grid's values looked up (+ 128), per group";
 #else
-  const char* int8 = "avx2 maddubs (no VNNI)";
-  const char* int4 = "avx2 maddubs on unpacked nibbles (no VNNI)";
-  const char* fp4 = "avx2 maddubs on fp4 looked up as doubled int8 (no VNNI)";
-  const char* int4z = "avx2 maddubs on unpacked nibbles, less zero points (no VNNI)";
-  const char* int8g = "avx2 maddubs per group (no VNNI)";
-  const char* int8h = "avx2 maddubs per group, float16 scales (no VNNI)";
-  const char* q4k = "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group (no VNNI)";
-  const char* q6k = "avx2 maddubs on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16 (no VNNI)";
-  const char* q5k = "avx2 maddubs on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group (no VNNI)";
-  const char* iq4_grid = "avx2 maddubs on the IQ4 grid's values looked up, sign on the weights, per group (no VNNI)";
+  const std::string dot = "avx2 maddubs", without = " (no VNNI)";
+  const std::string iq4_grid = " on the IQ4 grid's values looked up, sign on the weights, per group";
 #endif
 #ifdef __AVX512BF16__
   if (m == Element::fp8)
@@ -478,9 +463,20 @@ std::string describe(Element m) {
 #else
   if (m == Element::fp8) return "avx512 fp32 fma on fp8 decoded in registers";
 #endif
-  return m == Element::bf16 ? bf16 : m == Element::int8 ? int8 : m == Element::int8g ? int8g
-         : m == Element::int8h ? int8h : m == Element::fp4 ? fp4 : m == Element::int4z ? int4z
-         : m == Element::q4k ? q4k : m == Element::q5k ? q5k : m == Element::q6k ? q6k : iq4(m) ? iq4_grid : int4;
+  if (m == Element::bf16) return bf16;
+  const std::string what = m == Element::int8    ? ""
+                           : m == Element::int8g ? " per group"
+                           : m == Element::int8h ? " per group, float16 scales"
+                           : m == Element::fp4   ? " on fp4 looked up as doubled int8"
+                           : m == Element::int4z ? " on unpacked nibbles, less zero points"
+                           : m == Element::q4k   ? " on unpacked nibbles, Q4_K's scales and mins per group"
+                           : m == Element::q5k   ? " on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group"
+                           : m == Element::q6k   ? " on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16"
+                           : m == Element::q3k   ? " on 3-bit codes (two bit planes), Q3_K's scales per group of 16"
+                           : m == Element::q2k   ? " on 2-bit codes, Q2_K's scales and mins per group of 16"
+                           : iq4(m)              ? iq4_grid
+                                                 : " on unpacked nibbles";
+  return dot + what + without;
 }
 
 std::vector<std::string> features() { return compiled_features(); }

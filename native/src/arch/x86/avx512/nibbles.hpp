@@ -1,5 +1,5 @@
-// The AVX-512 kernels of the nibble elements (int4, fp4, int4z, q4k) and of q6k (nibbles with two
-// high bits beside them): a part of arch/x86/avx512/kernels.cpp,
+// The AVX-512 kernels of the nibble elements (int4, fp4, int4z, q4k, iq4) and of the other
+// K-quants' codes (q5k, q6k: nibbles and high bits; q3k, q2k: bit planes): a part of arch/x86/avx512/kernels.cpp,
 // included there after its kStreamAheadLines, dpbusd and load_scales (in the same unnamed
 // namespace), so they are compiled with each AVX-512 level's flags.
 #pragma once
@@ -116,11 +116,13 @@ struct SignedGroupScales {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums, offset)), scale, accf);
   }
 };
-struct Q6kCodes : SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ6kOffset> {
+// Codes that are their own values (no lookup, no final scale)
+struct PlainCodes {
   static constexpr float kFinal = 1.f;
   static __m512i table() { return _mm512_setzero_si512(); }
   static __m512i decode(__m512i nibbles, __m512i) { return nibbles; }
 };
+struct Q6kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ6kOffset> {};
 
 // q5k (GGUF's Q5_K): Q4_K's scales and mins on 5-bit codes
 struct Q5kCodes : Q4kCodes {};
@@ -146,40 +148,89 @@ struct Iq4nlCodes : Iq4Lookup, OffsetThenScale<Iq4nlCodes> {
 };
 struct Iq4xsCodes : Iq4Lookup, SignedGroupScales<kQ4kGroupsPerSuper, kIq4xsSuperBytes, kIq4Offset> {};
 
-// A panel line's bytes and what its nibbles lack: nothing but for q6k, whose lines carry the
-// codes' high two bits after the nibbles (types.hpp): the 32 bytes as both halves of a vector,
-// the upper one shifted by 4, give line bytes b < 32 bits 0-3 and b >= 32 bits 4-7, moved to
-// bits 4-5 of each code.
+// q3k (GGUF's Q3_K): unsigned 3-bit codes, q6k's scaling with offset 4
+struct Q3kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ3kOffset> {};
+
+// q2k (GGUF's Q2_K): unsigned 2-bit codes; each group's sums scaled by d * sc_j and its
+// activation sum times dmin * m_j taken off, sc_j and m_j a byte's nibbles (types.hpp's record)
+struct Q2kCodes : PlainCodes {
+  using Scale = uint8_t;
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
+    const uint8_t* r = block + (g / kQ6kGroupsPerSuper) * kQ2kSuperBytes;
+    const __m512i scm = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kQ2kScalesMins + (g % kQ6kGroupsPerSuper) * 16)));
+    const __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(scm, _mm512_set1_epi32(0x0F)));
+    const __m512 scale = _mm512_mul_ps(Q4kCodes::halves(r), sc);
+    const __m512 minimum = _mm512_mul_ps(Q4kCodes::halves(r + 32), _mm512_cvtepi32_ps(_mm512_srli_epi32(scm, 4)));
+    accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, accf);
+    return _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(x_sum)), minimum, accf);
+  }
+};
+
+// A 32-byte plane's two-bit fields (types.hpp's put_two_bits) or'd into bits Bit, Bit + 1 of the
+// codes: the 32 bytes as both halves of a vector, the upper one shifted by 4, hold line bytes
+// b < 32 at bits 0-3 and b >= 32 at bits 4-7 (low nibbles' fields first).
+template <int Shift>
+inline __m512i shift_bytes(__m512i v) {
+  if constexpr (Shift >= 0) return _mm512_slli_epi16(v, Shift);
+  else return _mm512_srli_epi16(v, -Shift);
+}
+template <int Bit>
+inline void add_two_bits(const uint8_t* plane, __m512i& lo, __m512i& hi) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(plane));
+  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4), 1);
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>(3 << Bit));
+  lo = _mm512_or_si512(lo, _mm512_and_si512(shift_bytes<Bit>(both), mask));
+  hi = _mm512_or_si512(hi, _mm512_and_si512(shift_bytes<Bit - 2>(both), mask));
+}
+// A 16-byte plane's bits (types.hpp's put_one_bit) as Value: the plane in every 128-bit lane,
+// lane l's nibbles t testing bit 2 l + t.
+template <int Value>
+inline void add_one_bit(const uint8_t* plane, __m512i& lo, __m512i& hi) {
+  const __m512i bits = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(plane)));
+  const __m512i low_bit = _mm512_set_epi32(0x40404040, 0x40404040, 0x40404040, 0x40404040, 0x10101010, 0x10101010,
+                                           0x10101010, 0x10101010, 0x04040404, 0x04040404, 0x04040404, 0x04040404,
+                                           0x01010101, 0x01010101, 0x01010101, 0x01010101);
+  const __m512i value = _mm512_set1_epi8(Value);
+  lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, low_bit), value));
+  hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, _mm512_add_epi8(low_bit, low_bit)), value));
+}
+
+// A panel line (types.hpp): its bytes, whether it starts with int4's 64 bytes of nibbles, and
+// what its other planes add to the codes.
 template <class Codes>
-struct HighBits {
-  static constexpr int kLine = 64;
+struct Line {
+  static constexpr int kBytes = 64;
+  static constexpr bool kNibbles = true;
   static void add(const uint8_t*, __m512i&, __m512i&) {}
 };
-// q5k: the 16 bytes of high bits in every 128-bit lane; lane l's nibbles t take bit 2 l + t
-// (types.hpp), tested into a mask that ors 16 into their codes.
 template <>
-struct HighBits<Q5kCodes> {
-  static constexpr int kLine = kQ5kLineBytes;
+struct Line<Q5kCodes> {
+  static constexpr int kBytes = kQ5kLineBytes;
+  static constexpr bool kNibbles = true;
+  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) { add_one_bit<16>(line + 64, lo, hi); }
+};
+template <>
+struct Line<Q6kCodes> {
+  static constexpr int kBytes = kQ6kLineBytes;
+  static constexpr bool kNibbles = true;
+  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) { add_two_bits<4>(line + 64, lo, hi); }
+};
+template <>
+struct Line<Q3kCodes> {
+  static constexpr int kBytes = kQ3kLineBytes;
+  static constexpr bool kNibbles = false;
   static void add(const uint8_t* line, __m512i& lo, __m512i& hi) {
-    const __m512i bits = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 64)));
-    const __m512i low_bit = _mm512_set_epi32(0x40404040, 0x40404040, 0x40404040, 0x40404040, 0x10101010, 0x10101010,
-                                             0x10101010, 0x10101010, 0x04040404, 0x04040404, 0x04040404, 0x04040404,
-                                             0x01010101, 0x01010101, 0x01010101, 0x01010101);
-    const __m512i sixteen = _mm512_set1_epi8(16);
-    lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, low_bit), sixteen));
-    hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, _mm512_add_epi8(low_bit, low_bit)), sixteen));
+    add_two_bits<0>(line, lo, hi);
+    add_one_bit<4>(line + 32, lo, hi);
   }
 };
 template <>
-struct HighBits<Q6kCodes> {
-  static constexpr int kLine = kQ6kLineBytes;
-  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) {
-    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 64));
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4), 1);
-    const __m512i two = _mm512_set1_epi8(0x30);
-    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(both, 4), two));
-    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(both, 2), two));
-  }
+struct Line<Q2kCodes> {
+  static constexpr int kBytes = kQ2kLineBytes;
+  static constexpr bool kNibbles = false;
+  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) { add_two_bits<0>(line, lo, hi); }
 };
 
 // Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12, int4z's q), activations
@@ -203,14 +254,19 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
       const int p = g * steps + s;
       __m512i lo[NB], hi[NB];
       for (int j = 0; j < NB; ++j) {
-        constexpr int kLine = HighBits<Codes>::kLine;
+        constexpr int kLine = Line<Codes>::kBytes;
         const uint8_t* line = panel[j] + p * kLine;
         _mm_prefetch(reinterpret_cast<const char*>(line + kStreamAheadLines * kLine), _MM_HINT_T1);
-        if (kLine > 64) _mm_prefetch(reinterpret_cast<const char*>(line + (kStreamAheadLines + 1) * kLine - 1), _MM_HINT_T1);
-        __m512i v = _mm512_loadu_si512(line);
-        lo[j] = Codes::decode(_mm512_and_si512(v, low), table);
-        hi[j] = Codes::decode(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), table);
-        HighBits<Codes>::add(line, lo[j], hi[j]);
+        if (kLine % 64 != 0 && 64 % kLine != 0)  // lines that cross cache lines: their last byte's too
+          _mm_prefetch(reinterpret_cast<const char*>(line + (kStreamAheadLines + 1) * kLine - 1), _MM_HINT_T1);
+        if constexpr (Line<Codes>::kNibbles) {
+          const __m512i v = _mm512_loadu_si512(line);
+          lo[j] = Codes::decode(_mm512_and_si512(v, low), table);
+          hi[j] = Codes::decode(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), table);
+        } else {
+          lo[j] = hi[j] = _mm512_setzero_si512();
+        }
+        Line<Codes>::add(line, lo[j], hi[j]);
       }
       for (int i = 0; i < M; ++i) {
         __m512i a_lo = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
