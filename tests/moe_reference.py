@@ -224,6 +224,34 @@ def quantize_q6k(w: Array, levels: int = 31, offset: int = 32, top: int = 127) -
     return q.reshape(n, kp).astype(np.int64), scale.reshape(n, -1)
 
 
+def quantize_legacy(w: Array, method: str) -> tuple[Array, Array, Array, int]:
+    """GGUF's Q4_0, Q4_1, Q5_0, Q5_1 as MoE.load_weights packs floats (llama.cpp's reference
+    quantizers): [N, K] -> codes q [N, Kp] (K zero-padded to 32), d and m [N, Kp / 32] float32 and
+    the codes' offset. _0: d = v / -offset in float16 for the group's first value v of the largest
+    magnitude, m 0, offset 8 (Q5_0: 16); _1: d = (max - min) / top, m = min, both float16, offset 0;
+    q = clip(rint((w - m) * (1 / d)) + offset, 0, top) (top 15, or 31 for 5 bits; 1 / 0 as 0)."""
+    n, k = w.shape
+    kp = -(-k // 32) * 32
+    padded = np.zeros((n, kp), dtype=F32)
+    padded[:, :k] = w
+    grouped = padded.reshape(n, kp // 32, 32)
+    top = 15 if method in ("q4_0", "q4_1") else 31
+    offset = {"q4_0": 8, "q5_0": 16}.get(method, 0)
+    if offset:
+        first = np.abs(grouped).argmax(axis=-1)
+        largest = np.take_along_axis(grouped, first[..., None], axis=-1)[..., 0]
+        d = (largest / F32(-offset)).astype(np.float16).astype(F32)
+        m = np.zeros_like(d)
+    else:
+        lo, hi = grouped.min(axis=-1), grouped.max(axis=-1)
+        d = ((hi - lo) / F32(top)).astype(np.float16).astype(F32)
+        m = lo.astype(np.float16).astype(F32)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+    q = np.clip(np.rint((grouped - m[..., None]) * inverse[..., None]) + offset, 0, top)
+    return q.reshape(n, kp).astype(np.int64), d, m, offset
+
+
 def quantize_mxfp4(w: Array) -> tuple[Array, Array]:
     """MXFP4 weights: [N, K] -> E2M1 codes [N, Kp] (uint8, K zero-padded to a multiple of 32) and
     E8M0 codes [N, Kp / 32]: per group the least power of two 2^s with max|w| / 2^s <= 6 (1 for a
@@ -287,6 +315,15 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         xp[:, : x.shape[1]] = xq
         acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, kp // 16, 16), (wq - offset).reshape(-1, kp // 16, 16))
         return (((acc.astype(F32) * sw[None]).sum(axis=-1)) * sx[:, None]).astype(F32)
+    if method in ("q4_0", "q4_1", "q5_0", "q5_1"):  # exact int32 group sums of (q - offset) * x, times d, + m * sum x
+        wq, d, m, offset = quantize_legacy(w, method)
+        kp = wq.shape[1]
+        xp = np.zeros((x.shape[0], kp), dtype=np.int64)
+        xp[:, : x.shape[1]] = xq
+        xg = xp.reshape(-1, kp // 32, 32)
+        acc = np.einsum("mgk,ngk->mng", xg, (wq - offset).reshape(-1, kp // 32, 32)).astype(np.float64)
+        sums = (acc * d[None]).sum(axis=-1) + xg.sum(axis=-1).astype(np.float64) @ m.T.astype(np.float64)
+        return (sums * sx[:, None]).astype(F32)
     if method in ("iq4_nl", "iq4_xs"):  # exact int32 group sums of grid values * x, scaled per group
         wq, sw = quantize_iq4(w, method == "iq4_xs")
         kp = wq.shape[1]

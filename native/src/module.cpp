@@ -159,6 +159,7 @@ class PyMoE {
       return {values.data(), values.shape(2), scales.data(), groups * 4, zero.data(), groups};
     }
     if (k_quant(element_of(method))) return super_block_weights(values, scales, N, K, name, method);
+    if (legacy(element_of(method))) return legacy_weights(values, scales, N, K, name, method);
     if (element_of(method) == Element::bf16) {  // a mixed layer's bf16 projection (scale: unused)
       if (!values.dtype().is(py::dtype::of<uint16_t>()))
         throw std::invalid_argument(std::string(name) + " must be bfloat16 (passed as uint16)");
@@ -246,6 +247,35 @@ class PyMoE {
           throw std::invalid_argument(scale_name + (parts.halves == 2 ? " holds a d or dmin that is not finite"
                                                                       : " holds a d that is not finite"));
     return {values.data(), values.shape(2), scales.data(), supers * parts.record_bytes};
+  }
+
+  // GGUF's Q4_0, Q4_1, Q5_0, Q5_1 (ktforge.formats.quantize): values uint8 [E, N, Kg / 2] (two
+  // codes a byte in int4's order; q50, q51: [E, N, Kg], one code a byte), scales float16 (as
+  // uint16) [E, N, Kg / 32] (q41, q51: [E, N, Kg / 32, 2], d and m).
+  MoeLayer::QuantizedWeights legacy_weights(const py::array& values, const py::array& scales, py::ssize_t N,
+                                            py::ssize_t K, const char* name, Method method) {
+    const Element e = element_of(method);
+    const bool five = e == Element::q50 || e == Element::q51, mins = legacy_mins(e);
+    const py::ssize_t E = layer_.config().experts, groups = (K + 31) / 32;
+    const std::string scale_name = std::string(name) + "_scale";
+    if (!values.dtype().is(py::dtype::of<uint8_t>()))
+      throw std::invalid_argument(std::string(name) + (five ? " must be uint8 (one 5-bit code per byte)"
+                                                             : " must be uint8 (two 4-bit codes per byte)"));
+    if (!scales.dtype().is(py::dtype::of<uint16_t>()))
+      throw std::invalid_argument(scale_name + " must be float16 (passed as uint16)");
+    require(values, {E, N, groups * (five ? 32 : 16)}, name);
+    if (mins)
+      require(scales, {E, N, groups, 2}, scale_name.c_str());
+    else
+      require(scales, {E, N, groups}, scale_name.c_str());
+    const auto* q = static_cast<const uint8_t*>(values.data());
+    if (five && std::any_of(q, q + values.size(), [](uint8_t v) { return v > 31; }))
+      throw std::invalid_argument(std::string(name) + " holds codes above 31 (" + format_info(method).name +
+                                  "'s are 5-bit)");
+    const auto* h = static_cast<const uint16_t*>(scales.data());
+    if (std::any_of(h, h + scales.size(), [](uint16_t v) { return (v & 0x7C00) == 0x7C00; }))
+      throw std::invalid_argument(scale_name + (mins ? " holds a d or m that is not finite" : " holds a d that is not finite"));
+    return {values.data(), values.shape(2), scales.data(), groups * 2 * (mins ? 2 : 1)};
   }
 
   void load_quantized(const py::array& gate, const py::array& gate_scale, const py::array& up,

@@ -34,7 +34,10 @@ E, K_TOP, H, I = 4, 2, 256, 256
 SERVED = {
     "BF16": "bf16",
     "Q8_0": "q8_0",
-    "Q4_0": "int4z",
+    "Q4_0": "q4_0",
+    "Q4_1": "q4_1",
+    "Q5_0": "q5_0",
+    "Q5_1": "q5_1",
     "Q4_K": "q4_k",
     "Q5_K": "q5_k",
     "Q6_K": "q6_k",
@@ -44,13 +47,15 @@ SERVED = {
     "Q3_K": "q3_k",
     "Q2_K": "q2_k",
 }
-REFUSED = ("F16", "Q4_1", "Q5_0", "Q5_1")
+REFUSED = ("F16",)
 # packed bytes of the experts / the file's bytes of them: the repack's cost
-# (Q4_0 in int4z: a float32 scale and a zero byte a group for the file's float16 d)
 GROWTH = {
     "BF16": 1.0,
     "Q8_0": 1.0,
-    "Q4_0": 21 / 18,
+    "Q4_0": 1.0,
+    "Q4_1": 1.0,
+    "Q5_0": 1.0,
+    "Q5_1": 1.0,
     "Q4_K": 148 / 144,
     "Q5_K": 180 / 176,
     "Q6_K": 1.0,

@@ -79,6 +79,10 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
         # each, q3_k 0.35 at the median and 0.60 at most, q2_k 0.54 and 1.54 (q4_k: 0.13, 0.25)
         "q3_k": 0.8,
         "q2_k": 2.0,
+        "q4_0": 0.3,
+        "q4_1": 0.3,
+        "q5_0": 0.15,
+        "q5_1": 0.15,
     }[method]
     assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
 
@@ -156,12 +160,17 @@ def test_int8g_at_the_largest_products_sums_exactly(sign: float) -> None:
 
 
 def _k_quant_ends(method: str, E: int, N: int, K: int, rng: np.random.Generator) -> Quantized:
-    """A projection of q4_k, q5_k, q6_k, q3_k, q2_k, iq4_nl or iq4_xs whose codes, scales (and mins)
-    are each at one of their ends."""
+    """A projection of a GGUF format (q4_k, q5_k, q6_k, q3_k, q2_k, iq4_nl, iq4_xs, q4_0, q4_1, q5_0,
+    q5_1) whose codes, scales (and mins) are each at one of their ends."""
     supers = K // 256
     codes = np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8)[rng.integers(0, 4, (E, N, K // 2))]  # 0 and 15, two a byte
     if method == "q4_k":  # q5_k's records
         return Quantized(codes, _k_quant_ends("q5_k", E, N, K, rng).scale)
+    if method in ("q4_0", "q4_1", "q5_0", "q5_1"):  # float16 d (and m) of either sign, a group of 32
+        halves = np.array([-1e-3, 1e-3], np.float16)[rng.integers(0, 2, (E, N, K // 32, 2))]
+        if method.startswith("q5"):
+            codes = np.array([0, 31], np.uint8)[rng.integers(0, 2, (E, N, K))]
+        return Quantized(codes, halves if method.endswith("_1") else np.ascontiguousarray(halves[..., 0]))
     if method.startswith("iq4"):  # codes 0 and 15: the grid's -127 and 113
         if method == "iq4_nl":
             return Quantized(codes, np.array([-1e-3, 1e-3], np.float16)[rng.integers(0, 2, (E, N, K // 32))])
@@ -185,7 +194,9 @@ def _k_quant_ends(method: str, E: int, N: int, K: int, rng: np.random.Generator)
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 @pytest.mark.parametrize(
-    ("method", "group"), [("q5_k", 32), ("q6_k", 16), ("q3_k", 16), ("q2_k", 16), ("iq4_nl", 32), ("iq4_xs", 32)]
+    ("method", "group"),
+    [("q5_k", 32), ("q6_k", 16), ("q3_k", 16), ("q2_k", 16), ("iq4_nl", 32), ("iq4_xs", 32)]
+    + [(m, 32) for m in ("q4_0", "q4_1", "q5_0", "q5_1")],
 )
 def test_k_quants_at_the_largest_products_sum_exactly(method: str, group: int, sign: float) -> None:
     # Codes at both ends (q5_k: 0 and 31; q6_k: 0 and 63, -32 and 31 times the scale; q3_k: 0 and 7;
@@ -296,6 +307,8 @@ def test_int8_weights_of_minus_128_are_exact(backend: str, extreme: bool, T: int
         ("q5_k", 32, "q6_k", 16),  # Q5_K_M's
         ("q3_k", 16, "q5_k", 32),  # Q3_K_L's
         ("q2_k", 16, "q3_k", 16),  # Q2_K's
+        ("q4_0", 32, "q4_1", 32),
+        ("q5_0", 32, "q5_1", 32),
         ("q4_k", 32, "bf16", 128),
         ("int4", 64, "int8", 128),
         ("bf16", 128, "q4_k", 32),
@@ -325,8 +338,8 @@ def test_a_down_format_is_checked_like_the_layers() -> None:
         ktforge.MoE(4, 2, 64, 64, method="int4", group_size=64, down_method="q8_0")
 
 
-@pytest.mark.parametrize("method", ["q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_xs"])
-def test_super_block_parts_are_checked_naming_what_is_wrong(method: str) -> None:
+@pytest.mark.parametrize("method", ["q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1"])
+def test_gguf_parts_are_checked_naming_what_is_wrong(method: str) -> None:
     # a GGUF repack's parts as load_quantized takes them: a wrong dtype (the portable layout's check),
     # codes beyond the format's bits and a d that is not finite (float16 inf; the extension's): each
     # a ValueError naming the part, and the good parts load after them
@@ -340,17 +353,26 @@ def test_super_block_parts_are_checked_naming_what_is_wrong(method: str) -> None
 
     with pytest.raises(ValueError, match=rf"gate\.weight is int8 .* {method} .* needs uint8"):
         load(Quantized(good[0].weight.astype(np.int8), good[0].scale))
-    with pytest.raises(ValueError, match=rf"gate\.scale is float32 .* {method} .* needs uint8"):
+    legacy = method in ("q4_0", "q4_1", "q5_0", "q5_1")
+    scale_dtype = "float16" if legacy else "uint8"
+    with pytest.raises(ValueError, match=rf"gate\.scale is float32 .* {method} .* needs {scale_dtype}"):
         load(Quantized(good[0].weight, good[0].scale.astype(np.float32)))
-    if method in ("q5_k", "q6_k", "q3_k", "q2_k"):
+    if method in ("q5_k", "q6_k", "q3_k", "q2_k", "q5_0", "q5_1"):
         codes = good[0].weight.copy()
-        top = {"q6_k": 63, "q5_k": 31, "q3_k": 7, "q2_k": 3}[method]
+        top = {"q6_k": 63, "q3_k": 7, "q2_k": 3}.get(method, 31)
         codes[0, 0, 0] = top + 1
         with pytest.raises(ValueError, match=rf"gate holds codes above {top}"):
             load(Quantized(codes, good[0].scale))
     records = good[0].scale.copy()
-    records[1, 3, 0, :2] = np.array([np.inf], np.float16).view(np.uint8)
-    with pytest.raises(ValueError, match=r"gate_scale holds a d (or dmin )?that is not finite"):
+    if legacy:  # a float16 d (and m) a group
+        records[1, 3, 0] = np.inf
+    else:  # the record's first float16: d
+        records[1, 3, 0, :2] = np.array([np.inf], np.float16).view(np.uint8)
+    # legacy scales are checked as float16 values in Python; records' d (and dmin) by the extension
+    not_finite = (
+        r"gate\.scale holds values that are not finite" if legacy else r"gate_scale holds a d (or dmin )?that is"
+    )
+    with pytest.raises(ValueError, match=not_finite):
         load(Quantized(good[0].weight, records))
     load(good[0])  # the good parts still load and run
     x = np.ones((3, H), np.float32)

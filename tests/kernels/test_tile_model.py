@@ -138,6 +138,10 @@ def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: 
                 "iq4_xs": "tdpbssd",
                 "q3_k": "tdpbssd per group of 16",
                 "q2_k": "tdpbsud per group of 16",
+                "q4_0": "tdpbssd per group",
+                "q5_0": "tdpbssd per group",
+                "q4_1": "tdpbsud per group",
+                "q5_1": "tdpbsud per group",
             }[method] in (moe.info["kernel"])
     return outs
 

@@ -27,6 +27,10 @@ DOT_PEAK = {
     "iq4xs": "int4_dot",
     "q3k": "int4_dot",  # int8 dot products on codes built from two bit planes, as q6k's
     "q2k": "int4_dot",  # q3k's, one plane
+    "q40": "int4_dot",  # int4's, float16 scales
+    "q41": "int4_dot",
+    "q50": "int4_dot",  # q5k's codes
+    "q51": "int4_dot",
 }
 
 PEAK_RUNS = 7

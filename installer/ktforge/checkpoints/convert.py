@@ -297,7 +297,7 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
     if method not in METHODS:
         raise ConversionError(f"--quant must be one of {', '.join(METHODS)}, got {method!r}")
     f = formats.by_name(method)
-    if f.super_block is not None or f.element in ("fp8", "int4z", "iq4nl"):
+    if f.super_block is not None or f.element in ("fp8", "int4z", "iq4nl", "q40", "q41", "q50", "q51"):
         raise ConversionError(
             f"--quant {method}: a checkpoint in it needs no conversion, MoE.from_pretrained(checkpoint, layer) serves "
             "its experts as they are; kt convert writes the smaller formats (int8, int8g, int4, mxfp4) or bf16"

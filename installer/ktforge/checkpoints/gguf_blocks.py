@@ -38,13 +38,38 @@ def bf16(data: Array) -> Quantized:
     return Quantized(np.ascontiguousarray(data).view(np.uint16).view(ml_dtypes.bfloat16), None)
 
 
+def _legacy(data: Array, block_bytes: int, halves: int, five: bool) -> Quantized:
+    """Q4_0, Q4_1, Q5_0, Q5_1 (float16 d, and m for _1; Q5's 4 bytes of high bits, bit j of the
+    little-endian word for value j; 16 bytes of nibbles, byte j: value j low, j + 16 high) -> the
+    codes in k order (two a byte in int4's order, or Q5's one a byte), d (and m) as they are."""
+    blocks = _blocks(data, block_bytes)
+    scale = np.ascontiguousarray(blocks[..., : 2 * halves]).view("<f2")
+    codes = _split_halves(blocks[..., -16:])
+    if five:
+        high = np.ascontiguousarray(blocks[..., 2 * halves : 2 * halves + 4]).view("<u4")
+        codes = codes | (((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4)
+    codes = codes.reshape(*blocks.shape[:-2], -1)
+    return Quantized(codes if five else _pairs(codes), scale if halves == 2 else scale[..., 0])
+
+
 def q4_0(data: Array) -> Quantized:
-    """Q4_0 (float16 d, 16 bytes of codes: w = (q - 8) * d) -> int4z: the codes, d as float32
-    (exact), zero point 8."""
-    blocks = _blocks(data, 18)
-    d = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0].astype(np.float32)
-    codes = _pairs(_split_halves(blocks[..., 2:]).reshape(*blocks.shape[:-2], -1))
-    return Quantized(codes, d, np.full(d.shape, 8, np.uint8))
+    """Q4_0 (w = d * (q - 8)) -> q4_0."""
+    return _legacy(data, 18, 1, False)
+
+
+def q4_1(data: Array) -> Quantized:
+    """Q4_1 (w = d * q + m) -> q4_1."""
+    return _legacy(data, 20, 2, False)
+
+
+def q5_0(data: Array) -> Quantized:
+    """Q5_0 (w = d * (q - 16)) -> q5_0."""
+    return _legacy(data, 22, 1, True)
+
+
+def q5_1(data: Array) -> Quantized:
+    """Q5_1 (w = d * q + m) -> q5_1."""
+    return _legacy(data, 24, 2, True)
 
 
 def q8_0(data: Array) -> Quantized:
@@ -177,6 +202,9 @@ def iq4_xs(data: Array) -> Quantized:
 REPACK = {
     "BF16": bf16,
     "Q4_0": q4_0,
+    "Q4_1": q4_1,
+    "Q5_0": q5_0,
+    "Q5_1": q5_1,
     "Q8_0": q8_0,
     "MXFP4": mxfp4,
     "Q4_K": q4_k,

@@ -32,6 +32,10 @@ ELEMENTS = (
     "iq4xs",
     "q3k",
     "q2k",
+    "q40",
+    "q41",
+    "q50",
+    "q51",
 )  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 

@@ -61,6 +61,12 @@ Hugging Face checkpoints):
   super-block: d and dmin (float16), then a byte a group of 16 as the file has it, sc in its low
   nibble and m in its high: ``w = d * sc * q - dmin * m``. A GGUF's own, repacked;
   MoE.load_weights packs floats to it.
+- q4_0, q4_1, q5_0, q5_1 (elements q40, q41, q50, q51): GGUF's Q4_0, Q4_1, Q5_0 and Q5_1, K
+  zero-padded to ``Kg``, a multiple of 32: ``weight`` uint8 ``[..., N, Kg / 2]``, unsigned codes
+  two a byte (even k low; q5_0, q5_1: ``[..., N, Kg]``, one 5-bit code a byte), ``scale`` float16
+  ``[..., N, Kg / 32]``: ``w = d * (q - 8)`` (q5_0: ``q - 16``); q4_1, q5_1: ``scale`` float16
+  ``[..., N, Kg / 32, 2]``, d and m: ``w = d * q + m``. A GGUF's own, repacked; MoE.load_weights
+  packs floats to them.
 - fp8: a checkpoint's own FP8 E4M3 codes, ``weight`` float8_e4m3fn ``[..., N, K]``, and its
   scales as float32 ``[..., N, Kg / group]``, one per row and group of K (a 128 x 128 block's
   scale repeated over its rows, a channel's over its groups): a repack, not a quantization.
@@ -310,6 +316,16 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
         values = q.weight.astype(np.float32).reshape(*scale.shape, -1) - (32 if element == "q6k" else 4)
         signed: Array = (values * scale[..., None]).reshape(q.weight.shape)[..., :K]
         return signed
+    if element in LEGACY:
+        offset, with_min = LEGACY[element]
+        codes = q.weight if element in ("q50", "q51") else np.stack([q.weight & 0x0F, q.weight >> 4], axis=-1)
+        codes = codes.reshape(*q.weight.shape[:-1], -1, 32).astype(np.float32)
+        halves = q.scale.astype(np.float32)
+        if with_min:  # as gguf-py's float32: d * q + m
+            legacy: Array = halves[..., 0:1] * codes + halves[..., 1:2]
+        else:
+            legacy = halves[..., None] * (codes - offset)
+        return legacy.reshape(*q.weight.shape[:-1], -1)[..., :K]
     if element == "q2k":
         scale, minimum = q2k_group_scales(q.scale)
         two = q.weight.astype(np.float32).reshape(*scale.shape, -1) * scale[..., None] - minimum[..., None]
@@ -358,6 +374,9 @@ def q4k_group_scales(records: Array) -> tuple[Array, Array]:
     return scale, minimum
 
 
+# GGUF's Q4_0, Q4_1, Q5_0, Q5_1 (elements q40, q41, q50, q51): the codes' offset, and whether a
+# float16 m beside each d is added
+LEGACY = {"q40": (8, False), "q41": (0, True), "q50": (16, False), "q51": (0, True)}
 Q2K_RECORD = 20  # q2_k's: d, dmin (float16), then a byte a group of 16: sc (low nibble), m (high)
 
 
@@ -405,6 +424,12 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
             "scale": ((N, supers, record), scale or "U8"),
         }
     groups = -(-K // group_size)
+    if f.element in LEGACY:
+        with_min = LEGACY[f.element][1]
+        return {
+            "weight": ((N, groups * group_size // (1 if f.bits == 5 else 2)), weight),
+            "scale": ((N, groups, 2) if with_min else (N, groups), scale or "F16"),
+        }
     if f.element in ("int8g", "int8h", "fp8"):
         return {"weight": ((N, K), weight), "scale": ((N, groups), scale or "F32")}
     parts: dict[str, tuple[tuple[int, ...], str]] = {

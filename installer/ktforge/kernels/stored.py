@@ -24,11 +24,12 @@ def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]])
         ok &= parts["scale"] != 255
     elif element == "int4":
         ok &= scale != 0
-    elif element not in ("fp8", "int4z", "int8h", "iq4nl"):
+    elif element not in ("fp8", "int4z", "int8h", "iq4nl", "q40", "q41", "q50", "q51"):
         ok &= scale > 0
     if not ok.all():
         wanted = {"int4": "nonzero and finite", "fp4": "E8M0 codes other than 255 (NaN)", "fp8": "finite"}
-        expected = wanted.get(element, "finite" if element in ("int4z", "int8h", "iq4nl") else "positive and finite")
+        signed = ("int4z", "int8h", "iq4nl", "q40", "q41", "q50", "q51")  # any finite scale
+        expected = wanted.get(element, "finite" if element in signed else "positive and finite")
         raise ValueError(f"{name}.scale holds values that are not {expected}")
     if "zero" in parts and (parts["zero"] > 15).any():
         raise ValueError(f"{name}.zero holds zero points above 15")

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "kernels/iq4.hpp"
+#include "kernels/legacy.hpp"
 #include "kernels/q6k.hpp"
 #include "kernels/scalar.hpp"
 #include "kernels/super_blocks.hpp"
@@ -65,6 +66,8 @@ void begin_quantized(PackedMatrix& out) {
     out.block_scale.assign(static_cast<std::size_t>(out.blocks()) * out.groups(), 1.f);
   } else if (out.element == Element::fp4) {
     out.group_e8m0.assign(static_cast<std::size_t>(out.Np) * out.groups(), kE8m0One);
+  } else if (legacy(out.element)) {
+    begin_legacy(out);
   } else if (k_quant(out.element)) {
     out.group_meta.assign(static_cast<std::size_t>(out.blocks()) * out.meta_bytes_per_block(), 0);  // zero weights
   } else if (out.element == Element::int4z) {
@@ -402,6 +405,10 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
       pack_super_block_floats(out, n, row.data());
       continue;
     }
+    if (legacy(method)) {
+      pack_legacy_floats(out, n, row.data());
+      continue;
+    }
     if (iq4(method)) {
       std::vector<uint8_t> records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock + 1) * kIq4xsRowRecordBytes);
       quantize_iq4_row(row.data(), out.Kp, method == Element::iq4xs, q.data(), bits.data(), records.data());
@@ -463,6 +470,8 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
       if (row.values) {
         put_int4z_row(out, n, q.data(), static_cast<const float*>(row.scales), static_cast<const uint8_t*>(row.zeros));
       }
+    } else if (legacy(method)) {  // a missing row keeps begin_legacy's zero scales
+      if (row.values) put_legacy_row(out, n, static_cast<const uint8_t*>(row.values), static_cast<const uint16_t*>(row.scales));
     } else if (super_block_rows(method)) {
       // a missing row keeps begin_quantized's zero records: zero weights
       if (row.values)

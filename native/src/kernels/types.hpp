@@ -19,6 +19,8 @@
 //                                         plane), then 16 of their third bits (q5k's): GGUF's Q3_K
 //   q2k:  [N/16][K/8][32]     2-bit codes line j: q6k's high-bit plane alone: GGUF's Q2_K
 //   iq4nl, iq4xs: [N/16][K/8][16][4] nibbles  int4's order, each a code of GGUF's IQ4 grid (below)
+//   q40, q41: [N/16][K/8][16][4] nibbles  int4's order, unsigned codes: GGUF's Q4_0, Q4_1 (below)
+//   q50, q51: q5k's lines, 5-bit codes: GGUF's Q5_0, Q5_1 (below)
 //   int8g: [N/16][K/4][16][4] uint8       int8's order, each value stored as w+128 (the
 //                                         unsigned operand of u8 x s8 dot products)
 //   int8h: int8g's layout, float16 group scales (GGUF's Q8_0)
@@ -53,15 +55,27 @@ inline bool q4k_records(Element m) { return m == Element::q4k || m == Element::q
 inline int k_step(Element m, int group) {
   return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : k_quant(m) ? kQ4kSuperBlock : group;
 }
+// GGUF's Q4_0, Q4_1, Q5_0 and Q5_1, a float16 d per group of 32: q40 w = d * (q - 8), q50 w = d *
+// (q - 16), their d int8h's group scales; q41, q51 w = d * q + m, d and m per 16-column block and
+// group one record: d[16], m[16] (float16 bits). q40 and q41 are int4's panels of unsigned nibbles,
+// q50 and q51 q5k's lines. A group's int32 sum, less its offset times the activation sum, is
+// scaled by d; m times the activation sum is added.
+inline bool legacy(Element m) {
+  return m == Element::q40 || m == Element::q41 || m == Element::q50 || m == Element::q51;
+}
+inline bool legacy_mins(Element m) { return m == Element::q41 || m == Element::q51; }
+constexpr int kLegacyGroupBytes = 16 * 2 * 2, kLegacyMins = 32;
+inline int legacy_offset(Element m) { return m == Element::q40 ? 8 : m == Element::q50 ? 16 : 0; }
+
 // Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
 inline bool grouped(Element m) {
   return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z ||
-         m == Element::int8h || m == Element::iq4nl || k_quant(m);
+         m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m);
 }
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
 inline bool int8_activations(Element m) {
   return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z ||
-         m == Element::int8h || m == Element::iq4nl || k_quant(m);
+         m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m);
 }
 // GGUF's IQ4_NL and IQ4_XS: int4's nibbles, each a code of a fixed non-linear grid (llama.cpp's
 // kvalues_iq4nl), w = scale * kIq4Values[code]. IQ4_NL: a float16 scale per 32 (int8h's scales);
@@ -83,7 +97,7 @@ inline bool nibbles(Element m) {
 }
 // int8g's layout and kernels, its scales bfloat16 (int8g) or float16 (int8h)
 inline bool int8_groups(Element m) { return m == Element::int8g || m == Element::int8h; }
-inline bool group_sums(Element m) { return int8_groups(m) || nibbles(m) || k_quant(m); }
+inline bool group_sums(Element m) { return int8_groups(m) || nibbles(m) || k_quant(m) || legacy(m); }
 
 // int4z: per 16-column block and group, 16 float32 scales then 16 zero points (uint8, in
 // [0, 15]): one 80-byte record, so a tile reads one pointer a block.
@@ -240,7 +254,8 @@ struct PackedMatrix {
   // fp4: the E8M0 scale codes, uint8 group_e8m0[block][group][16] (int4's order): the file's byte
   // a group, so MXFP4 packs into its own bytes.
   aligned_vector<uint8_t> group_e8m0;
-  // int4z: group_meta[block][group][kInt4zGroupBytes]; q4k, q5k, q6k, q3k, q2k: group_meta[block][super][k*SuperBytes]
+  // int4z: group_meta[block][group][kInt4zGroupBytes]; q41, q51: [block][group][kLegacyGroupBytes];
+  // q4k, q5k, q6k, q3k, q2k: group_meta[block][super][k*SuperBytes]
   // (the records above)
   aligned_vector<uint8_t> group_meta;
   // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
@@ -268,6 +283,7 @@ struct PackedMatrix {
            : element == Element::q6k || element == Element::q3k
                ? static_cast<std::size_t>(groups() / kQ6kGroupsPerSuper) * kQ6kSuperBytes
            : element == Element::q2k ? static_cast<std::size_t>(groups() / kQ6kGroupsPerSuper) * kQ2kSuperBytes
+           : legacy_mins(element)    ? static_cast<std::size_t>(groups()) * kLegacyGroupBytes
            : element == Element::iq4xs ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kIq4xsSuperBytes
                                      : static_cast<std::size_t>(groups()) * kInt4zGroupBytes;
   }
@@ -282,8 +298,8 @@ struct PackedMatrix {
 
   static std::size_t block_bytes(Element m, int Kp) {
     return static_cast<std::size_t>(Kp) * (m == Element::bf16  ? 32
-                                           : nibbles(m)        ? 8
-                                           : m == Element::q5k ? 10
+                                           : nibbles(m) || m == Element::q40 || m == Element::q41 ? 8
+                                           : m == Element::q5k || m == Element::q50 || m == Element::q51 ? 10
                                            : m == Element::q6k ? 12
                                            : m == Element::q3k ? 6
                                            : m == Element::q2k ? 4

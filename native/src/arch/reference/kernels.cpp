@@ -188,6 +188,17 @@ float q2k_min(const PackedMatrix& w, int block, int g, int c) {
   return q4k_half(r + 32 + 2 * c) * static_cast<float>(r[kQ2kScalesMins + (g % kQ6kGroupsPerSuper) * 16 + c] >> 4);
 }
 
+// q40, q50: unsigned codes less 8 (16) per group, a float16 d; q41, q51: d from the group's record
+// and m times the activation sum added (as a minimum taken off: -m)
+float legacy_offset_of(const PackedMatrix& w, int, int, int) { return static_cast<float>(legacy_offset(w.element)); }
+float legacy_half(const PackedMatrix& w, int block, int g, int at) {
+  return q4k_half(w.block_meta(block) + static_cast<std::size_t>(g) * kLegacyGroupBytes + at);
+}
+float legacy_d(const PackedMatrix& w, int block, int g, int c) { return legacy_half(w, block, g, 2 * c); }
+float legacy_negated_m(const PackedMatrix& w, int block, int g, int c) {
+  return -legacy_half(w, block, g, kLegacyMins + 2 * c);
+}
+
 // fp8: per group, the sum of code * 2^-120 times x * 2^64 over the group (fp32, in k order, as
 // the SIMD kernels), times block scale * 2^56; the row's scale at the end.
 void gemm_fp8(const GemmArgs& a) {
@@ -223,6 +234,10 @@ void gemm(const GemmArgs& a) {
     case Element::q6k: return gemm_grouped(a, q6k_code, q6k_scale, 1.f, q6k_zero);
     case Element::q5k: return gemm_grouped(a, q5k_code, q4k_scale, 1.f, no_zero, q4k_min);
     case Element::q3k: return gemm_grouped(a, q3k_code, q6k_scale, 1.f, q3k_zero);
+    case Element::q40: return gemm_grouped(a, nibble_code, f16_group_scale, 1.f, legacy_offset_of);
+    case Element::q50: return gemm_grouped(a, q5k_code, f16_group_scale, 1.f, legacy_offset_of);
+    case Element::q41: return gemm_grouped(a, nibble_code, legacy_d, 1.f, no_zero, legacy_negated_m);
+    case Element::q51: return gemm_grouped(a, q5k_code, legacy_d, 1.f, no_zero, legacy_negated_m);
     case Element::q2k: return gemm_grouped(a, q2k_code, q2k_scale, 1.f, no_zero, q2k_min);
     case Element::iq4nl: return gemm_grouped(a, iq4_value, f16_group_scale);
     case Element::iq4xs: return gemm_grouped(a, iq4_value, iq4xs_scale);
@@ -241,6 +256,8 @@ std::string describe(Element m) {
          : m == Element::q6k  ? "scalar int32 dot per group of 16, less 32 times the activation sum"
          : m == Element::q3k  ? "scalar int32 dot per group of 16, less 4 times the activation sum"
          : m == Element::q2k  ? "scalar int32 dot per group of 16, less mins"
+         : legacy_mins(m)     ? "scalar int32 dot per group, float16 scales, plus mins"
+         : legacy(m)          ? "scalar int32 dot per group, float16 scales, less the codes' offset"
                               : "scalar int32 dot per group";
 }
 

@@ -274,11 +274,15 @@ const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unp
                       : w.element == Element::q5k ? unpack_planes<Q5kLine>
                       : w.element == Element::q3k ? unpack_planes<Q3kLine>
                       : w.element == Element::q2k ? unpack_planes<Q2kLine>
+                      : w.element == Element::q50 ? unpack_planes<Q50Line>
+                      : w.element == Element::q51 ? unpack_planes<Q5kLine>
                                                   : nullptr;
   if (q4k_records(w.element)) {
     q4k_scales_of(w.block_meta(blk), G, scales, mins);
   } else if (w.element == Element::q2k) {
     q2k_scales_of(w.block_meta(blk), G, scales, mins);
+  } else if (legacy_mins(w.element)) {
+    legacy_scales_of(w.block_meta(blk), G, scales, mins);
   } else if (w.element == Element::q6k || w.element == Element::q3k) {
     signed_scales_of(w.block_meta(blk), G, scales, kQ6kGroupsPerSuper, kQ6kSuperBytes);
   } else if (w.element == Element::iq4xs) {
@@ -290,7 +294,8 @@ const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unp
     for (int grp = 0; grp < G; ++grp) std::memcpy(scales + grp * 16, w.block_meta(blk) + grp * kInt4zGroupBytes, 64);
   } else {
     const uint16_t* bits = w.block_scales(blk);
-    const auto widen = w.element == Element::int8h || w.element == Element::iq4nl ? f16_to_f32 : bf16_to_f32;
+    const bool half = w.element == Element::int8h || w.element == Element::iq4nl || legacy(w.element);
+    const auto widen = half ? f16_to_f32 : bf16_to_f32;
     for (int k = 0; k < G * 16; ++k) scales[k] = widen(bits[k]);
   }
   if (planes) {
@@ -298,7 +303,7 @@ const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unp
     return reinterpret_cast<const uint8_t*>(unpacked);
   }
   if (int8_groups(w.element)) return w.block(blk);
-  const bool unsigned_nibbles = w.element == Element::int4z || w.element == Element::q4k;
+  const bool unsigned_nibbles = w.element == Element::int4z || w.element == Element::q4k || w.element == Element::q41;
   const auto unpack = w.element == Element::fp4 ? unpack_fp4
                       : iq4(w.element)          ? unpack_iq4
                       : unsigned_nibbles        ? unpack_nibbles
@@ -332,7 +337,8 @@ void amx_grouped(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
   const bool int8g = int8_groups(w.element), fp4 = w.element == Element::fp4, int4z = w.element == Element::int4z;
-  const bool with_mins = q4k_records(w.element) || w.element == Element::q2k;  // unsigned codes, scales and mins
+  // unsigned codes, scales and mins
+  const bool with_mins = q4k_records(w.element) || w.element == Element::q2k || legacy_mins(w.element);
   const float final_scale = fp4 ? 0.5f : 1.f;  // fp4's B tiles hold twice its values
   const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
   const std::size_t row_bytes = static_cast<std::size_t>(kp);
@@ -510,6 +516,8 @@ std::string describe(Element m) {
                          : m == Element::q6k   ? "tdpbssd per group of 16 (Q6_K's codes unpacked to q - 32)"
                          : m == Element::q3k   ? "tdpbssd per group of 16 (Q3_K's codes unpacked to q - 4)"
                          : m == Element::q2k   ? "tdpbsud per group of 16, Q2_K's codes unpacked, its scales and mins"
+                         : legacy_mins(m)      ? "tdpbsud per group, float16 scales and mins"
+                         : legacy(m)           ? "tdpbssd per group (codes unpacked less their offset), float16 scales"
                                                : "tdpbssd (nibbles unpacked to int8)";
   return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +
          fallback;

@@ -88,6 +88,7 @@ using Q6kLine = PlaneLine<kQ6kLineBytes, true, 64, 4, -1, 0, kQ6kOffset>;
 using Q5kLine = PlaneLine<kQ5kLineBytes, true, -1, 0, 64, 4, 0>;
 using Q3kLine = PlaneLine<kQ3kLineBytes, false, 0, 0, 32, 2, kQ3kOffset>;
 using Q2kLine = PlaneLine<kQ2kLineBytes, false, 0, 0, -1, 0, 0>;
+using Q50Line = PlaneLine<kQ5kLineBytes, true, -1, 0, 64, 4, 16>;  // q5k's, signed: q - 16
 
 #ifndef KTFORGE_AMX_MODEL
 template <int Shift>
@@ -140,6 +141,17 @@ void unpack_planes(const uint8_t* panel, int kp, int8_t* out) {
         out[(2 * j + t) * 64 + b] = static_cast<int8_t>(v - L::kOffset);
       }
 #endif
+}
+
+// q41's and q51's records (types.hpp) widened: per group and column d, and m negated (the tiles
+// take mins off, as q4k's: -(x_sum * -m) + acc is x_sum * m + acc, rounded once).
+void legacy_scales_of(const uint8_t* meta, int G, float* scales, float* mins) {
+  for (int k = 0; k < G * 16; ++k) {
+    uint16_t d, m;
+    const uint8_t* r = meta + (k / 16) * kLegacyGroupBytes + 2 * (k % 16);
+    std::memcpy(&d, r, 2), std::memcpy(&m, r + kLegacyMins, 2);
+    scales[k] = f16_to_f32(d), mins[k] = -f16_to_f32(m);
+  }
 }
 
 // q2k's records (types.hpp) widened: per group and column d * sc_j and dmin * m_j, exact in float32.

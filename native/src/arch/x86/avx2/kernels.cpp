@@ -272,6 +272,10 @@ void nibble_rows(Element e, int m, const int8_t* const* rows, const int32_t* con
                    : e == Element::q6k   ? nibble_rows_of<Q6kCodes>
                    : e == Element::q3k   ? nibble_rows_of<Q3kCodes>
                    : e == Element::q2k   ? nibble_rows_of<Q2kCodes>
+                   : e == Element::q40   ? nibble_rows_of<Q40Codes>
+                   : e == Element::q41   ? nibble_rows_of<Q41Codes>
+                   : e == Element::q50   ? nibble_rows_of<Q50Codes>
+                   : e == Element::q51   ? nibble_rows_of<Q51Codes>
                    : e == Element::iq4nl ? nibble_rows_of<Iq4nlCodes>
                    : e == Element::iq4xs ? nibble_rows_of<Iq4xsCodes>
                    : e == Element::fp4   ? nibble_rows_of<Fp4Codes>
@@ -337,6 +341,8 @@ std::string describe(Element m) {
          : m == Element::q6k   ? "avx2 maddubs on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16"
          : m == Element::q3k   ? "avx2 maddubs on 3-bit codes (two bit planes), Q3_K's scales per group of 16"
          : m == Element::q2k   ? "avx2 maddubs on 2-bit codes, Q2_K's scales and mins per group of 16"
+         : legacy_mins(m)      ? "avx2 maddubs on unsigned codes, float16 scales and mins per group"
+         : legacy(m)           ? "avx2 maddubs on unsigned codes less their offset, float16 scales per group"
                                : "avx2 maddubs on unpacked nibbles";
 }
 

@@ -176,16 +176,44 @@ struct Iq4Lookup {
   static __m256i table() { return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values))); }
   static __m256i decode(__m256i nibbles, __m256i table) { return _mm256_shuffle_epi8(table, nibbles); }
 };
-struct Iq4nlCodes : Iq4Lookup, OffsetThenScale<Iq4nlCodes> {
+// A float16 scale a group (int8h's group scales), Offset times the group's activation sum taken off.
+template <int Offset>
+struct HalfScales : OffsetThenScale<HalfScales<Offset>> {
   using Scale = uint16_t;
   static const Scale* group(const Scale* block, int g) { return block + g * 16; }
   static __m256 scales(const Scale* s, int h) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + h * 8)));
   }
-  static __m256i offset(const Scale*, int, int32_t) { return _mm256_setzero_si256(); }
+  static __m256i offset(const Scale*, int, int32_t x_sum) { return _mm256_set1_epi32(Offset * x_sum); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
 };
+struct Iq4nlCodes : Iq4Lookup, HalfScales<0> {};  // signed values: no offset
 struct Iq4xsCodes : Iq4Lookup, SignedGroupScales<kQ4kGroupsPerSuper, kIq4xsSuperBytes, 0> {};  // signed values: no offset
+// q40, q50 (GGUF's Q4_0, Q5_0): unsigned codes less 8 (16), a float16 d a group; 16-bit sums hold
+// int4's (q5k's) steps. q41, q51 (Q4_1, Q5_1): the group's record's d scales the sums, its m times
+// the activation sum is added.
+struct Q40Codes : PlainCodes, HalfScales<8> {
+  static constexpr int kSteps16 = kInt4Steps16;
+};
+struct Q50Codes : PlainCodes, HalfScales<16> {
+  static constexpr int kSteps16 = 2;
+};
+struct HalfScalesAndMins : PlainCodes {
+  using Scale = uint8_t;
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
+    const uint8_t* r = block + g * kLegacyGroupBytes + h * 16;
+    accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), Q4kCodes::halves(r), accf);
+    return _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(x_sum)), Q4kCodes::halves(r + kLegacyMins), accf);
+  }
+};
+struct Q41Codes : HalfScalesAndMins {
+  static constexpr int kSteps16 = kInt4Steps16;
+};
+struct Q51Codes : HalfScalesAndMins {
+  static constexpr int kSteps16 = 2;
+};
+
 template <class Codes>
 struct SignedValues : std::false_type {};
 template <>
@@ -231,12 +259,17 @@ struct Line {
   static constexpr bool kNibbles = true;
   static void add(const uint8_t*, __m256i (&)[2], __m256i (&)[2]) {}
 };
-template <>
-struct Line<Q5kCodes> {
+struct Q5Line {  // q5k's, q50's and q51's: nibbles, then their high bits
   static constexpr int kBytes = kQ5kLineBytes;
   static constexpr bool kNibbles = true;
   static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) { add_one_bit<16>(line + 64, lo, hi); }
 };
+template <>
+struct Line<Q5kCodes> : Q5Line {};
+template <>
+struct Line<Q50Codes> : Q5Line {};
+template <>
+struct Line<Q51Codes> : Q5Line {};
 template <>
 struct Line<Q6kCodes> {
   static constexpr int kBytes = kQ6kLineBytes;

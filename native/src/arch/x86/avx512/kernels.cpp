@@ -338,15 +338,6 @@ void gemm_int8(const GemmArgs& a) {
   }
 }
 
-template <class Codes>
-struct NibbleTile {
-  template <int M, int NB>
-  struct Tile {
-    template <typename... A>
-    static void run(A... a) { nibble_tile<Codes, M, NB>(a...); }
-  };
-};
-
 // int8g; Half: int8h (float16 scales)
 template <bool Half>
 struct Int8gTiles {
@@ -429,6 +420,10 @@ void gemm(const GemmArgs& a) {
     case Element::q5k: return gemm_nibbles<Q5kCodes>(a);
     case Element::q3k: return gemm_nibbles<Q3kCodes>(a);
     case Element::q2k: return gemm_nibbles<Q2kCodes>(a);
+    case Element::q40: return gemm_nibbles<Q40Codes>(a);
+    case Element::q41: return gemm_nibbles<Q41Codes>(a);
+    case Element::q50: return gemm_nibbles<Q50Codes>(a);
+    case Element::q51: return gemm_nibbles<Q51Codes>(a);
     case Element::iq4nl: return gemm_nibbles<Iq4nlCodes>(a);
     case Element::iq4xs: return gemm_nibbles<Iq4xsCodes>(a);
     case Element::int8g: return gemm_int8g(a);
@@ -474,6 +469,8 @@ std::string describe(Element m) {
                            : m == Element::q6k   ? " on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16"
                            : m == Element::q3k   ? " on 3-bit codes (two bit planes), Q3_K's scales per group of 16"
                            : m == Element::q2k   ? " on 2-bit codes, Q2_K's scales and mins per group of 16"
+                           : legacy_mins(m)      ? " on unsigned codes, float16 scales and mins per group"
+                           : legacy(m)           ? " on unsigned codes less their offset, float16 scales per group"
                            : iq4(m)              ? iq4_grid
                                                  : " on unpacked nibbles";
   return dot + what + without;

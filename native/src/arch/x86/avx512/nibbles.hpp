@@ -139,13 +139,32 @@ struct Iq4Lookup {
   }
   static __m512i decode(__m512i nibbles, __m512i table) { return _mm512_shuffle_epi8(table, nibbles); }
 };
-struct Iq4nlCodes : Iq4Lookup, OffsetThenScale<Iq4nlCodes> {
+// A float16 scale a group (int8h's group scales), Offset times the group's activation sum taken off.
+template <int Offset>
+struct HalfScales : OffsetThenScale<HalfScales<Offset>> {
   using Scale = uint16_t;
   static const Scale* group(const Scale* block, int g) { return block + g * 16; }
   static __m512 scales(const Scale* s) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s))); }
-  static __m512i offset(const Scale*, int32_t x_sum) { return _mm512_set1_epi32(kIq4Offset * x_sum); }
+  static __m512i offset(const Scale*, int32_t x_sum) { return _mm512_set1_epi32(Offset * x_sum); }
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_scales(b); }
 };
+struct Iq4nlCodes : Iq4Lookup, HalfScales<kIq4Offset> {};
+
+// q40, q50 (GGUF's Q4_0, Q5_0): unsigned codes less 8 (16), a float16 d a group. q41, q51 (Q4_1,
+// Q5_1): the group's record's d scales the sums, its m times the activation sum is added.
+struct Q40Codes : PlainCodes, HalfScales<8> {};
+struct Q50Codes : PlainCodes, HalfScales<16> {};
+struct HalfScalesAndMins : PlainCodes {
+  using Scale = uint8_t;
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
+  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
+    const uint8_t* r = block + g * kLegacyGroupBytes;
+    accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), Q4kCodes::halves(r), accf);
+    return _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(x_sum)), Q4kCodes::halves(r + kLegacyMins), accf);
+  }
+};
+struct Q41Codes : HalfScalesAndMins {};
+struct Q51Codes : HalfScalesAndMins {};
 struct Iq4xsCodes : Iq4Lookup, SignedGroupScales<kQ4kGroupsPerSuper, kIq4xsSuperBytes, kIq4Offset> {};
 
 // q3k (GGUF's Q3_K): unsigned 3-bit codes, q6k's scaling with offset 4
@@ -205,12 +224,17 @@ struct Line {
   static constexpr bool kNibbles = true;
   static void add(const uint8_t*, __m512i&, __m512i&) {}
 };
-template <>
-struct Line<Q5kCodes> {
+struct Q5Line {  // q5k's, q50's and q51's: nibbles, then their high bits
   static constexpr int kBytes = kQ5kLineBytes;
   static constexpr bool kNibbles = true;
   static void add(const uint8_t* line, __m512i& lo, __m512i& hi) { add_one_bit<16>(line + 64, lo, hi); }
 };
+template <>
+struct Line<Q5kCodes> : Q5Line {};
+template <>
+struct Line<Q50Codes> : Q5Line {};
+template <>
+struct Line<Q51Codes> : Q5Line {};
 template <>
 struct Line<Q6kCodes> {
   static constexpr int kBytes = kQ6kLineBytes;
@@ -284,6 +308,16 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
     for (int j = 0; j < NB; ++j)
       _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(accf[i][j], _mm512_set1_ps(x_scale[i] * Codes::kFinal)));
 }
+
+// nibble_tile as the grouped elements' driver takes a tile (kernels.cpp)
+template <class Codes>
+struct NibbleTile {
+  template <int M, int NB>
+  struct Tile {
+    template <typename... A>
+    static void run(A... a) { nibble_tile<Codes, M, NB>(a...); }
+  };
+};
 
 #endif  // __AVX512VNNI__
 }  // namespace
