@@ -47,8 +47,17 @@ LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 GGUF_PY = "gguf==0.19.0"
 # llama.cpp's formats (llama_ftype values) and the bytes a weight takes in each, scales included
 # (pure: every weight in the type itself, none promoted to another as the _S/_M mixes do)
-LLAMA_FTYPES = {"bf16": 32, "q8_0": 7, "q4_0": 2, "q4_k": 14, "q6_k": 18}
-BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_k": 144 / 256, "q6_k": 210 / 256}
+LLAMA_FTYPES = {"bf16": 32, "q8_0": 7, "q4_0": 2, "q4_k": 14, "q6_k": 18, "q5_k": 16, "q3_k": 11, "q2_k": 10}
+BYTES_PER_WEIGHT = {
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_k": 144 / 256,
+    "q6_k": 210 / 256,
+    "q5_k": 176 / 256,
+    "q3_k": 110 / 256,
+    "q2_k": 84 / 256,
+}
 DECODE_CONTEXT = 16
 MODEL_VERSION = 3  # of the GGUF models written (2: attention output zero; 3: pure); in their file names
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ktforge"

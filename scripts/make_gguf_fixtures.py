@@ -9,8 +9,9 @@ with a Python that has `gguf` and `llama-cpp-python` (a source build of llama.cp
     python -m venv /tmp/llama && /tmp/llama/bin/pip install gguf numpy llama-cpp-python
     /tmp/llama/bin/python scripts/make_gguf_fixtures.py tests/fixtures/gguf
 
-`--mixed` remakes only the mixed-type files, from the per-type files already there (gguf-py
-alone: their tensors stay as llama.cpp quantized them).
+`--mixed` remakes only the F32 file (the float32 source every other type is quantized from) and
+the mixed-type files, from the per-type files already there (gguf-py alone: their tensors stay as
+llama.cpp quantized them).
 """
 
 from __future__ import annotations
@@ -168,6 +169,8 @@ def write_mixed(target: Path) -> None:
 def main(folder: str, mixed_only: bool = False) -> int:
     target = Path(folder)
     target.mkdir(parents=True, exist_ok=True)
+    # F32: gguf-py's own floats, the very source the other types are quantized from
+    write_source(target / "qwen3moe-F32.gguf", tensors(np.random.default_rng(2026)))
     if mixed_only:
         write_mixed(target)
         return 0

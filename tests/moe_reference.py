@@ -281,6 +281,9 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
     """x [M, K] float32 activations, w [N, K] float32 weights -> [M, N] float32."""
     if method == "bf16":
         return (bf16_round(x).astype(np.float64) @ bf16_round(w).astype(np.float64).T).astype(F32)
+    if method in ("f16", "f32"):  # exact fp32 activations, the weights as float16 (or float32)
+        wd = w.astype(np.float16 if method == "f16" else F32).astype(np.float64)
+        return (np.asarray(x, np.float64) @ wd.T).astype(F32)
     if method == "fp8":  # exact fp32 activations
         wd = dequantize_fp8_blocks(*quantize_fp8_blocks(w, group), 16, group)
         return (np.asarray(x, np.float64) @ wd.T).astype(F32)

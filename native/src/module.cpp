@@ -160,11 +160,20 @@ class PyMoE {
     }
     if (k_quant(element_of(method))) return super_block_weights(values, scales, N, K, name, method);
     if (legacy(element_of(method))) return legacy_weights(values, scales, N, K, name, method);
-    if (element_of(method) == Element::bf16) {  // a mixed layer's bf16 projection (scale: unused)
-      if (!values.dtype().is(py::dtype::of<uint16_t>()))
-        throw std::invalid_argument(std::string(name) + " must be bfloat16 (passed as uint16)");
+    if (element_of(method) == Element::bf16 || floats(element_of(method))) {  // values only (scale: unused)
+      const Element e = element_of(method);  // bf16: a mixed layer's projection
+      const bool f32 = e == Element::f32;
+      if (!values.dtype().is(f32 ? py::dtype::of<float>() : py::dtype::of<uint16_t>()))
+        throw std::invalid_argument(std::string(name) + (f32                     ? " must be float32"
+                                                         : e == Element::f16 ? " must be float16 (passed as uint16)"
+                                                                             : " must be bfloat16 (passed as uint16)"));
       require(values, {E, N, K}, name);
-      return {values.data(), K * 2, values.data(), 0};
+      if (e == Element::f16) {
+        const auto* h = static_cast<const uint16_t*>(values.data());
+        if (std::any_of(h, h + values.size(), [](uint16_t v) { return (v & 0x7C00) == 0x7C00; }))
+          throw std::invalid_argument(std::string(name) + " holds values that are not finite");
+      }
+      return {values.data(), K * (f32 ? 4 : 2), values.data(), 0};
     }
     if (element_of(method) == Element::fp8) {
       const py::ssize_t groups = (K + group - 1) / group;

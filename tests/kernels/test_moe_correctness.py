@@ -83,6 +83,8 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
         "q4_1": 0.3,
         "q5_0": 0.15,
         "q5_1": 0.15,
+        "f16": 1e-3,
+        "f32": 1e-5,
     }[method]
     assert rel_err(y, float_reference(x, ids, w, gate, up, down)) < bound
 
@@ -307,6 +309,8 @@ def test_int8_weights_of_minus_128_are_exact(backend: str, extreme: bool, T: int
         ("q5_k", 32, "q6_k", 16),  # Q5_K_M's
         ("q3_k", 16, "q5_k", 32),  # Q3_K_L's
         ("q2_k", 16, "q3_k", 16),  # Q2_K's
+        ("q4_k", 32, "f16", 128),  # a GGUF whose down is F16 (or F32)
+        ("q8_0", 32, "f32", 128),
         ("q4_0", 32, "q4_1", 32),
         ("q5_0", 32, "q5_1", 32),
         ("q4_k", 32, "bf16", 128),
@@ -329,6 +333,23 @@ def test_down_in_its_own_format_matches_the_definition(
     assert (moe.method, moe.down_method, moe.info["down_method"]) == (method, down, down)
     reference = expected(x, ids, w, gate, up, down_w, method, group, down_method=(down, down_group))
     assert rel_err(moe.forward(x, ids, w), reference) < 2e-3
+
+
+def test_f16_takes_only_weights_within_float16s_range() -> None:
+    # load_weights rounds to float16: 65520 and beyond would become infinite, so they are refused;
+    # the largest float16, 65504, is kept exactly
+    E, k, H, I = 2, 1, 64, 32
+    gate, up, down = make_layer(E, H, I)
+    moe = ktforge.MoE(E, k, H, I, method="f16")
+    big = down.copy()
+    big[1, 3, 5] = 65520.0
+    with pytest.raises(ValueError, match=r"down holds values beyond float16's range"):
+        moe.load_weights(gate, up, big)
+    big[1, 3, 5] = 65504.0
+    moe.load_weights(gate, up, big)
+    x = np.zeros((1, H), np.float32)
+    x[0, 0] = 1.0
+    assert np.isfinite(moe.forward(x, np.ones((1, 1), np.int64), np.ones((1, 1), np.float32))).all()
 
 
 def test_a_down_format_is_checked_like_the_layers() -> None:

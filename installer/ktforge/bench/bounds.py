@@ -31,6 +31,8 @@ DOT_PEAK = {
     "q41": "int4_dot",
     "q50": "int4_dot",  # q5k's codes
     "q51": "int4_dot",
+    "f16": "fp32_fma",  # float16 widened in registers
+    "f32": "fp32_fma",
 }
 
 PEAK_RUNS = 7

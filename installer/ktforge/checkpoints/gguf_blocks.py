@@ -38,6 +38,14 @@ def bf16(data: Array) -> Quantized:
     return Quantized(np.ascontiguousarray(data).view(np.uint16).view(ml_dtypes.bfloat16), None)
 
 
+def f16(data: Array) -> Quantized:
+    return Quantized(np.ascontiguousarray(data).view("<f2"), None)
+
+
+def f32(data: Array) -> Quantized:
+    return Quantized(np.ascontiguousarray(data).view("<f4"), None)
+
+
 def _legacy(data: Array, block_bytes: int, halves: int, five: bool) -> Quantized:
     """Q4_0, Q4_1, Q5_0, Q5_1 (float16 d, and m for _1; Q5's 4 bytes of high bits, bit j of the
     little-endian word for value j; 16 bytes of nibbles, byte j: value j low, j + 16 high) -> the
@@ -201,6 +209,8 @@ def iq4_xs(data: Array) -> Quantized:
 # the format each served type repacks into (data/gguf_types.json's served_as) -> its repack
 REPACK = {
     "BF16": bf16,
+    "F16": f16,
+    "F32": f32,
     "Q4_0": q4_0,
     "Q4_1": q4_1,
     "Q5_0": q5_0,

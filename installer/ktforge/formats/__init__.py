@@ -36,6 +36,8 @@ ELEMENTS = (
     "q41",
     "q50",
     "q51",
+    "f16",
+    "f32",
 )  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 

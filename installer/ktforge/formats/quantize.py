@@ -67,6 +67,8 @@ Hugging Face checkpoints):
   ``[..., N, Kg / 32]``: ``w = d * (q - 8)`` (q5_0: ``q - 16``); q4_1, q5_1: ``scale`` float16
   ``[..., N, Kg / 32, 2]``, d and m: ``w = d * q + m``. A GGUF's own, repacked; MoE.load_weights
   packs floats to them.
+- f16, f32: GGUF's F16 and F32, ``weight`` float16 or float32 ``[..., N, K]``, no scale. A GGUF's own;
+  MoE.load_weights packs floats to them (f16: rounded to nearest even, within float16's range).
 - fp8: a checkpoint's own FP8 E4M3 codes, ``weight`` float8_e4m3fn ``[..., N, K]``, and its
   scales as float32 ``[..., N, Kg / group]``, one per row and group of K (a 128 x 128 block's
   scale repeated over its rows, a channel's over its groups): a repack, not a quantization.
@@ -300,7 +302,7 @@ def _scale_dtype(scale: Array, method: str) -> Array:
 def dequantize(q: Quantized, method: str, K: int) -> Array:
     """The float32 weights ``[..., N, K]`` a quantized projection stands for."""
     element = formats.by_name(method).element
-    if element == "bf16":
+    if element in ("bf16", "f16", "f32"):
         return np.asarray(q.weight, dtype=np.float32)
     assert q.scale is not None
     if element == "int8":
@@ -409,7 +411,7 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
     """Per-expert shape and safetensors dtype of ``weight``, ``scale`` (and ``zero``) for one projection."""
     f = formats.by_name(method)
     weight, scale = f.checkpoint.weight_dtype, f.checkpoint.scale_dtype
-    if f.element == "bf16":
+    if f.element in ("bf16", "f16", "f32"):
         return {"weight": ((N, K), weight)}
     if f.element == "int8":
         return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ktforge.checkpoints.gguf import Routing
 from ktforge.kernels import MAX_THREADS
 from ktforge.kernels import stored as stored_formats
+from ktforge.kernels.arrays import as_numpy, bf16_dtype, check_finite, kernel_view
 
 # the kernel backends, then those that hand some methods to a library (amd-blis: AOCL)
 BACKENDS = ("auto", *backends_table.names(), *(lib.name for lib in backends_table.libraries()))
@@ -81,50 +82,6 @@ def import_guard() -> str | None:
 
 
 _SELECTED_BACKEND = import_guard()
-
-
-@functools.cache
-def _bf16_dtype() -> Any:
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16)
-
-
-def _as_numpy(value: Any, name: str) -> np.ndarray[Any, Any]:
-    """numpy view of an array or a torch CPU tensor (bfloat16 kept as bfloat16)."""
-    if isinstance(value, np.ndarray):
-        return value
-    module = type(value).__module__
-    if module.startswith("torch"):
-        if value.device.type != "cpu":
-            raise ValueError(f"{name} is on {value.device}; ktforge computes on the CPU: pass {name}.cpu()")
-        tensor = value.detach()
-        if str(tensor.dtype) == "torch.bfloat16":
-            import torch
-
-            return np.asarray(tensor.view(torch.int16).numpy()).view(_bf16_dtype())
-        return np.asarray(tensor.numpy())
-    raise TypeError(f"{name} must be a numpy array or a torch tensor, not {type(value).__name__}")
-
-
-def _kernel_view(array: np.ndarray[Any, Any], name: str, copy: bool) -> np.ndarray[Any, Any]:
-    """float32 or bfloat16 (as uint16), C-contiguous."""
-    bf16 = _bf16_dtype()
-    if array.dtype not in (np.float32, bf16):
-        if not copy:
-            raise ValueError(f"{name} has dtype {array.dtype}; expected float32 or bfloat16 (or pass copy=True)")
-        array = array.astype(np.float32)
-    if not array.flags.c_contiguous:
-        if not copy:
-            raise ValueError(f"{name} is not C-contiguous; pass a contiguous array (or copy=True)")
-        array = np.ascontiguousarray(array)
-    return array.view(np.uint16) if array.dtype == bf16 else array
-
-
-def _check_finite(array: np.ndarray[Any, Any], name: str) -> None:
-    values = array.view(_bf16_dtype()) if array.dtype == np.uint16 else array
-    if not np.isfinite(values).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
 
 
 _LIBRARY_BACKENDS = {lib.name for lib in backends_table.libraries()}
@@ -463,15 +420,15 @@ class MoE:
         E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
         arrays = {}
         for name, value, shape in (("gate", gate, (E, I, H)), ("up", up, (E, I, H)), ("down", down, (E, H, I))):
-            array = _as_numpy(value, name)
+            array = as_numpy(value, name)
             if array.shape != shape:
                 axes = "E, H, I" if name == "down" else "E, I, H"
                 raise ValueError(f"{name} has shape {tuple(array.shape)}; expected {shape} ({axes})")
-            arrays[name] = _kernel_view(array, name, copy)
+            arrays[name] = kernel_view(array, name, copy)
         if len({a.dtype for a in arrays.values()}) != 1:
             raise ValueError("gate, up and down must have the same dtype")
         for name, array in arrays.items():
-            _check_finite(array, name)
+            check_finite(array, name, self.down_method if name == "down" else self.method)
         self._layer.load_weights(arrays["gate"], arrays["up"], arrays["down"])
         self._loaded = True
 
@@ -483,7 +440,7 @@ class MoE:
         if order is None:
             self._layer.load_input_order(None)
             return
-        array = _as_numpy(order, "order")
+        array = as_numpy(order, "order")
         if array.shape != (E, H) or array.dtype.kind not in "iu":
             raise ValueError(f"order must be integers of shape {(E, H)}, got {array.dtype} {tuple(array.shape)}")
         rows = np.sort(array, axis=1)
@@ -503,13 +460,13 @@ class MoE:
             if value is None:
                 arrays.append(None)
                 continue
-            array = _as_numpy(value, f"{name}_bias")
+            array = as_numpy(value, f"{name}_bias")
             if array.shape != shape:
                 raise ValueError(f"{name}_bias has shape {tuple(array.shape)}; expected {shape}")
-            if array.dtype.kind not in "fiu" and array.dtype != _bf16_dtype():
+            if array.dtype.kind not in "fiu" and array.dtype != bf16_dtype():
                 raise ValueError(f"{name}_bias must be real numbers, got {array.dtype}")
             array = np.ascontiguousarray(array, dtype=np.float32)
-            _check_finite(array, f"{name}_bias")
+            check_finite(array, f"{name}_bias")
             arrays.append(array)
         self._layer.load_biases(*arrays)
 
@@ -529,7 +486,7 @@ class MoE:
             for name, q, (N, K) in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I)))
         }
         if self.method == self.down_method == "bf16":
-            self.load_weights(*(parts[p]["weight"].view(_bf16_dtype()) for p in parts))
+            self.load_weights(*(parts[p]["weight"].view(bf16_dtype()) for p in parts))
             return
         zeros = {f"{p}_zero": parts[p]["zero"] for p in parts if "zero" in parts[p]}
         self._layer.load_quantized(
@@ -545,22 +502,22 @@ class MoE:
         if not self._loaded:
             raise RuntimeError("forward() called before load_weights()")
         is_torch = type(x).__module__.startswith("torch")
-        x_np = _as_numpy(x, "x")
+        x_np = as_numpy(x, "x")
         if x_np.ndim != 2 or x_np.shape[1] != self.hidden_size:
             raise ValueError(f"x has shape {tuple(x_np.shape)}; expected (T, {self.hidden_size})")
         T = x_np.shape[0]
-        ids_np = _as_numpy(ids, "ids")
-        weights_np = _as_numpy(weights, "weights")
+        ids_np = as_numpy(ids, "ids")
+        weights_np = as_numpy(weights, "weights")
         for name, array in (("ids", ids_np), ("weights", weights_np)):
             if array.shape != (T, self.top_k):
                 raise ValueError(f"{name} has shape {tuple(array.shape)}; expected ({T}, {self.top_k})")
         if ids_np.dtype.kind not in "iu":
             raise ValueError(f"ids must be integers, got {ids_np.dtype}")
         # real numbers only: a complex weight would lose its imaginary part in the cast below
-        if weights_np.dtype.kind not in "fiu" and weights_np.dtype != _bf16_dtype():
+        if weights_np.dtype.kind not in "fiu" and weights_np.dtype != bf16_dtype():
             raise ValueError(f"weights must be real numbers (float32 or bfloat16), got {weights_np.dtype}")
-        x_kernel = _kernel_view(x_np, "x", copy)
-        bf16 = x_np.dtype == _bf16_dtype()
+        x_kernel = kernel_view(x_np, "x", copy)
+        bf16 = x_np.dtype == bf16_dtype()
         out = np.empty((T, self.hidden_size), dtype=x_np.dtype if bf16 else np.float32)
         if T > 0:
             if ids_np.dtype == np.uint64 and ids_np.max() >= self.num_experts:  # would wrap in int64
@@ -573,7 +530,7 @@ class MoE:
         if is_torch:
             import torch
 
-            if out.dtype == _bf16_dtype():
+            if out.dtype == bf16_dtype():
                 return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
             return torch.from_numpy(out)
         return out

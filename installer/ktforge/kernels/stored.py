@@ -40,7 +40,7 @@ def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]])
 def kernel_parts(method: str, group: int, name: str, q: Any, shape: tuple[int, int, int]) -> dict[str, Any]:
     """One projection's parts (``Quantized``, ``E, N, K``) checked against its format's portable
     layout, its scales checked, and each part as the extension takes it: 16-bit floats as their
-    bits; a bf16 projection's ``scale`` an empty placeholder (a mixed layer's)."""
+    bits; a float projection's ``scale`` an empty placeholder (bf16: a mixed layer's)."""
     from ktforge.checkpoints.safetensors_io import DTYPES
     from ktforge.formats.quantize import Quantized, shapes
 
@@ -60,10 +60,11 @@ def kernel_parts(method: str, group: int, name: str, q: Any, shape: tuple[int, i
             )
         parts[part] = np.ascontiguousarray(array)
     element = formats.by_name(method).element
-    if element == "bf16":
-        if not np.isfinite(parts["weight"].astype(np.float32)).all():
+    if element in ("bf16", "f16", "f32"):  # values only
+        if not np.isfinite(parts["weight"]).all():
             raise ValueError(f"{name} contains NaN or infinite values")
-        return {"weight": parts["weight"].view(np.uint16), "scale": np.empty(0, np.uint8)}
+        weight = parts["weight"] if element == "f32" else parts["weight"].view(np.uint16)
+        return {"weight": weight, "scale": np.empty(0, np.uint8)}
     check_scales(method, name, parts)
     if parts["scale"].dtype.itemsize == 2:  # bfloat16 or float16 scales: their bits
         parts["scale"] = parts["scale"].view(np.uint16)

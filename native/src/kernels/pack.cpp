@@ -385,6 +385,16 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
   };
 
   if (method == Element::fp8) return pack_fp8_floats(out, value);
+  if (floats(method)) {  // [N/16][Kp][16]: f16 rounded to nearest even (load_weights checks its range)
+    for (int n = 0; n < out.Np; ++n)
+      for (int k = 0; k < out.Kp; ++k) {
+        const float v = value(n, k);
+        const std::size_t at = (static_cast<std::size_t>(n / 16) * out.Kp + k) * 16 + n % 16;
+        if (method == Element::f32) std::memcpy(out.values + 4 * at, &v, 4);
+        else reinterpret_cast<uint16_t*>(out.values)[at] = f32_to_f16(v);
+      }
+    return;
+  }
   if (method == Element::bf16) {
     auto* dst = reinterpret_cast<uint16_t*>(out.values);
     for (int n = 0; n < out.Np; ++n)
@@ -446,6 +456,14 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
   const int N = static_cast<int>(rows.size());
   shape(out, method, group, N, K);
   if (method == Element::fp8) return pack_fp8_rows(out, rows);
+  if (floats(method)) {  // portable f16, f32: K values a row, as the file has them
+    const std::size_t bytes = method == Element::f32 ? 4 : 2;
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; rows[n].values && k < K; ++k)
+        std::memcpy(out.values + ((static_cast<std::size_t>(n / 16) * out.Kp + k) * 16 + n % 16) * bytes,
+                    static_cast<const uint8_t*>(rows[n].values) + k * bytes, bytes);
+    return;
+  }
   begin_quantized(out);
   std::vector<int8_t> q(out.Kp);
   const std::vector<uint16_t> unit(out.groups() + 1, method == Element::int8h ? kF16One : kBf16One);
@@ -505,10 +523,10 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
     if (act.bf16.size() < total) act.bf16.resize(total);
     act.f32_ld = Kp + 16;
     if (widen && act.f32.size() < static_cast<std::size_t>(rows * act.f32_ld)) act.f32.resize(rows * act.f32_ld);
-  } else if (method == Element::fp8) {
+  } else if (method == Element::fp8 || floats(method)) {
     act.f32_ld = Kp + 16;
     if (act.f32.size() < static_cast<std::size_t>(rows * act.f32_ld)) act.f32.resize(rows * act.f32_ld);
-    if (act.bf16.size() < total) act.bf16.resize(total);
+    if (method == Element::fp8 && act.bf16.size() < total) act.bf16.resize(total);
   } else {
     if (act.q.size() < total) act.q.resize(total);
     if (act.q_u8.size() < total) act.q_u8.resize(total);
@@ -545,16 +563,17 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
       row = widened.data();
     }
     bool finite = true;
-    if (method == Element::fp8) {
-      // exact fp32 scaled by a power of two (kFp8ActivationScale) for the fp32 kernels, and bf16
-      // for the bf16 dot products of prefill
+    if (method == Element::fp8 || floats(method)) {
+      // exact fp32 (fp8: scaled by a power of two, kFp8ActivationScale) for the fp32 kernels;
+      // fp8's bf16 too, for the bf16 dot products of prefill
+      const float factor = method == Element::fp8 ? kFp8ActivationScale : 1.f;
       float* dst = act.f32.data() + r * act.f32_ld;
       for (int k = 0; k < K; ++k) {
-        dst[k] = row[k] * kFp8ActivationScale;
+        dst[k] = row[k] * factor;
         finite &= std::fabs(dst[k]) <= std::numeric_limits<float>::max();
       }
       std::fill(dst + K, dst + Kp, 0.f);
-      finite &= ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
+      if (method == Element::fp8) finite &= ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
     } else if (method == Element::bf16) {
       finite = ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
       if (widen) widen_row(r);

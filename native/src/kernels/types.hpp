@@ -26,6 +26,7 @@
 //   int8h: int8g's layout, float16 group scales (GGUF's Q8_0)
 //   fp8:  [N/16][K][16]       E4M3 codes  one 64-byte line = 16 columns x 4 k: a k's 16
 //                                         columns widen to one fp32 vector
+//   f16, f32: [N/16][K][16]   float16 or float32 values: a k's 16 columns, one fp32 vector
 // N is padded to a multiple of 16 and K to the element's step (32, 64, or the group size of
 // a grouped element) with zeros, so kernels have no tails. A 16-column block's panel is also exactly an
 // AMX B tile stream: 16 rows of 64 bytes per 32 bf16 / 64 int8 values of K.
@@ -52,8 +53,10 @@ inline bool k_quant(Element m) {
          m == Element::q2k;
 }
 inline bool q4k_records(Element m) { return m == Element::q4k || m == Element::q5k; }
+// Plain floats (GGUF's F16, F32): fp32 FMA on the exact activations, no scales.
+inline bool floats(Element m) { return m == Element::f16 || m == Element::f32; }
 inline int k_step(Element m, int group) {
-  return m == Element::bf16 ? 32 : m == Element::int8 ? 64 : k_quant(m) ? kQ4kSuperBlock : group;
+  return m == Element::bf16 || floats(m) ? 32 : m == Element::int8 ? 64 : k_quant(m) ? kQ4kSuperBlock : group;
 }
 // GGUF's Q4_0, Q4_1, Q5_0 and Q5_1, a float16 d per group of 32: q40 w = d * (q - 8), q50 w = d *
 // (q - 16), their d int8h's group scales; q41, q51 w = d * q + m, d and m per 16-column block and
@@ -297,12 +300,13 @@ struct PackedMatrix {
   const float* fp8_row_scales(int b) const { return scale.empty() ? nullptr : scale.data() + b * 16; }
 
   static std::size_t block_bytes(Element m, int Kp) {
-    return static_cast<std::size_t>(Kp) * (m == Element::bf16  ? 32
+    return static_cast<std::size_t>(Kp) * (m == Element::bf16 || m == Element::f16 ? 32
                                            : nibbles(m) || m == Element::q40 || m == Element::q41 ? 8
                                            : m == Element::q5k || m == Element::q50 || m == Element::q51 ? 10
                                            : m == Element::q6k ? 12
                                            : m == Element::q3k ? 6
                                            : m == Element::q2k ? 4
+                                           : m == Element::f32 ? 64
                                                                : 16);
   }
   // The bytes of values an N x K matrix packs into.

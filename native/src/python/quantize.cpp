@@ -27,7 +27,7 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   if (method == Element::int8h)
     throw std::invalid_argument("q8_0 serves GGUF Q8_0 tensors as they are (or packs floats in load_weights); "
                                 "kt convert writes int8g, its bfloat16-scaled peer");
-  if (k_quant(method) || iq4(method) || legacy(method)) {
+  if (k_quant(method) || iq4(method) || legacy(method) || floats(method)) {
     std::string ggml = method_name;  // the ggml type's name: q4_k -> Q4_K
     std::transform(ggml.begin(), ggml.end(), ggml.begin(), [](unsigned char c) { return std::toupper(c); });
     throw std::invalid_argument(method_name + " serves GGUF " + ggml +

@@ -220,10 +220,31 @@ void gemm_fp8(const GemmArgs& a) {
   }
 }
 
+// f16, f32: the values widened, fp32 sums in k order on the exact activations
+void gemm_floats(const GemmArgs& a) {
+  const PackedMatrix& w = *a.w;
+  for (int i = 0; i < a.m; ++i) {
+    const float* x = a.act->f32.data() + a.rows[i] * a.act->f32_ld;
+    for (int n = a.n0; n < a.n1; ++n) {
+      const std::size_t at = static_cast<std::size_t>(n / 16) * w.Kp * 16 + n % 16;
+      float acc = 0.f;
+      for (int k = 0; k < w.Kp; ++k) {
+        float v;
+        if (w.element == Element::f32) std::memcpy(&v, w.values + 4 * (at + k * 16), 4);
+        else v = f16_to_f32(reinterpret_cast<const uint16_t*>(w.values)[at + k * 16]);
+        acc += v * x[k];
+      }
+      a.out[i * a.ld_out + (n - a.n0)] = acc;
+    }
+  }
+}
+
 void gemm(const GemmArgs& a) {
   switch (a.w->element) {
     case Element::fp8: return gemm_fp8(a);
     case Element::bf16: return gemm_bf16(a);
+    case Element::f16:
+    case Element::f32: return gemm_floats(a);
     case Element::int8: return gemm_int8(a);
     case Element::int4: return gemm_grouped(a, int4_code);
     case Element::int8g: return gemm_grouped(a, int8g_code);
@@ -246,6 +267,7 @@ void gemm(const GemmArgs& a) {
 
 std::string describe(Element m) {
   return m == Element::bf16   ? "scalar fp32 dot of bf16"
+         : floats(m)          ? "scalar fp32 dot"
          : m == Element::int8 ? "scalar int32 dot"
          : m == Element::fp8  ? "scalar fp32 dot of fp8 per block"
          : m == Element::fp4  ? "scalar int32 dot of doubled fp4 per group"

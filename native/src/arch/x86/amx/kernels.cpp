@@ -492,7 +492,10 @@ int min_rows(Element m) {
                                : kAmxInt4MinRows;  // int4, and fp4 (int4's kernel but the unpacking)
 }
 
-bool use_tiles(const GemmArgs& g) { return g.m >= min_rows(g.w->element) && amx_permission_errno() == 0; }
+// f16 and f32 have no tile product on these machines (AMX-FP16 is Granite Rapids'): AVX-512's
+bool use_tiles(const GemmArgs& g) {
+  return !floats(g.w->element) && g.m >= min_rows(g.w->element) && amx_permission_errno() == 0;
+}
 
 void gemm(const GemmArgs& g) {
   if (use_tiles(g)) return g.w->element == Element::fp8 ? amx_fp8(g) : grouped(g.w->element) ? amx_grouped(g) : amx_gemm(g);
@@ -501,6 +504,7 @@ void gemm(const GemmArgs& g) {
 
 std::string describe(Element m) {
   const std::string fallback = simd().describe(m);
+  if (floats(m)) return fallback;
   if (const int err = amx_permission_errno())
     return fallback + " (AMX permission refused: errno " + std::to_string(err) + ")";
   const std::string op = m == Element::fp8     ? "tdpbf16ps per group on fp8 converted to bf16"

@@ -150,8 +150,9 @@ inline __m256 load_scales(const uint16_t* bf16) {
 }  // namespace
 }  // namespace kt
 
-// The nibble elements' tiles and codes, in this file's unnamed namespace (they use
-// prefetch_panel and load_scales)
+// The nibble elements' tiles and codes, the float elements' tiles, in this file's unnamed
+// namespace (they use prefetch_panel and load_scales)
+#include "arch/x86/avx2/floats.hpp"
 #include "arch/x86/avx2/nibbles.hpp"
 
 namespace kt {
@@ -296,6 +297,10 @@ void gemm(const GemmArgs& a) {
       gemm_fp8_block(a, blk);
       continue;
     }
+    if (floats(w.element)) {
+      w.element == Element::f16 ? gemm_floats_block<Element::f16>(a, blk) : gemm_floats_block<Element::f32>(a, blk);
+      continue;
+    }
     for (int i0 = 0; i0 < a.m; i0 += kRows) {
       const int m = std::min(kRows, a.m - i0);
       float* out = a.out + i0 * a.ld_out + (blk * 16 - a.n0);
@@ -330,6 +335,8 @@ void gemm(const GemmArgs& a) {
 std::string describe(Element m) {
   return m == Element::bf16 ? "avx2 fp32 fma (exact vdpbf16ps emulation)"
          : m == Element::fp8   ? "avx2 fp32 fma on fp8 decoded in registers"
+         : m == Element::f16   ? "avx2 fp32 fma on float16 widened in registers"
+         : m == Element::f32   ? "avx2 fp32 fma"
          : m == Element::int8  ? "avx2 maddubs, sign on the weights"
          : m == Element::int8g ? "avx2 maddubs, sign on the weights, per group"
          : m == Element::int8h ? "avx2 maddubs, sign on the weights, per group, float16 scales"

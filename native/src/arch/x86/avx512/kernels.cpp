@@ -265,7 +265,9 @@ void gemm_bf16(const GemmArgs& a) {
 }  // namespace
 }  // namespace kt
 
-// fp8_tile and gemm_fp8, in this file's unnamed namespace (they use kStreamAheadLines and kDecodeRows)
+// fp8_tile and gemm_fp8, float_tile and gemm_floats, in this file's unnamed namespace (they use
+// kStreamAheadLines and kDecodeRows)
+#include "arch/x86/avx512/floats.hpp"
 #include "arch/x86/avx512/fp8.hpp"
 
 namespace kt {
@@ -410,6 +412,8 @@ void gemm(const GemmArgs& a) {
   switch (a.w->element) {
     case Element::bf16: return gemm_bf16(a);
     case Element::fp8: return gemm_fp8(a);
+    case Element::f16: return gemm_floats<Element::f16>(a);
+    case Element::f32: return gemm_floats<Element::f32>(a);
 #ifdef __AVX512VNNI__
     case Element::int8: return gemm_int8(a);
     case Element::int4: return gemm_nibbles<Int4Codes>(a);
@@ -459,6 +463,7 @@ std::string describe(Element m) {
   if (m == Element::fp8) return "avx512 fp32 fma on fp8 decoded in registers";
 #endif
   if (m == Element::bf16) return bf16;
+  if (floats(m)) return m == Element::f16 ? "avx512 fp32 fma on float16 widened in registers" : "avx512 fp32 fma";
   const std::string what = m == Element::int8    ? ""
                            : m == Element::int8g ? " per group"
                            : m == Element::int8h ? " per group, float16 scales"
