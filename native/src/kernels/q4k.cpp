@@ -22,15 +22,7 @@ void put_q4k_meta(PackedMatrix& out, int n, const uint8_t* row_records) {
   }
 }
 
-void put_q5k_codes(PackedMatrix& out, int n, const int8_t* codes) {
-  uint8_t* panel = out.values + static_cast<std::size_t>(n / 16) * out.block_bytes();
-  for (int k = 0; k < out.Kp; ++k) {
-    const int v = codes[k], b = (n % 16) * 4 + k % 4, high = (k % 8) >= 4;  // b: the line byte, as int4's
-    uint8_t* line = panel + (k / 8) * kQ5kLineBytes;
-    line[b] = static_cast<uint8_t>(high ? (line[b] & 0x0F) | ((v & 0x0F) << 4) : (line[b] & 0xF0) | (v & 0x0F));
-    put_one_bit(line + 64, b, high, v >> 4);
-  }
-}
+void put_q5k_codes(PackedMatrix& out, int n, const int8_t* codes) { put_line_codes<Q5kLine>(out, n, codes); }
 
 namespace {
 
@@ -90,8 +82,7 @@ bool quantize_q2k_row(const float* w, int K, int8_t* q, uint8_t* records) {
 
 void put_q2k_row(PackedMatrix& out, int n, const uint8_t* codes, const uint8_t* row_records) {
   const int c = n % 16, supers = out.Kp / kQ4kSuperBlock;
-  uint8_t* panel = out.values + static_cast<std::size_t>(n / 16) * out.block_bytes();
-  for (int k = 0; k < out.Kp; ++k) put_two_bits(panel + (k / 8) * kQ2kLineBytes, c * 4 + k % 4, (k % 8) >= 4, codes[k]);
+  put_line_codes<Q2kLine>(out, n, codes);
   for (int s = 0; s < supers; ++s) {
     const uint8_t* in = row_records + s * kQ2kRowRecordBytes;
     uint8_t* record = out.group_meta.data() + (static_cast<std::size_t>(n / 16) * supers + s) * kQ2kSuperBytes;

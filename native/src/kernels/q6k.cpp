@@ -18,24 +18,12 @@ void put_signed_records(PackedMatrix& out, int n, const uint8_t* row_records, in
 static_assert(kQ6kSubScales == kIq4xsSubScales, "q6k's and iq4xs's records keep sc at one offset");
 
 void put_q6k_row(PackedMatrix& out, int n, const uint8_t* codes, const uint8_t* row_records) {
-  uint8_t* panel = out.values + static_cast<std::size_t>(n / 16) * out.block_bytes();
-  for (int k = 0; k < out.Kp; ++k) {
-    const int v = codes[k], b = (n % 16) * 4 + k % 4, high = (k % 8) >= 4;  // b: the line byte, as int4's
-    uint8_t* line = panel + (k / 8) * kQ6kLineBytes;
-    line[b] = static_cast<uint8_t>(high ? (line[b] & 0x0F) | ((v & 0x0F) << 4) : (line[b] & 0xF0) | (v & 0x0F));
-    put_two_bits(line + 64, b, high, v >> 4);
-  }
+  put_line_codes<Q6kLine>(out, n, codes);
   put_signed_records(out, n, row_records, kQ6kGroupsPerSuper, kQ6kSuperBytes);
 }
 
 void put_q3k_row(PackedMatrix& out, int n, const uint8_t* codes, const uint8_t* row_records) {
-  uint8_t* panel = out.values + static_cast<std::size_t>(n / 16) * out.block_bytes();
-  for (int k = 0; k < out.Kp; ++k) {
-    const int v = codes[k], b = (n % 16) * 4 + k % 4, high = (k % 8) >= 4;
-    uint8_t* line = panel + (k / 8) * kQ3kLineBytes;
-    put_two_bits(line, b, high, v);
-    put_one_bit(line + 32, b, high, v >> 2);
-  }
+  put_line_codes<Q3kLine>(out, n, codes);
   put_signed_records(out, n, row_records, kQ6kGroupsPerSuper, kQ6kSuperBytes);
 }
 

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "formats.gen.hpp"  // Element (the packed value families) and Method (the formats)
@@ -195,6 +196,44 @@ inline void put_one_bit(uint8_t* plane, int b, int high, int v) {
 }
 inline int one_bit(const uint8_t* plane, int b, int high) { return (plane[b % 16] >> (2 * (b / 16) + high)) & 1; }
 
+// A panel line's layout (8 values of K x 16 columns): its bytes, whether int4's 64 bytes of
+// nibbles lead (a code's bits 0-3), where a 32-byte plane of two-bit fields is (-1: none) and the
+// code's bit it starts at, where a 16-byte plane of single bits is and the code's bit it gives.
+// Every backend's decoding of the K-quants' codes reads these, and nothing else, of the layout.
+template <int Bytes, bool Nibbles, int TwoBits, int TwoBitsAt, int OneBit, int OneBitAt>
+struct LineLayout {
+  static constexpr int kBytes = Bytes, kTwoBits = TwoBits, kTwoBitsAt = TwoBitsAt, kOneBit = OneBit;
+  static constexpr int kOneBitAt = OneBitAt;
+  static constexpr bool kNibbles = Nibbles;
+  // a code into int4's line byte b, nibble `high`, and its planes (packing)
+  static void put(uint8_t* line, int b, int high, int v) {
+    if (Nibbles) line[b] = static_cast<uint8_t>(high ? (line[b] & 0x0F) | ((v & 0x0F) << 4) : (line[b] & 0xF0) | (v & 0x0F));
+    if (TwoBits >= 0) put_two_bits(line + TwoBits, b, high, v >> TwoBitsAt);
+    if (OneBit >= 0) put_one_bit(line + OneBit, b, high, v >> OneBitAt);
+  }
+  // the code of int4's line byte b, nibble `high` (scalar: the reference backend and tile model)
+  static int code(const uint8_t* line, int b, int high) {
+    int v = Nibbles ? (high ? line[b] >> 4 : line[b] & 0x0F) : 0;
+    if (TwoBits >= 0) v |= two_bits(line + TwoBits, b, high) << TwoBitsAt;
+    if (OneBit >= 0) v |= one_bit(line + OneBit, b, high) << OneBitAt;
+    return v;
+  }
+};
+using NibbleLine = LineLayout<64, true, -1, 0, -1, 0>;                  // int4's, and q4k's, q40's, ...
+using Q5kLine = LineLayout<kQ5kLineBytes, true, -1, 0, 64, 4>;          // q5k's, q50's, q51's
+using Q6kLine = LineLayout<kQ6kLineBytes, true, 64, 4, -1, 0>;          // q6k's
+using Q3kLine = LineLayout<kQ3kLineBytes, false, 0, 0, 32, 2>;          // q3k's
+using Q2kLine = LineLayout<kQ2kLineBytes, false, 0, 0, -1, 0>;          // q2k's
+// A backend's codes struct names its line's layout (`using Layout = ...`); a nibble panel's need not.
+template <class Codes, class = void>
+struct LayoutOf {
+  using type = NibbleLine;
+};
+template <class Codes>
+struct LayoutOf<Codes, std::void_t<typename Codes::Layout>> {
+  using type = typename Codes::Layout;
+};
+
 // q4k's portable row record, one a super-block (ktforge.formats.quantize): d, dmin (float16, little
 // endian), sc[8], m[8].
 constexpr int kQ4kRowRecordBytes = 2 + 2 + 2 * kQ4kGroupsPerSuper;
@@ -323,6 +362,13 @@ inline void put_nibbles(PackedMatrix& out, int n, const int8_t* q, int offset) {
     uint8_t& byte = out.values[((static_cast<int64_t>(n / 16) * (out.Kp / 8) + k / 8) * 16 + n % 16) * 4 + k % 4];
     byte = static_cast<uint8_t>(high ? (byte & 0x0F) | (v << 4) : (byte & 0xF0) | v);
   }
+}
+
+// Row n of a matrix whose lines have layout L: Kp codes into its panel's lines.
+template <class L, typename Code>
+void put_line_codes(PackedMatrix& out, int n, const Code* codes) {
+  uint8_t* panel = out.values + static_cast<std::size_t>(n / 16) * out.block_bytes();
+  for (int k = 0; k < out.Kp; ++k) L::put(panel + (k / 8) * L::kBytes, (n % 16) * 4 + k % 4, (k % 8) >= 4, codes[k]);
 }
 
 // Activation rows converted for an element family: bf16 values, or int8 with a per-row scale.

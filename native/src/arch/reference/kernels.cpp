@@ -140,42 +140,24 @@ float iq4xs_scale(const PackedMatrix& w, int block, int g, int c) {
   return q4k_half(r + 2 * c) * static_cast<float>(static_cast<int8_t>(r[kIq4xsSubScales + (g % kQ4kGroupsPerSuper) * 16 + c]));
 }
 
-// q5k: a line's nibble (int4's order) and its high bit (kernels/types.hpp), q in [0, 31]; Q4_K's
-// scales and mins
-int q5k_code(const uint8_t* block, int c, int k) {
-  const uint8_t* line = block + (k / 8) * kQ5kLineBytes;
-  const int b = c * 4 + k % 4, high = (k % 8) >= 4;
-  const int nibble = high ? line[b] >> 4 : line[b] & 0x0F;
-  return nibble | (one_bit(line + 64, b, high) << 4);
+// The K-quants' codes: a line's nibble (int4's order) and its planes' bits (kernels/types.hpp's
+// layouts): q5k's (and q50's, q51's) in [0, 31], q6k's in [0, 63] less 32 per group (its activation
+// sum times 32 taken off, as the SIMD kernels do), q3k's in [0, 7] less 4, q2k's in [0, 3]
+template <class L>
+int plane_code(const uint8_t* block, int c, int k) {
+  return L::code(block + (k / 8) * L::kBytes, c * 4 + k % 4, (k % 8) >= 4);
 }
-
-// q6k: a line's nibble (int4's order) and its two high bits (kernels/types.hpp), q in [0, 63]
-// less 32 per group (its activation sum times 32 taken off, as the SIMD kernels do); per group
-// d * sc_j from its super-block's record, exact in float32
-int q6k_code(const uint8_t* block, int c, int k) {
-  const uint8_t* line = block + (k / 8) * kQ6kLineBytes;
-  const int b = c * 4 + k % 4, high = (k % 8) >= 4;
-  const int nibble = high ? line[b] >> 4 : line[b] & 0x0F;
-  return nibble | (two_bits(line + 64, b, high) << 4);
-}
+// q6k's (and q3k's) per group d * sc_j from its super-block's record, exact in float32
 float q6k_scale(const PackedMatrix& w, int block, int g, int c) {
   const uint8_t* r = w.block_meta(block) + (g / kQ6kGroupsPerSuper) * kQ6kSuperBytes;
   return q4k_half(r + 2 * c) * static_cast<float>(static_cast<int8_t>(r[kQ6kSubScales + (g % kQ6kGroupsPerSuper) * 16 + c]));
 }
 float q6k_zero(const PackedMatrix&, int, int, int) { return kQ6kOffset; }
 
-// q3k: a line's two low bits and third bit (kernels/types.hpp), q in [0, 7] less 4 per group;
-// q6k's scales
-int q3k_code(const uint8_t* block, int c, int k) {
-  const uint8_t* line = block + (k / 8) * kQ3kLineBytes;
-  const int b = c * 4 + k % 4, high = (k % 8) >= 4;
-  return two_bits(line, b, high) | (one_bit(line + 32, b, high) << 2);
-}
 float q3k_zero(const PackedMatrix&, int, int, int) { return kQ3kOffset; }
 
-// q2k: a line's two bits, q in [0, 3]; per group d * sc_j and dmin * m_j from its super-block's
-// record (kernels/types.hpp), exact in float32
-int q2k_code(const uint8_t* block, int c, int k) { return two_bits(block + (k / 8) * kQ2kLineBytes, c * 4 + k % 4, (k % 8) >= 4); }
+// q2k: per group d * sc_j and dmin * m_j from its super-block's record (kernels/types.hpp), exact
+// in float32
 const uint8_t* q2k_record(const PackedMatrix& w, int block, int g) {
   return w.block_meta(block) + (g / kQ6kGroupsPerSuper) * kQ2kSuperBytes;
 }
@@ -252,14 +234,14 @@ void gemm(const GemmArgs& a) {
     case Element::fp4: return gemm_grouped(a, fp4_doubled, e8m0_group_scale, 0.5f);
     case Element::int4z: return gemm_grouped(a, nibble_code, int4z_scale, 1.f, int4z_zero);
     case Element::q4k: return gemm_grouped(a, nibble_code, q4k_scale, 1.f, no_zero, q4k_min);
-    case Element::q6k: return gemm_grouped(a, q6k_code, q6k_scale, 1.f, q6k_zero);
-    case Element::q5k: return gemm_grouped(a, q5k_code, q4k_scale, 1.f, no_zero, q4k_min);
-    case Element::q3k: return gemm_grouped(a, q3k_code, q6k_scale, 1.f, q3k_zero);
+    case Element::q6k: return gemm_grouped(a, plane_code<Q6kLine>, q6k_scale, 1.f, q6k_zero);
+    case Element::q5k: return gemm_grouped(a, plane_code<Q5kLine>, q4k_scale, 1.f, no_zero, q4k_min);
+    case Element::q3k: return gemm_grouped(a, plane_code<Q3kLine>, q6k_scale, 1.f, q3k_zero);
     case Element::q40: return gemm_grouped(a, nibble_code, f16_group_scale, 1.f, legacy_offset_of);
-    case Element::q50: return gemm_grouped(a, q5k_code, f16_group_scale, 1.f, legacy_offset_of);
+    case Element::q50: return gemm_grouped(a, plane_code<Q5kLine>, f16_group_scale, 1.f, legacy_offset_of);
     case Element::q41: return gemm_grouped(a, nibble_code, legacy_d, 1.f, no_zero, legacy_negated_m);
-    case Element::q51: return gemm_grouped(a, q5k_code, legacy_d, 1.f, no_zero, legacy_negated_m);
-    case Element::q2k: return gemm_grouped(a, q2k_code, q2k_scale, 1.f, no_zero, q2k_min);
+    case Element::q51: return gemm_grouped(a, plane_code<Q5kLine>, legacy_d, 1.f, no_zero, legacy_negated_m);
+    case Element::q2k: return gemm_grouped(a, plane_code<Q2kLine>, q2k_scale, 1.f, no_zero, q2k_min);
     case Element::iq4nl: return gemm_grouped(a, iq4_value, f16_group_scale);
     case Element::iq4xs: return gemm_grouped(a, iq4_value, iq4xs_scale);
   }

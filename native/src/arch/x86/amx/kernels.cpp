@@ -270,11 +270,11 @@ void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* 
 // into `mins`), exactly.
 const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unpacked, float* scales, float* mins) {
   const int G = w.groups();
-  const auto planes = w.element == Element::q6k   ? unpack_planes<Q6kLine>
+  const auto planes = w.element == Element::q6k   ? unpack_planes<Q6kLine, kQ6kOffset>
                       : w.element == Element::q5k ? unpack_planes<Q5kLine>
-                      : w.element == Element::q3k ? unpack_planes<Q3kLine>
+                      : w.element == Element::q3k ? unpack_planes<Q3kLine, kQ3kOffset>
                       : w.element == Element::q2k ? unpack_planes<Q2kLine>
-                      : w.element == Element::q50 ? unpack_planes<Q50Line>
+                      : w.element == Element::q50 ? unpack_planes<Q5kLine, 16>
                       : w.element == Element::q51 ? unpack_planes<Q5kLine>
                                                   : nullptr;
   if (q4k_records(w.element)) {

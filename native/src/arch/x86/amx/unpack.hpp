@@ -74,22 +74,6 @@ void unpack_fp4(const uint8_t* panel, int kp, int8_t* out) { unpack_looked_up(pa
 // iq4nl, iq4xs: the IQ4 grid's signed values (tdpbssd)
 void unpack_iq4(const uint8_t* panel, int kp, int8_t* out) { unpack_looked_up(panel, kp, out, kIq4Values); }
 
-// The K-quants' lines with bit planes (types.hpp): bytes, whether int4's 64 bytes of nibbles
-// lead, where a 32-byte plane of two-bit fields is (-1: none) and which bit of the codes it
-// gives, where a 16-byte plane of single bits is and which bit it gives, and what the B tiles
-// take off each code (signed tiles: q6k's q - 32, q3k's q - 4; 0 for the unsigned ones).
-template <int Bytes, bool Nibbles, int TwoBits, int TwoBitsAt, int OneBit, int OneBitAt, int Offset>
-struct PlaneLine {
-  static constexpr int kBytes = Bytes, kTwoBits = TwoBits, kTwoBitsAt = TwoBitsAt, kOneBit = OneBit;
-  static constexpr int kOneBitAt = OneBitAt, kOffset = Offset;
-  static constexpr bool kNibbles = Nibbles;
-};
-using Q6kLine = PlaneLine<kQ6kLineBytes, true, 64, 4, -1, 0, kQ6kOffset>;
-using Q5kLine = PlaneLine<kQ5kLineBytes, true, -1, 0, 64, 4, 0>;
-using Q3kLine = PlaneLine<kQ3kLineBytes, false, 0, 0, 32, 2, kQ3kOffset>;
-using Q2kLine = PlaneLine<kQ2kLineBytes, false, 0, 0, -1, 0, 0>;
-using Q50Line = PlaneLine<kQ5kLineBytes, true, -1, 0, 64, 4, 16>;  // q5k's, signed: q - 16
-
 #ifndef KTFORGE_AMX_MODEL
 template <int Shift>
 inline __m512i shift_bytes(__m512i v) {
@@ -98,12 +82,13 @@ inline __m512i shift_bytes(__m512i v) {
 }
 #endif
 
-// Panel lines -> int8 B-tile rows ([Kp/4][16][4]): row 2j the codes of line j's low nibbles'
-// places, 2j + 1 of its high ones', each less L::kOffset.
-template <class L>
+// Panel lines of layout L (types.hpp) -> int8 B-tile rows ([Kp/4][16][4]): row 2j the codes of
+// line j's low nibbles' places, 2j + 1 of its high ones', each less Offset (signed tiles: q6k's q -
+// 32, q3k's q - 4, q50's q - 16; 0 for the unsigned ones).
+template <class L, int Offset = 0>
 void unpack_planes(const uint8_t* panel, int kp, int8_t* out) {
 #ifndef KTFORGE_AMX_MODEL
-  const __m512i low = _mm512_set1_epi8(0x0F), offset = _mm512_set1_epi8(L::kOffset);
+  const __m512i low = _mm512_set1_epi8(0x0F), offset = _mm512_set1_epi8(Offset);
   const __m512i single = _mm512_set_epi32(0x40404040, 0x40404040, 0x40404040, 0x40404040, 0x10101010, 0x10101010,
                                           0x10101010, 0x10101010, 0x04040404, 0x04040404, 0x04040404, 0x04040404,
                                           0x01010101, 0x01010101, 0x01010101, 0x01010101);  // lane l's bit 2 l
@@ -133,13 +118,7 @@ void unpack_planes(const uint8_t* panel, int kp, int8_t* out) {
 #else
   for (int j = 0; j < kp / 8; ++j)
     for (int b = 0; b < 64; ++b)
-      for (int t = 0; t < 2; ++t) {
-        const uint8_t* line = panel + j * L::kBytes;
-        int v = L::kNibbles ? (t ? line[b] >> 4 : line[b] & 0x0F) : 0;
-        if (L::kTwoBits >= 0) v |= two_bits(line + L::kTwoBits, b, t) << L::kTwoBitsAt;
-        if (L::kOneBit >= 0) v |= one_bit(line + L::kOneBit, b, t) << L::kOneBitAt;
-        out[(2 * j + t) * 64 + b] = static_cast<int8_t>(v - L::kOffset);
-      }
+      for (int t = 0; t < 2; ++t) out[(2 * j + t) * 64 + b] = static_cast<int8_t>(L::code(panel + j * L::kBytes, b, t) - Offset);
 #endif
 }
 

@@ -133,18 +133,21 @@ struct PlainCodes {
   static __m256i decode(__m256i nibbles, __m256i) { return nibbles; }
 };
 struct Q6kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ6kOffset> {
+  using Layout = Q6kLine;
   static constexpr int kSteps16 = 1;
 };
 
 // q3k (GGUF's Q3_K): unsigned 3-bit codes, q6k's scaling with offset 4. A step's two pair sums
 // reach 2 * 2 * 7 * 127 = 3556: 16-bit sums hold a group's two steps.
 struct Q3kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ3kOffset> {
+  using Layout = Q3kLine;
   static constexpr int kSteps16 = 2;
 };
 
 // q2k (GGUF's Q2_K): unsigned 2-bit codes; each group's sums scaled by d * sc_j and its activation
 // sum times dmin * m_j taken off, sc_j and m_j a byte's nibbles (types.hpp's record).
 struct Q2kCodes : PlainCodes {
+  using Layout = Q2kLine;
   using Scale = uint8_t;
   static constexpr int kSteps16 = 2;
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
@@ -163,6 +166,7 @@ struct Q2kCodes : PlainCodes {
 // q5k (GGUF's Q5_K): Q4_K's scales and mins on 5-bit codes: a step's two pair sums reach
 // 2 * 2 * 31 * 127 = 15748, so 16-bit sums hold two steps.
 struct Q5kCodes : Q4kCodes {
+  using Layout = Q5kLine;
   static constexpr int kSteps16 = 2;
 };
 
@@ -196,6 +200,7 @@ struct Q40Codes : PlainCodes, HalfScales<8> {
   static constexpr int kSteps16 = kInt4Steps16;
 };
 struct Q50Codes : PlainCodes, HalfScales<16> {
+  using Layout = Q5kLine;
   static constexpr int kSteps16 = 2;
 };
 struct HalfScalesAndMins : PlainCodes {
@@ -211,6 +216,7 @@ struct Q41Codes : HalfScalesAndMins {
   static constexpr int kSteps16 = kInt4Steps16;
 };
 struct Q51Codes : HalfScalesAndMins {
+  using Layout = Q5kLine;
   static constexpr int kSteps16 = 2;
 };
 
@@ -251,46 +257,12 @@ inline void add_one_bit(const uint8_t* plane, __m256i (&lo)[2], __m256i (&hi)[2]
   lo[1] = _mm256_or_si256(lo[1], bit(4)), hi[1] = _mm256_or_si256(hi[1], bit(5));
 }
 
-// A panel line (types.hpp): its bytes, whether it starts with int4's 64 bytes of nibbles, and
-// what its other planes add to the codes (each half's 32 line bytes).
-template <class Codes>
-struct Line {
-  static constexpr int kBytes = 64;
-  static constexpr bool kNibbles = true;
-  static void add(const uint8_t*, __m256i (&)[2], __m256i (&)[2]) {}
-};
-struct Q5Line {  // q5k's, q50's and q51's: nibbles, then their high bits
-  static constexpr int kBytes = kQ5kLineBytes;
-  static constexpr bool kNibbles = true;
-  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) { add_one_bit<16>(line + 64, lo, hi); }
-};
-template <>
-struct Line<Q5kCodes> : Q5Line {};
-template <>
-struct Line<Q50Codes> : Q5Line {};
-template <>
-struct Line<Q51Codes> : Q5Line {};
-template <>
-struct Line<Q6kCodes> {
-  static constexpr int kBytes = kQ6kLineBytes;
-  static constexpr bool kNibbles = true;
-  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) { add_two_bits<4>(line + 64, lo, hi); }
-};
-template <>
-struct Line<Q3kCodes> {
-  static constexpr int kBytes = kQ3kLineBytes;
-  static constexpr bool kNibbles = false;
-  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) {
-    add_two_bits<0>(line, lo, hi);
-    add_one_bit<4>(line + 32, lo, hi);
-  }
-};
-template <>
-struct Line<Q2kCodes> {
-  static constexpr int kBytes = kQ2kLineBytes;
-  static constexpr bool kNibbles = false;
-  static void add(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) { add_two_bits<0>(line, lo, hi); }
-};
+// What a line's planes (types.hpp's LineLayout) add to the codes its nibbles (or zeros) begin.
+template <class L>
+inline void add_planes(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) {
+  if constexpr (L::kTwoBits >= 0) add_two_bits<L::kTwoBitsAt>(line + L::kTwoBits, lo, hi);
+  if constexpr (L::kOneBit >= 0) add_one_bit<1 << L::kOneBitAt>(line + L::kOneBit, lo, hi);
+}
 
 template <class Codes>
 struct NibbleTile {
@@ -310,13 +282,13 @@ struct NibbleTile {
         __m256i acc16[M][2];
         for (int i = 0; i < M; ++i) acc16[i][0] = acc16[i][1] = _mm256_setzero_si256();
         for (int p = s0; p < s0 + kSteps16; ++p) {
-          constexpr int kLine = Line<Codes>::kBytes;
+          constexpr int kLine = LayoutOf<Codes>::type::kBytes;
           const uint8_t* line = panel + p * kLine;
           prefetch_panel(line);
           if (kLine % 64 != 0 && 64 % kLine != 0) prefetch_panel(line + kLine - 1);  // it crosses cache lines
           __m256i lo[2], hi[2];
           for (int h = 0; h < 2; ++h) {
-            if constexpr (Line<Codes>::kNibbles) {
+            if constexpr (LayoutOf<Codes>::type::kNibbles) {
               const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + h * 32));
               lo[h] = Codes::decode(_mm256_and_si256(v, low), table);
               hi[h] = Codes::decode(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), table);
@@ -324,7 +296,7 @@ struct NibbleTile {
               lo[h] = hi[h] = _mm256_setzero_si256();
             }
           }
-          Line<Codes>::add(line, lo, hi);
+          add_planes<typename LayoutOf<Codes>::type>(line, lo, hi);
           if constexpr (SignedValues<Codes>::value) {
             const __m256i lo_abs[2] = {_mm256_abs_epi8(lo[0]), _mm256_abs_epi8(lo[1])};
             const __m256i hi_abs[2] = {_mm256_abs_epi8(hi[0]), _mm256_abs_epi8(hi[1])};

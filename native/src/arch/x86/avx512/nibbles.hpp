@@ -122,10 +122,14 @@ struct PlainCodes {
   static __m512i table() { return _mm512_setzero_si512(); }
   static __m512i decode(__m512i nibbles, __m512i) { return nibbles; }
 };
-struct Q6kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ6kOffset> {};
+struct Q6kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ6kOffset> {
+  using Layout = Q6kLine;
+};
 
 // q5k (GGUF's Q5_K): Q4_K's scales and mins on 5-bit codes
-struct Q5kCodes : Q4kCodes {};
+struct Q5kCodes : Q4kCodes {
+  using Layout = Q5kLine;
+};
 
 // iq4nl, iq4xs (GGUF's IQ4_NL, IQ4_XS): codes looked up (vpshufb, in each 128-bit lane) as the
 // grid's values + 128, the unsigned operand; 128 times the group's activation sum taken off.
@@ -153,7 +157,9 @@ struct Iq4nlCodes : Iq4Lookup, HalfScales<kIq4Offset> {};
 // q40, q50 (GGUF's Q4_0, Q5_0): unsigned codes less 8 (16), a float16 d a group. q41, q51 (Q4_1,
 // Q5_1): the group's record's d scales the sums, its m times the activation sum is added.
 struct Q40Codes : PlainCodes, HalfScales<8> {};
-struct Q50Codes : PlainCodes, HalfScales<16> {};
+struct Q50Codes : PlainCodes, HalfScales<16> {
+  using Layout = Q5kLine;
+};
 struct HalfScalesAndMins : PlainCodes {
   using Scale = uint8_t;
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
@@ -164,15 +170,20 @@ struct HalfScalesAndMins : PlainCodes {
   }
 };
 struct Q41Codes : HalfScalesAndMins {};
-struct Q51Codes : HalfScalesAndMins {};
+struct Q51Codes : HalfScalesAndMins {
+  using Layout = Q5kLine;
+};
 struct Iq4xsCodes : Iq4Lookup, SignedGroupScales<kQ4kGroupsPerSuper, kIq4xsSuperBytes, kIq4Offset> {};
 
 // q3k (GGUF's Q3_K): unsigned 3-bit codes, q6k's scaling with offset 4
-struct Q3kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ3kOffset> {};
+struct Q3kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ3kOffset> {
+  using Layout = Q3kLine;
+};
 
 // q2k (GGUF's Q2_K): unsigned 2-bit codes; each group's sums scaled by d * sc_j and its
 // activation sum times dmin * m_j taken off, sc_j and m_j a byte's nibbles (types.hpp's record)
 struct Q2kCodes : PlainCodes {
+  using Layout = Q2kLine;
   using Scale = uint8_t;
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
   static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
@@ -216,46 +227,12 @@ inline void add_one_bit(const uint8_t* plane, __m512i& lo, __m512i& hi) {
   hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, _mm512_add_epi8(low_bit, low_bit)), value));
 }
 
-// A panel line (types.hpp): its bytes, whether it starts with int4's 64 bytes of nibbles, and
-// what its other planes add to the codes.
-template <class Codes>
-struct Line {
-  static constexpr int kBytes = 64;
-  static constexpr bool kNibbles = true;
-  static void add(const uint8_t*, __m512i&, __m512i&) {}
-};
-struct Q5Line {  // q5k's, q50's and q51's: nibbles, then their high bits
-  static constexpr int kBytes = kQ5kLineBytes;
-  static constexpr bool kNibbles = true;
-  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) { add_one_bit<16>(line + 64, lo, hi); }
-};
-template <>
-struct Line<Q5kCodes> : Q5Line {};
-template <>
-struct Line<Q50Codes> : Q5Line {};
-template <>
-struct Line<Q51Codes> : Q5Line {};
-template <>
-struct Line<Q6kCodes> {
-  static constexpr int kBytes = kQ6kLineBytes;
-  static constexpr bool kNibbles = true;
-  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) { add_two_bits<4>(line + 64, lo, hi); }
-};
-template <>
-struct Line<Q3kCodes> {
-  static constexpr int kBytes = kQ3kLineBytes;
-  static constexpr bool kNibbles = false;
-  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) {
-    add_two_bits<0>(line, lo, hi);
-    add_one_bit<4>(line + 32, lo, hi);
-  }
-};
-template <>
-struct Line<Q2kCodes> {
-  static constexpr int kBytes = kQ2kLineBytes;
-  static constexpr bool kNibbles = false;
-  static void add(const uint8_t* line, __m512i& lo, __m512i& hi) { add_two_bits<0>(line, lo, hi); }
-};
+// What a line's planes (types.hpp's LineLayout) add to the codes its nibbles (or zeros) begin.
+template <class L>
+inline void add_planes(const uint8_t* line, __m512i& lo, __m512i& hi) {
+  if constexpr (L::kTwoBits >= 0) add_two_bits<L::kTwoBitsAt>(line + L::kTwoBits, lo, hi);
+  if constexpr (L::kOneBit >= 0) add_one_bit<1 << L::kOneBitAt>(line + L::kOneBit, lo, hi);
+}
 
 // Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12, int4z's q), activations
 // signed: the sum over a group carries offset * sum_k x (int4z: zero * sum_k x, by column), removed
@@ -278,19 +255,19 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
       const int p = g * steps + s;
       __m512i lo[NB], hi[NB];
       for (int j = 0; j < NB; ++j) {
-        constexpr int kLine = Line<Codes>::kBytes;
+        constexpr int kLine = LayoutOf<Codes>::type::kBytes;
         const uint8_t* line = panel[j] + p * kLine;
         _mm_prefetch(reinterpret_cast<const char*>(line + kStreamAheadLines * kLine), _MM_HINT_T1);
         if (kLine % 64 != 0 && 64 % kLine != 0)  // lines that cross cache lines: their last byte's too
           _mm_prefetch(reinterpret_cast<const char*>(line + (kStreamAheadLines + 1) * kLine - 1), _MM_HINT_T1);
-        if constexpr (Line<Codes>::kNibbles) {
+        if constexpr (LayoutOf<Codes>::type::kNibbles) {
           const __m512i v = _mm512_loadu_si512(line);
           lo[j] = Codes::decode(_mm512_and_si512(v, low), table);
           hi[j] = Codes::decode(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), table);
         } else {
           lo[j] = hi[j] = _mm512_setzero_si512();
         }
-        Line<Codes>::add(line, lo[j], hi[j]);
+        add_planes<typename LayoutOf<Codes>::type>(line, lo[j], hi[j]);
       }
       for (int i = 0; i < M; ++i) {
         __m512i a_lo = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 8 * p));
