@@ -45,8 +45,8 @@ namespace kt {
 
 // K is padded to whole AMX tiles (32 bf16 or 64 int8 values a row), so every backend reads
 // the same layout and the tile kernels have no K tail.
-// q4k, q5k: K is padded to whole super-blocks (formats.json's k_step), its groups are their
-// 32-value sub-blocks; q6k likewise, its groups 16-value sub-blocks.
+// q4k, q5k, iq4xs: K is padded to whole super-blocks (formats.json's k_step), its groups are their
+// 32-value sub-blocks; q6k, q3k and q2k likewise, their groups 16-value sub-blocks.
 constexpr int kQ4kSuperBlock = 256, kQ4kGroupsPerSuper = 8, kQ6kGroupsPerSuper = 16;
 // GGUF's K-quants; q4k and q5k share Q4_K's record of scales and mins (below)
 inline bool k_quant(Element m) {
