@@ -194,27 +194,28 @@ def _k_quant_ends(method: str, E: int, N: int, K: int, rng: np.random.Generator)
     return Quantized(np.array([0, top], np.uint8)[rng.integers(0, 2, (E, N, K))], records)
 
 
+@pytest.mark.parametrize("T", [140, 2])  # 70 tokens an expert (tiles too), and decode (1 a expert)
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 @pytest.mark.parametrize(
     ("method", "group"),
-    [("q5_k", 32), ("q6_k", 16), ("q3_k", 16), ("q2_k", 16), ("iq4_nl", 32), ("iq4_xs", 32)]
+    [("q4_k", 32), ("q5_k", 32), ("q6_k", 16), ("q3_k", 16), ("q2_k", 16), ("iq4_nl", 32), ("iq4_xs", 32)]
     + [(m, 32) for m in ("q4_0", "q4_1", "q5_0", "q5_1")],
 )
-def test_k_quants_at_the_largest_products_sum_exactly(method: str, group: int, sign: float) -> None:
+def test_k_quants_at_the_largest_products_sum_exactly(method: str, group: int, sign: float, T: int) -> None:
     # Codes at both ends (q5_k: 0 and 31; q6_k: 0 and 63, -32 and 31 times the scale; q3_k: 0 and 7;
     # q2_k: 0 and 3) and scales (and mins) at theirs against activations at +-127: the AVX2 kernel
     # keeps pmaddubsw pairs in 16 bits (q5_k two steps, up to 4 * 2 * 31 * 127; q6_k one, 2 * 2 *
     # 63 * 127; q3_k and q2_k a group's two; the IQ4
     # grid's signed values widen every pair, 2 * 127 * 127), VNNI and the tiles take the offsets
-    # off in int32. A wrapped or saturated sum would be far off the
-    # reference backend's exact int32 sums.
-    E, k, H, I, T = 2, 1, 512, 256, 140
+    # off in int32, in the tiles (prefill) and in decode's kernels alike. A wrapped or saturated
+    # sum would be far off the reference backend's exact int32 sums.
+    E, k, H, I = 2, 1, 512, 256
     rng = np.random.default_rng(12)
     quantized = [_k_quant_ends(method, E, N, K, rng) for N, K in ((I, H), (I, H), (H, I))]
     x = np.full((T, H), sign, np.float32)
     ids, w = np.arange(T).reshape(T, 1) % E, np.ones((T, 1), np.float32)
     outs = {}
-    for backend in ALL_BACKENDS:  # 70 tokens per expert: the tile path of "amx-model" too
+    for backend in ALL_BACKENDS:  # at 70 tokens per expert the tile path of "amx-model" too
         moe = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group)
         moe.load_quantized(*quantized)
         outs[backend] = moe.forward(x, ids, w)
