@@ -137,29 +137,53 @@ struct Q6kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperByt
   static constexpr int kSteps16 = 1;
 };
 
-// q3k (GGUF's Q3_K): unsigned 3-bit codes, q6k's scaling with offset 4. A step's two pair sums
-// reach 2 * 2 * 7 * 127 = 3556: 16-bit sums hold a group's two steps.
+// q3k (GGUF's Q3_K): unsigned 3-bit codes, q6k's record with offset 4. A step's two pair sums
+// reach 2 * 2 * 7 * 127 = 3556: 16-bit sums hold a group's two steps. Scales folded (types.hpp's
+// FoldsScales): sc_j (S_j - 4 X_j) summed over the super-block in int32 (|S_j - 4 X_j| <= 16 * 4
+// * 128 an int16, so pmaddwd with sc_j's upper half cleared is the exact product), times d once.
 struct Q3kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ3kOffset> {
   using Layout = Q3kLine;
-  static constexpr int kSteps16 = 2;
+  static constexpr int kSteps16 = 2, kFoldGroups = kQ6kGroupsPerSuper, kGroup = kQ4kSuperBlock / kFoldGroups;
+  struct Folded {
+    __m256i scaled;
+  };
+  static void fold(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, Folded& f) {
+    const uint8_t* r = block + (g / kFoldGroups) * kQ6kSuperBytes;
+    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + kQ6kSubScales + (g % kFoldGroups) * 16 + h * 8));
+    const __m256i sc16 = _mm256_and_si256(_mm256_cvtepi8_epi32(sc), _mm256_set1_epi32(0xFFFF));
+    const __m256i offset_sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(kQ3kOffset * x_sum));
+    f.scaled = _mm256_add_epi32(f.scaled, _mm256_madd_epi16(offset_sums, sc16));
+  }
+  static __m256 flush(const Scale* block, int super, int h, const Folded& f, __m256 accf) {
+    const uint8_t* r = block + super * kQ6kSuperBytes;
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(f.scaled), Q4kCodes::halves(r + h * 16), accf);
+  }
 };
 
-// q2k (GGUF's Q2_K): unsigned 2-bit codes; each group's sums scaled by d * sc_j and its activation
-// sum times dmin * m_j taken off, sc_j and m_j a byte's nibbles (types.hpp's record).
+// q2k (GGUF's Q2_K): unsigned 2-bit codes, w = d * sc_j * q - dmin * m_j, sc_j and m_j a byte's
+// nibbles (types.hpp's record); scales folded: sum sc_j S_j and sum m_j X_j over the super-block
+// in int32 (pmaddwd: |S_j| <= 16 * 3 * 128 and |X_j| <= 16 * 128 are int16, sc_j and m_j's upper
+// halves zero), times d and dmin once
 struct Q2kCodes : PlainCodes {
   using Layout = Q2kLine;
   using Scale = uint8_t;
   static constexpr int kSteps16 = 2;
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
-  static __m256 accumulate(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, __m256 accf) {
-    const uint8_t* r = block + (g / kQ6kGroupsPerSuper) * kQ2kSuperBytes;
+  static constexpr int kFoldGroups = kQ6kGroupsPerSuper, kGroup = kQ4kSuperBlock / kFoldGroups;
+  struct Folded {
+    __m256i scaled, mins;
+  };
+  static void fold(const Scale* block, int g, int h, __m256i sums, int32_t x_sum, Folded& f) {
+    const uint8_t* r = block + (g / kFoldGroups) * kQ2kSuperBytes;
     const __m256i scm = _mm256_cvtepu8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + kQ2kScalesMins + (g % kQ6kGroupsPerSuper) * 16 + h * 8)));
-    const __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(scm, _mm256_set1_epi32(0x0F)));
-    const __m256 scale = _mm256_mul_ps(Q4kCodes::halves(r + h * 16), sc);
-    const __m256 minimum = _mm256_mul_ps(Q4kCodes::halves(r + 32 + h * 16), _mm256_cvtepi32_ps(_mm256_srli_epi32(scm, 4)));
-    accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, accf);
-    return _mm256_fnmadd_ps(_mm256_set1_ps(static_cast<float>(x_sum)), minimum, accf);
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + kQ2kScalesMins + (g % kFoldGroups) * 16 + h * 8)));
+    f.scaled = _mm256_add_epi32(f.scaled, _mm256_madd_epi16(sums, _mm256_and_si256(scm, _mm256_set1_epi32(0x0F))));
+    f.mins = _mm256_add_epi32(f.mins, _mm256_madd_epi16(_mm256_srli_epi32(scm, 4), _mm256_set1_epi32(x_sum)));
+  }
+  static __m256 flush(const Scale* block, int super, int h, const Folded& f, __m256 accf) {
+    const uint8_t* r = block + super * kQ2kSuperBytes;
+    accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(f.scaled), Q4kCodes::halves(r + h * 16), accf);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(f.mins), Q4kCodes::halves(r + 32 + h * 16), accf);
   }
 };
 
@@ -264,6 +288,26 @@ inline void add_planes(const uint8_t* line, __m256i (&lo)[2], __m256i (&hi)[2]) 
   if constexpr (L::kOneBit >= 0) add_one_bit<1 << L::kOneBitAt>(line + L::kOneBit, lo, hi);
 }
 
+// A tile's folded sums (types.hpp's FoldsScales), each half of its 16 columns: each group's sums
+// folded in, flushed into the float accumulators at each super-block's last group.
+template <class Codes, int M, bool = FoldsScales<Codes>::value>
+struct Folding {};
+template <class Codes, int M>
+struct Folding<Codes, M, true> {
+  typename Codes::Folded sums[M][2] = {};
+  void add(const typename Codes::Scale* g_scale, int g, const __m256i (&acc)[M][2], const int32_t* const* gsum,
+           __m256 (&accf)[M][2]) {
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h) Codes::fold(g_scale, g, h, acc[i][h], gsum[i][g], sums[i][h]);
+    if ((g + 1) % Codes::kFoldGroups != 0) return;
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h) {
+        accf[i][h] = Codes::flush(g_scale, g / Codes::kFoldGroups, h, sums[i][h], accf[i][h]);
+        sums[i][h] = typename Codes::Folded();
+      }
+  }
+};
+
 template <class Codes>
 struct NibbleTile {
  template <int M, int NB>
@@ -274,7 +318,8 @@ struct NibbleTile {
     __m256 accf[M][2];
     for (int i = 0; i < M; ++i) accf[i][0] = accf[i][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), table = Codes::table();
-    const int steps = group / 8;
+    const int steps = (FixedGroup<Codes>::value ? FixedGroup<Codes>::value : group) / 8;
+    [[maybe_unused]] Folding<Codes, M> folding;
     for (int g = 0; g < groups; ++g) {
       __m256i acc[M][2];
       for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
@@ -323,8 +368,12 @@ struct NibbleTile {
           for (int i = 0; i < M; ++i)
             for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(acc16[i][h], ones));
       }
-      for (int i = 0; i < M; ++i)
-        for (int h = 0; h < 2; ++h) accf[i][h] = Codes::accumulate(g_scale, g, h, acc[i][h], gsum[i][g], accf[i][h]);
+      if constexpr (FoldsScales<Codes>::value) {
+        folding.add(g_scale, g, acc, gsum, accf);
+      } else {
+        for (int i = 0; i < M; ++i)
+          for (int h = 0; h < 2; ++h) accf[i][h] = Codes::accumulate(g_scale, g, h, acc[i][h], gsum[i][g], accf[i][h]);
+      }
     }
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h)

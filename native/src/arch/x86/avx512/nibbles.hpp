@@ -14,6 +14,12 @@ namespace kt {
 namespace {
 #ifdef __AVX512VNNI__
 
+// acc += a . b over int16 pairs (vpdpwssd), in place: dpbusd's asm form, for its reason
+inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
+  __asm__("vpdpwssd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
+  return acc;
+}
+
 // A group's int32 sums into the float accumulator: the offset they carry taken off, then scaled
 // (Codes: a block's metadata per group: group(), its 16 scales: scales(), the offset its sums
 // carry: offset()).
@@ -175,26 +181,49 @@ struct Q51Codes : HalfScalesAndMins {
 };
 struct Iq4xsCodes : Iq4Lookup, SignedGroupScales<kQ4kGroupsPerSuper, kIq4xsSuperBytes, kIq4Offset> {};
 
-// q3k (GGUF's Q3_K): unsigned 3-bit codes, q6k's scaling with offset 4
+// q3k (GGUF's Q3_K): unsigned 3-bit codes, q6k's record with offset 4, scales folded: the
+// sum of sc_j (S_j - 4 X_j) over the super-block (S_j: a group's sums, X_j its activation sum)
+// in int32, times d once (|S_j - 4 X_j| <= 16 * 4 * 128 fits int16, |the sum| <= 2^22 a float).
 struct Q3kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ3kOffset> {
   using Layout = Q3kLine;
+  static constexpr int kFoldGroups = kQ6kGroupsPerSuper, kGroup = kQ4kSuperBlock / kQ6kGroupsPerSuper;
+  struct Folded {
+    __m512i scaled;
+  };
+  static void fold(const Scale* block, int g, __m512i sums, int32_t x_sum, Folded& f) {
+    const uint8_t* r = block + (g / kFoldGroups) * kQ6kSuperBytes;
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kQ6kSubScales + (g % kFoldGroups) * 16));
+    // sc's upper 16 bits cleared: the pairs' second products vanish whatever the sums' sign
+    const __m512i sc16 = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(0xFFFF));
+    f.scaled = dpwssd(f.scaled, _mm512_sub_epi32(sums, _mm512_set1_epi32(kQ3kOffset * x_sum)), sc16);
+  }
+  static __m512 flush(const Scale* block, int super, const Folded& f, __m512 accf) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(f.scaled), Q4kCodes::halves(block + super * kQ6kSuperBytes), accf);
+  }
 };
 
-// q2k (GGUF's Q2_K): unsigned 2-bit codes; each group's sums scaled by d * sc_j and its
-// activation sum times dmin * m_j taken off, sc_j and m_j a byte's nibbles (types.hpp's record)
+// q2k (GGUF's Q2_K): unsigned 2-bit codes, w = d * sc_j * q - dmin * m_j, sc_j and m_j a byte's
+// nibbles (types.hpp's record); scales folded: sum sc_j S_j and sum m_j X_j over the super-block
+// in int32, times d and dmin once (|S_j| <= 16 * 3 * 128, |X_j| <= 16 * 128: int16; sc_j, m_j < 16)
 struct Q2kCodes : PlainCodes {
   using Layout = Q2kLine;
   using Scale = uint8_t;
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
-  static __m512 accumulate(const Scale* block, int g, __m512i sums, int32_t x_sum, __m512 accf) {
-    const uint8_t* r = block + (g / kQ6kGroupsPerSuper) * kQ2kSuperBytes;
+  static constexpr int kFoldGroups = kQ6kGroupsPerSuper, kGroup = kQ4kSuperBlock / kQ6kGroupsPerSuper;
+  struct Folded {
+    __m512i scaled, mins;
+  };
+  static void fold(const Scale* block, int g, __m512i sums, int32_t x_sum, Folded& f) {
+    const uint8_t* r = block + (g / kFoldGroups) * kQ2kSuperBytes;
     const __m512i scm = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kQ2kScalesMins + (g % kQ6kGroupsPerSuper) * 16)));
-    const __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(scm, _mm512_set1_epi32(0x0F)));
-    const __m512 scale = _mm512_mul_ps(Q4kCodes::halves(r), sc);
-    const __m512 minimum = _mm512_mul_ps(Q4kCodes::halves(r + 32), _mm512_cvtepi32_ps(_mm512_srli_epi32(scm, 4)));
-    accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, accf);
-    return _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(x_sum)), minimum, accf);
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + kQ2kScalesMins + (g % kFoldGroups) * 16)));
+    f.scaled = dpwssd(f.scaled, sums, _mm512_and_si512(scm, _mm512_set1_epi32(0x0F)));
+    f.mins = dpwssd(f.mins, _mm512_srli_epi32(scm, 4), _mm512_set1_epi32(x_sum));
+  }
+  static __m512 flush(const Scale* block, int super, const Folded& f, __m512 accf) {
+    const uint8_t* r = block + super * kQ2kSuperBytes;
+    accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(f.scaled), Q4kCodes::halves(r), accf);
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(f.mins), Q4kCodes::halves(r + 32), accf);
   }
 };
 
@@ -234,6 +263,26 @@ inline void add_planes(const uint8_t* line, __m512i& lo, __m512i& hi) {
   if constexpr (L::kOneBit >= 0) add_one_bit<1 << L::kOneBitAt>(line + L::kOneBit, lo, hi);
 }
 
+// A tile's folded sums (FoldsScales): each group's sums folded in, flushed into the float
+// accumulators at each super-block's last group.
+template <class Codes, int M, int NB, bool = FoldsScales<Codes>::value>
+struct Folding {};
+template <class Codes, int M, int NB>
+struct Folding<Codes, M, NB, true> {
+  typename Codes::Folded sums[M][NB] = {};
+  void add(const typename Codes::Scale* const* g_scale, int g, const __m512i (&acc)[M][NB],
+           const int32_t* const* gsum, __m512 (&accf)[M][NB]) {
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < NB; ++j) Codes::fold(g_scale[j], g, acc[i][j], gsum[i][g], sums[i][j]);
+    if ((g + 1) % Codes::kFoldGroups != 0) return;
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < NB; ++j) {
+        accf[i][j] = Codes::flush(g_scale[j], g / Codes::kFoldGroups, sums[i][j], accf[i][j]);
+        sums[i][j] = typename Codes::Folded();
+      }
+  }
+};
+
 // Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12, int4z's q), activations
 // signed: the sum over a group carries offset * sum_k x (int4z: zero * sum_k x, by column), removed
 // per group before scaling.
@@ -246,7 +295,8 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F), table = Codes::table();
-  const int steps = group / 8;
+  const int steps = (FixedGroup<Codes>::value ? FixedGroup<Codes>::value : group) / 8;
+  [[maybe_unused]] Folding<Codes, M, NB> folding;
   for (int g = 0; g < groups; ++g) {
     __m512i acc[M][NB];
     for (int i = 0; i < M; ++i)
@@ -257,7 +307,8 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
       for (int j = 0; j < NB; ++j) {
         constexpr int kLine = LayoutOf<Codes>::type::kBytes;
         const uint8_t* line = panel[j] + p * kLine;
-        _mm_prefetch(reinterpret_cast<const char*>(line + kStreamAheadLines * kLine), _MM_HINT_T1);
+        if (kLine >= 64 || 64 % kLine != 0 || (p * kLine) % 64 == 0)  // a cache line's first line
+          _mm_prefetch(reinterpret_cast<const char*>(line + kStreamAheadLines * kLine), _MM_HINT_T1);
         if (kLine % 64 != 0 && 64 % kLine != 0)  // lines that cross cache lines: their last byte's too
           _mm_prefetch(reinterpret_cast<const char*>(line + (kStreamAheadLines + 1) * kLine - 1), _MM_HINT_T1);
         if constexpr (LayoutOf<Codes>::type::kNibbles) {
@@ -278,8 +329,12 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
         }
       }
     }
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < NB; ++j) accf[i][j] = Codes::accumulate(g_scale[j], g, acc[i][j], gsum[i][g], accf[i][j]);
+    if constexpr (FoldsScales<Codes>::value) {
+      folding.add(g_scale, g, acc, gsum, accf);
+    } else {
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < NB; ++j) accf[i][j] = Codes::accumulate(g_scale[j], g, acc[i][j], gsum[i][g], accf[i][j]);
+    }
   }
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j)
