@@ -346,8 +346,8 @@ std::string describe(Element m) {
          : iq4(m)              ? "avx2 maddubs on the IQ4 grid's values looked up, sign on the weights, per group"
          : m == Element::q5k   ? "avx2 maddubs on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group"
          : m == Element::q6k   ? "avx2 maddubs on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16"
-         : m == Element::q3k   ? "avx2 maddubs on 3-bit codes (two bit planes), Q3_K's scales per group of 16"
-         : m == Element::q2k   ? "avx2 maddubs on 2-bit codes, Q2_K's scales and mins per group of 16"
+         : m == Element::q3k   ? "avx2 maddubs on 3-bit codes (two bit planes), Q3_K's scales folded in int32 per super-block"
+         : m == Element::q2k   ? "avx2 maddubs on 2-bit codes, Q2_K's scales and mins folded in int32 per super-block"
          : legacy_mins(m)      ? "avx2 maddubs on unsigned codes, float16 scales and mins per group"
          : legacy(m)           ? "avx2 maddubs on unsigned codes less their offset, float16 scales per group"
                                : "avx2 maddubs on unpacked nibbles";

@@ -472,8 +472,8 @@ std::string describe(Element m) {
                            : m == Element::q4k   ? " on unpacked nibbles, Q4_K's scales and mins per group"
                            : m == Element::q5k   ? " on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group"
                            : m == Element::q6k   ? " on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16"
-                           : m == Element::q3k   ? " on 3-bit codes (two bit planes), Q3_K's scales per group of 16"
-                           : m == Element::q2k   ? " on 2-bit codes, Q2_K's scales and mins per group of 16"
+                           : m == Element::q3k   ? " on 3-bit codes (two bit planes), Q3_K's scales folded in int32 per super-block"
+                           : m == Element::q2k   ? " on 2-bit codes, Q2_K's scales and mins folded in int32 per super-block"
                            : legacy_mins(m)      ? " on unsigned codes, float16 scales and mins per group"
                            : legacy(m)           ? " on unsigned codes less their offset, float16 scales per group"
                            : iq4(m)              ? iq4_grid
