@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import ktforge
-from ktforge import _native as native
+from ktforge.bench.bounds import measure_read, read_buffer_bytes
 
 
 def _median_ms(moe: ktforge.MoE, calls: int, same_experts: bool, rng: np.random.Generator) -> float:
@@ -60,7 +60,7 @@ def main() -> None:
             for where, same in (("cache", True), ("memory", False)):
                 rates[path][where].append(touched / _median_ms(moe, args.calls, same, rng) / 1e6)
             backend = str(info["name"]).replace("-model", "")
-            rates[path]["read"].append(native.measure_read_bandwidth(backend, args.threads, 256 << 20, 3) / 1e9)
+            rates[path]["read"].append(measure_read(backend, args.threads, read_buffer_bytes(quick=True), 3))
     print(f"1 token, {args.threads} threads, {args.rounds} rounds x {args.calls} calls; GB/s of the experts' bytes")
     print("| file | format | in cache | from memory | read bandwidth | memory / read | cache / read |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -242,12 +242,13 @@ template <class Codes, class = void>
 struct FoldsScales : std::false_type {};
 template <class Codes>
 struct FoldsScales<Codes, std::void_t<typename Codes::Folded>> : std::true_type {};
-// The K values of a group, where the format fixes them (Codes::kGroup; 0: the panel's group):
-// a constant count of lines a group, unrolled
-template <class Codes, class = void>
-struct FixedGroup : std::integral_constant<int, 0> {};
+// A folding format's group, its super-block's share (a constant count of lines a group,
+// unrolled); 0 for the others (the panel's group)
 template <class Codes>
-struct FixedGroup<Codes, std::void_t<decltype(Codes::kGroup)>> : std::integral_constant<int, Codes::kGroup> {};
+constexpr int folded_group() {
+  if constexpr (FoldsScales<Codes>::value) return kQ4kSuperBlock / Codes::kFoldGroups;
+  else return 0;
+}
 
 // q4k's portable row record, one a super-block (ktforge.formats.quantize): d, dmin (float16, little
 // endian), sc[8], m[8].

@@ -143,7 +143,7 @@ struct Q6kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperByt
 // * 128 an int16, so pmaddwd with sc_j's upper half cleared is the exact product), times d once.
 struct Q3kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ3kOffset> {
   using Layout = Q3kLine;
-  static constexpr int kSteps16 = 2, kFoldGroups = kQ6kGroupsPerSuper, kGroup = kQ4kSuperBlock / kFoldGroups;
+  static constexpr int kSteps16 = 2, kFoldGroups = kQ6kGroupsPerSuper;
   struct Folded {
     __m256i scaled;
   };
@@ -169,7 +169,7 @@ struct Q2kCodes : PlainCodes {
   using Scale = uint8_t;
   static constexpr int kSteps16 = 2;
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
-  static constexpr int kFoldGroups = kQ6kGroupsPerSuper, kGroup = kQ4kSuperBlock / kFoldGroups;
+  static constexpr int kFoldGroups = kQ6kGroupsPerSuper;
   struct Folded {
     __m256i scaled, mins;
   };
@@ -318,7 +318,7 @@ struct NibbleTile {
     __m256 accf[M][2];
     for (int i = 0; i < M; ++i) accf[i][0] = accf[i][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), table = Codes::table();
-    const int steps = (FixedGroup<Codes>::value ? FixedGroup<Codes>::value : group) / 8;
+    const int steps = (folded_group<Codes>() ? folded_group<Codes>() : group) / 8;
     [[maybe_unused]] Folding<Codes, M> folding;
     for (int g = 0; g < groups; ++g) {
       __m256i acc[M][2];

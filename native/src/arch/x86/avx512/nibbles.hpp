@@ -186,7 +186,7 @@ struct Iq4xsCodes : Iq4Lookup, SignedGroupScales<kQ4kGroupsPerSuper, kIq4xsSuper
 // in int32, times d once (|S_j - 4 X_j| <= 16 * 4 * 128 fits int16, |the sum| <= 2^22 a float).
 struct Q3kCodes : PlainCodes, SignedGroupScales<kQ6kGroupsPerSuper, kQ6kSuperBytes, kQ3kOffset> {
   using Layout = Q3kLine;
-  static constexpr int kFoldGroups = kQ6kGroupsPerSuper, kGroup = kQ4kSuperBlock / kQ6kGroupsPerSuper;
+  static constexpr int kFoldGroups = kQ6kGroupsPerSuper;
   struct Folded {
     __m512i scaled;
   };
@@ -209,7 +209,7 @@ struct Q2kCodes : PlainCodes {
   using Layout = Q2kLine;
   using Scale = uint8_t;
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_meta(b); }
-  static constexpr int kFoldGroups = kQ6kGroupsPerSuper, kGroup = kQ4kSuperBlock / kQ6kGroupsPerSuper;
+  static constexpr int kFoldGroups = kQ6kGroupsPerSuper;
   struct Folded {
     __m512i scaled, mins;
   };
@@ -295,7 +295,7 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F), table = Codes::table();
-  const int steps = (FixedGroup<Codes>::value ? FixedGroup<Codes>::value : group) / 8;
+  const int steps = (folded_group<Codes>() ? folded_group<Codes>() : group) / 8;
   [[maybe_unused]] Folding<Codes, M, NB> folding;
   for (int g = 0; g < groups; ++g) {
     __m512i acc[M][NB];
