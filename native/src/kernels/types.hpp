@@ -211,7 +211,7 @@ struct LineLayout {
     if (TwoBits >= 0) put_two_bits(line + TwoBits, b, high, v >> TwoBitsAt);
     if (OneBit >= 0) put_one_bit(line + OneBit, b, high, v >> OneBitAt);
   }
-  // the code of int4's line byte b, nibble `high` (scalar: the reference backend and tile model)
+  // the code of int4's line byte b, nibble `high` (scalar: the reference backend)
   static int code(const uint8_t* line, int b, int high) {
     int v = Nibbles ? (high ? line[b] >> 4 : line[b] & 0x0F) : 0;
     if (TwoBits >= 0) v |= two_bits(line + TwoBits, b, high) << TwoBitsAt;

@@ -71,13 +71,20 @@ constexpr int kAmxBf16MinRows = 12;
 constexpr int kAmxInt8MinRows = 16;
 // int4 pays a tile flush per group (scales are per group), so tiles win later: measured on
 // the same machine (Qwen3 layer, tokens per expert 8 / 16 / 32 / 64 / 128: 0.66x / 0.82x /
-// 1.07x / 1.41x / 1.50x the AVX-512 int4 speed).
+// 1.07x / 1.41x / 1.50x the AVX-512 int4 speed, group 128).
 constexpr int kAmxInt4MinRows = 32;
-// int8g flushes per group too; taken from int4 until measured on an AMX machine.
+// int8g and int4z flush per group too: int4's.
 constexpr int kAmxInt8gMinRows = 32;
-// q6k, q3k and q2k flush per group of 16, twice as often as int4: doubled until measured on an
-// AMX machine.
-constexpr int kAmxQ6kMinRows = 64;
+// The smallest group the integer formats take tiles for. A group's sums leave the tiles
+// through memory (4 tile stores, then a vector scaling per row), and tdpbusd with a K of 32
+// bytes does half a tile's work: at groups of 32 that costs what the tiles save. Measured on a
+// 2-core Sapphire Rapids guest, 2026-12-03 (8 experts of 2048 x 768, every token to each,
+// amx/avx512 time, median of 4-5 alternating rounds, 32 to 512 tokens per expert): int4 0.76-0.79x
+// at group 128, 0.96-0.97x at 64, 1.16-1.39x at 32; int8g 0.83-0.85x, 0.93-0.95x, 1.16-1.24x;
+// int4z at 32 1.17-1.25x; and 1.0-1.9x for GGUF's groups of 16 and 32 (q8_0, q4_0, q4_1, q5_0,
+// iq4_nl, iq4_xs, q4_k, q5_k, q6_k, q3_k, q2_k) and mxfp4's, whose tile kernels were removed
+// for that (in git history). fp8's bf16 tiles win at every group (0.51-0.59x at 32).
+constexpr int kAmxMinIntegerGroup = 64;
 
 // AMX tile data needs a per-process permission from Linux; asked for once. When refused,
 // the backend keeps working on its AVX-512 kernels (describe() says why).
@@ -108,7 +115,6 @@ struct Scratch {
   aligned_vector<uint8_t> a;  // gathered activation rows, [rows rounded to 32][Kp] elements
   aligned_vector<int8_t> b;   // int4: two column blocks unpacked to int8 B-tile rows
   aligned_vector<float> scales;  // int4: those two blocks' group scales, widened to float
-  aligned_vector<float> mins;    // q4k: those two blocks' group mins (dmin * m), in float
   alignas(64) int32_t c[32 * 32];
   alignas(64) float acc[32 * 32];
 };
@@ -201,23 +207,20 @@ void amx_gemm(const GemmArgs& g) {
 namespace kt {
 namespace {
 
-// acc[16] += float(c[16]) * ws[16], fused (one rounding, as vfmadd: the model is bit-identical).
-inline void fma_group(const int32_t* c, const float* ws, float* acc) {
+// One group's sums of a row against 16 columns, less what unsigned weights carry (offsets[n] *
+// x_sum: int8g's 128, int4z's zero points; none for int4's signed ones), times the group's
+// scales into acc, fused (one rounding, as vfmadd): the AVX-512 kernels' order, so the model,
+// the hardware and they are bit-identical.
+inline void flush_group(const int32_t* c, const uint8_t* offsets, int32_t x_sum, const float* ws, float* acc) {
 #ifndef KTFORGE_AMX_MODEL
-  const __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(c));
-  _mm512_storeu_ps(acc, _mm512_fmadd_ps(v, _mm512_loadu_ps(ws), _mm512_loadu_ps(acc)));
+  __m512i sums = _mm512_loadu_si512(c);
+  if (offsets)
+    sums = _mm512_sub_epi32(sums, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets))),
+                                                     _mm512_set1_epi32(x_sum)));
+  _mm512_storeu_ps(acc, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_loadu_ps(ws), _mm512_loadu_ps(acc)));
 #else
-  for (int n = 0; n < 16; ++n) acc[n] = std::fma(static_cast<float>(c[n]), ws[n], acc[n]);
-#endif
-}
-
-// acc[16] -= x_sum * mins[16], fused (q4k's mins; as vfnmadd).
-inline void fnma_mins(int32_t x_sum, const float* mins, float* acc) {
-#ifndef KTFORGE_AMX_MODEL
-  _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(x_sum)), _mm512_loadu_ps(mins),
-                                         _mm512_loadu_ps(acc)));
-#else
-  for (int n = 0; n < 16; ++n) acc[n] = std::fma(-static_cast<float>(x_sum), mins[n], acc[n]);
+  for (int n = 0; n < 16; ++n)
+    acc[n] = std::fma(static_cast<float>(c[n] - (offsets ? offsets[n] * x_sum : 0)), ws[n], acc[n]);
 #endif
 }
 
@@ -230,8 +233,24 @@ inline void scale_out(const float* acc, float xs, float* out) {
 #endif
 }
 
+// int8g's codes are w + 128 in every column
+alignas(16) constexpr uint8_t kInt8gOffsets[16] = {128, 128, 128, 128, 128, 128, 128, 128,
+                                                   128, 128, 128, 128, 128, 128, 128, 128};
+
+// n bf16 scales widened to float32, exactly (n a multiple of 16).
+inline void widen_bf16(const uint16_t* bits, int n, float* out) {
+#ifndef KTFORGE_AMX_MODEL
+  for (int k = 0; k < n; k += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + k));
+    _mm512_storeu_ps(out + k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)));
+  }
+#else
+  for (int k = 0; k < n; ++k) out[k] = bf16_to_f32(bits[k]);
+#endif
+}
+
 // The tile products of a group's sums: signed activations by unsigned weights (int8g's codes,
-// tdpbsud), by signed ones (int4 unpacked, tdpbssd), or bf16 by bf16 (fp8 converted, tdpbf16ps).
+// int4z's, tdpbsud), by signed ones (int4 unpacked, tdpbssd), or bf16 by bf16 (fp8 converted, tdpbf16ps).
 enum class GroupDot { unsigned_weights, signed_weights, bf16 };
 
 template <GroupDot Dot, int C, int A, int B>
@@ -265,81 +284,32 @@ void group_sums(const uint8_t* ai, std::size_t row_bytes, const uint8_t* const* 
   if (pair) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
 }
 
-// A grouped element's column block as B tiles (int8g's panel as it is; the nibble elements'
-// unpacked into `unpacked`) and its group scales widened to float32 into `scales` (q4k's mins
-// into `mins`), exactly.
-const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unpacked, float* scales, float* mins) {
+// A column block of int4, int4z or int8g as B tiles (int8g's panel as it is; the nibbles
+// unpacked into `unpacked`) and its group scales widened to float32 into `scales`, exactly.
+const uint8_t* tile_block_of(const PackedMatrix& w, int blk, int kp, int8_t* unpacked, float* scales) {
   const int G = w.groups();
-  const auto planes = w.element == Element::q6k   ? unpack_planes<Q6kLine, kQ6kOffset>
-                      : w.element == Element::q5k ? unpack_planes<Q5kLine>
-                      : w.element == Element::q3k ? unpack_planes<Q3kLine, kQ3kOffset>
-                      : w.element == Element::q2k ? unpack_planes<Q2kLine>
-                      : w.element == Element::q50 ? unpack_planes<Q5kLine, 16>
-                      : w.element == Element::q51 ? unpack_planes<Q5kLine>
-                                                  : nullptr;
-  if (q4k_records(w.element)) {
-    q4k_scales_of(w.block_meta(blk), G, scales, mins);
-  } else if (w.element == Element::q2k) {
-    q2k_scales_of(w.block_meta(blk), G, scales, mins);
-  } else if (legacy_mins(w.element)) {
-    legacy_scales_of(w.block_meta(blk), G, scales, mins);
-  } else if (w.element == Element::q6k || w.element == Element::q3k) {
-    signed_scales_of(w.block_meta(blk), G, scales, kQ6kGroupsPerSuper, kQ6kSuperBytes);
-  } else if (w.element == Element::iq4xs) {
-    signed_scales_of(w.block_meta(blk), G, scales, kQ4kGroupsPerSuper, kIq4xsSuperBytes);
-  } else if (w.element == Element::fp4) {
-    const uint8_t* e8m0 = w.block_e8m0(blk);
-    for (int k = 0; k < G * 16; ++k) scales[k] = e8m0_to_f32(e8m0[k]);
-  } else if (w.element == Element::int4z) {
+  if (w.element == Element::int4z) {
     for (int grp = 0; grp < G; ++grp) std::memcpy(scales + grp * 16, w.block_meta(blk) + grp * kInt4zGroupBytes, 64);
-  } else {
-    const uint16_t* bits = w.block_scales(blk);
-    const bool half = w.element == Element::int8h || w.element == Element::iq4nl || legacy(w.element);
-    const auto widen = half ? f16_to_f32 : bf16_to_f32;
-    for (int k = 0; k < G * 16; ++k) scales[k] = widen(bits[k]);
-  }
-  if (planes) {
-    planes(w.block(blk), kp, unpacked);
+    unpack_nibbles(w.block(blk), kp, unpacked);
     return reinterpret_cast<const uint8_t*>(unpacked);
   }
-  if (int8_groups(w.element)) return w.block(blk);
-  const bool unsigned_nibbles = w.element == Element::int4z || w.element == Element::q4k || w.element == Element::q41;
-  const auto unpack = w.element == Element::fp4 ? unpack_fp4
-                      : iq4(w.element)          ? unpack_iq4
-                      : unsigned_nibbles        ? unpack_nibbles
-                                                : unpack_int4;
-  unpack(w.block(blk), kp, unpacked);
+  widen_bf16(w.block_scales(blk), G * 16, scales);
+  if (w.element == Element::int8g) return w.block(blk);
+  unpack_int4(w.block(blk), kp, unpacked);
   return reinterpret_cast<const uint8_t*>(unpacked);
 }
 
-// What unsigned weights' group sums carry, taken off: int8g's 128 * sum_k x; int4z's zero point
-// (by column) times sum_k x. Rows [i0, i0 + rows) of the task, group grp, c as group_sums left it.
-void remove_offsets(const GemmArgs& g, int blk, int halves, int i0, int rows, int grp, int32_t* c) {
-  const PackedMatrix& w = *g.w;
-  const int G = w.groups();
-  for (int i = 0; i < rows; ++i) {
-    const int32_t x_sum = g.act->gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp];
-    for (int h = 0; h < halves; ++h) {
-      const uint8_t* zeros =
-          w.element == Element::int4z ? w.block_meta(blk + h) + grp * kInt4zGroupBytes + 64 : nullptr;
-      for (int n = 0; n < 16; ++n) c[i * 32 + h * 16 + n] -= (zeros ? zeros[n] : 128) * x_sum;
-    }
-  }
-}
-
-// The grouped elements on tiles. int4: a column-block pair is unpacked once per task into int8
-// B tiles (2 x 16 x Kp bytes, L2-resident) that every 32-row block reuses, and tdpbssd on the
-// signed activations gives each group's exact sums. int8g: the panels are B tiles already;
+// int4, int4z and int8g on tiles. int4 (int4z): a column-block pair is unpacked once per task
+// into int8 B tiles (2 x 16 x Kp bytes, L2-resident) that every 32-row block reuses, and
+// tdpbssd on the signed activations gives each group's exact sums (int4z: tdpbsud, the sums
+// plus the zero point times sum_k x, removed per group). int8g: the panels are B tiles already;
 // tdpbsud (signed activations, unsigned codes w + 128) gives the sums plus 128 * sum_k x,
 // removed per group. Sums are scaled into float accumulators at the group's end in the
 // AVX-512 kernel's order (fma per group, then the token's scale): bit-identical results.
 void amx_grouped(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
-  const bool int8g = int8_groups(w.element), fp4 = w.element == Element::fp4, int4z = w.element == Element::int4z;
-  // unsigned codes, scales and mins
-  const bool with_mins = q4k_records(w.element) || w.element == Element::q2k || legacy_mins(w.element);
-  const float final_scale = fp4 ? 0.5f : 1.f;  // fp4's B tiles hold twice its values
+  const bool int8g = w.element == Element::int8g, int4z = w.element == Element::int4z;
   const int kp = act.Kp, G = w.groups(), kbytes = std::min(64, w.group), steps = w.group / kbytes;
   const std::size_t row_bytes = static_cast<std::size_t>(kp);
   const int m_pad = (g.m + 31) / 32 * 32;
@@ -353,14 +323,11 @@ void amx_grouped(const GemmArgs& g) {
   auto& widened = scratch().scales;
   widened.resize(static_cast<std::size_t>(2) * G * 16);
   float* scales[2] = {widened.data(), widened.data() + static_cast<std::size_t>(G) * 16};
-  auto& widened_mins = scratch().mins;
-  if (with_mins) widened_mins.resize(static_cast<std::size_t>(2) * G * 16);
-  float* mins[2] = {widened_mins.data(), widened_mins.data() + (with_mins ? static_cast<std::size_t>(G) * 16 : 0)};
   tile::configure(int8_tiles(kbytes));  // per call: see amx_gemm
   for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += 2) {
     const bool pair = blk + 1 < g.n1 / 16;
     const int halves = pair ? 2 : 1;
-    for (int h = 0; h < halves; ++h) b_blocks[h] = tile_block_of(w, blk + h, kp, unpacked[h], scales[h], mins[h]);
+    for (int h = 0; h < halves; ++h) b_blocks[h] = tile_block_of(w, blk + h, kp, unpacked[h], scales[h]);
     // The next pair's panels stream into L2 while this pair computes: unpacking reads them
     // from there instead of waiting on memory.
     const int next_blocks = std::max(0, std::min(2, g.n1 / 16 - (blk + 2)));
@@ -374,20 +341,19 @@ void amx_grouped(const GemmArgs& g) {
           for (int h = 0; h < next_blocks; ++h)
             for (int l = grp * lines_per_group; l < std::min(panel_lines, (grp + 1) * lines_per_group); ++l)
               _mm_prefetch(reinterpret_cast<const char*>(w.block(blk + 2 + h) + l * 64), _MM_HINT_T1);
-        if (int8g || int4z || with_mins)
+        if (int8g || int4z)
           group_sums<GroupDot::unsigned_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
         else
           group_sums<GroupDot::signed_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
-        if (int8g || int4z) remove_offsets(g, blk, halves, i0, rows, grp, c);
-        for (int h = 0; h < halves; ++h)
-          for (int i = 0; i < rows; ++i) {
-            float* acc_row = acc + i * 32 + h * 16;
-            fma_group(c + i * 32 + h * 16, scales[h] + grp * 16, acc_row);
-            if (with_mins) fnma_mins(act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp], mins[h] + grp * 16, acc_row);
-          }
+        for (int h = 0; h < halves; ++h) {
+          const uint8_t* offsets = int8g ? kInt8gOffsets : int4z ? w.block_meta(blk + h) + grp * kInt4zGroupBytes + 64 : nullptr;
+          for (int i = 0; i < rows; ++i)
+            flush_group(c + i * 32 + h * 16, offsets, act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp],
+                        scales[h] + grp * 16, acc + i * 32 + h * 16);
+        }
       }
       for (int i = 0; i < rows; ++i) {
-        const float xs = act.scale[g.rows[i0 + i]] * final_scale;
+        const float xs = act.scale[g.rows[i0 + i]];
         float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
         for (int h = 0; h < halves; ++h) scale_out(acc + i * 32 + h * 16, xs, out + h * 16);
       }
@@ -487,44 +453,42 @@ int min_rows(Element m) {
   return m == Element::fp8     ? kAmxFp8MinRows
          : m == Element::bf16  ? kAmxBf16MinRows
          : m == Element::int8  ? kAmxInt8MinRows
-         : int8_groups(m)      ? kAmxInt8gMinRows
-         : m == Element::q6k || m == Element::q3k || m == Element::q2k ? kAmxQ6kMinRows
-                               : kAmxInt4MinRows;  // int4, and fp4 (int4's kernel but the unpacking)
+         : m == Element::int8g ? kAmxInt8gMinRows
+                               : kAmxInt4MinRows;  // int4, int4z
 }
 
-// f16 and f32 have no tile product on these machines (AMX-FP16 is Granite Rapids'): AVX-512's
+// The elements with a tile kernel: the integer ones by group (kAmxMinIntegerGroup), fp8 and
+// bf16 and int8 always. Every other element (GGUF's, mxfp4; f16 and f32, which have no tile
+// product before Granite Rapids' AMX-FP16) runs the AVX-512 kernels.
+bool integer_tiles(Element m) { return m == Element::int4 || m == Element::int4z || m == Element::int8g; }
+bool has_tiles(Element m) { return m == Element::bf16 || m == Element::int8 || m == Element::fp8 || integer_tiles(m); }
+
 bool use_tiles(const GemmArgs& g) {
-  return !floats(g.w->element) && g.m >= min_rows(g.w->element) && amx_permission_errno() == 0;
+  const Element m = g.w->element;
+  return has_tiles(m) && (!integer_tiles(m) || g.w->group >= kAmxMinIntegerGroup) && g.m >= min_rows(m) &&
+         amx_permission_errno() == 0;
 }
 
 void gemm(const GemmArgs& g) {
   if (use_tiles(g)) return g.w->element == Element::fp8 ? amx_fp8(g) : grouped(g.w->element) ? amx_grouped(g) : amx_gemm(g);
-  simd().gemm(g);  // decode, or no permission
+  simd().gemm(g);  // decode, small groups, or no permission
 }
 
 std::string describe(Element m) {
   const std::string fallback = simd().describe(m);
-  if (floats(m)) return fallback;
+  if (!has_tiles(m)) return fallback;
   if (const int err = amx_permission_errno())
     return fallback + " (AMX permission refused: errno " + std::to_string(err) + ")";
   const std::string op = m == Element::fp8     ? "tdpbf16ps per group on fp8 converted to bf16"
                          : m == Element::bf16  ? "tdpbf16ps"
                          : m == Element::int8  ? "tdpbusd"
                          : m == Element::int8g ? "tdpbsud per group"
-                         : m == Element::int8h ? "tdpbsud per group, float16 scales"
-                         : m == Element::fp4   ? "tdpbssd (fp4 looked up as doubled int8)"
                          : m == Element::int4z ? "tdpbsud per group, less zero points"
-                         : m == Element::q4k   ? "tdpbsud per group, Q4_K's scales and mins"
-                         : iq4(m)              ? "tdpbssd per group (the IQ4 grid's values looked up)"
-                         : m == Element::q5k   ? "tdpbsud per group, Q5_K's codes unpacked, its scales and mins"
-                         : m == Element::q6k   ? "tdpbssd per group of 16 (Q6_K's codes unpacked to q - 32)"
-                         : m == Element::q3k   ? "tdpbssd per group of 16 (Q3_K's codes unpacked to q - 4)"
-                         : m == Element::q2k   ? "tdpbsud per group of 16, Q2_K's codes unpacked, its scales and mins"
-                         : legacy_mins(m)      ? "tdpbsud per group, float16 scales and mins"
-                         : legacy(m)           ? "tdpbssd per group (codes unpacked less their offset), float16 scales"
                                                : "tdpbssd (nibbles unpacked to int8)";
-  return std::string(KT_AMX_NAME) + " " + op + " for >= " + std::to_string(min_rows(m)) + " tokens per expert, else " +
-         fallback;
+  const std::string groups =
+      integer_tiles(m) ? " at groups of " + std::to_string(kAmxMinIntegerGroup) + " or more," : "";
+  return std::string(KT_AMX_NAME) + " " + op + groups + " for >= " + std::to_string(min_rows(m)) +
+         " tokens per expert, else " + fallback;
 }
 
 std::vector<std::string> features() { return compiled_features(); }
