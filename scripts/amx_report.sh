@@ -42,6 +42,8 @@ for (method, tokens), by in sorted(rows.items()):
     amx, avx = by.get("amx"), by.get("avx512")
     if amx and avx:
         print(f"{method:6} {tokens:6} {amx['ms']:9.2f} {avx['ms']:10.2f} {avx['ms'] / amx['ms']:9.2f}x  {amx['kernel']}")
-print("kAmxMinRows (native/src/arch/x86/amx/kernels.cpp) should be the smallest token count per expert")
-print("(tokens / experts * top_k) from which the amx column wins.")
 PY
+
+echo "== where the tiles win, per format and tokens per expert (the kAmx*MinRows of native/src/arch/x86/amx/kernels.cpp)"
+"$PY" scripts/tile_crossover.py --tokens 8,16,32,64,128
+"$PY" scripts/tile_crossover.py --methods int4,int8g,int4z --group-size 32 --tokens 32,128

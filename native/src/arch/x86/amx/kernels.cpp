@@ -66,7 +66,7 @@ const KernelTable& simd() {
 // 3 runs; tiles from 4 tokens): at 8 tokens per expert the tiles took 1.02-1.18x AVX-512's
 // time for bf16 and 1.27-1.53x for int8; at 16, 0.51-0.64x for bf16 and 0.96-1.04x for int8.
 // (A Sapphire Rapids guest had measured 4 for bf16 against the AVX-512 kernels of then.)
-// To be re-measured on other AMX machines: scripts/amx_report.sh prints both paths.
+// To be re-measured on other AMX machines: scripts/tile_crossover.py (in scripts/amx_report.sh).
 constexpr int kAmxBf16MinRows = 12;
 constexpr int kAmxInt8MinRows = 16;
 // int4 pays a tile flush per group (scales are per group), so tiles win later: measured on
@@ -82,9 +82,13 @@ constexpr int kAmxInt8gMinRows = 32;
 // amx/avx512 time, median of 4-5 alternating rounds, 32 to 512 tokens per expert): int4 0.76-0.79x
 // at group 128, 0.96-0.97x at 64, 1.16-1.39x at 32; int8g 0.83-0.85x, 0.93-0.95x, 1.16-1.24x;
 // int4z at 32 1.17-1.25x; and 1.0-1.9x for GGUF's groups of 16 and 32 (q8_0, q4_0, q4_1, q5_0,
-// iq4_nl, iq4_xs, q4_k, q5_k, q6_k, q3_k, q2_k) and mxfp4's, whose tile kernels were removed
-// for that (in git history). fp8's bf16 tiles win at every group (0.51-0.59x at 32).
+// iq4_nl, iq4_xs, q4_k, q5_k, q6_k, and q3_k and q2_k scaled per group of 16) and mxfp4's, whose
+// tile kernels were removed for that (in git history). fp8's bf16 tiles win at every group
+// (0.51-0.59x at 32). (With the flush a scalar loop, as it was before, q8_0 had taken 3.1-3.3x.)
 constexpr int kAmxMinIntegerGroup = 64;
+// q2k and q3k fold their scales into the B tiles and flush once per 256 values: from 32 tokens
+// per expert 0.44-0.68x AVX-512's time, at 16 1.00-1.04x (the same guest and layer, 5 rounds).
+constexpr int kAmxFoldedMinRows = 32;
 
 // AMX tile data needs a per-process permission from Linux; asked for once. When refused,
 // the backend keeps working on its AVX-512 kernels (describe() says why).
@@ -115,6 +119,7 @@ struct Scratch {
   aligned_vector<uint8_t> a;  // gathered activation rows, [rows rounded to 32][Kp] elements
   aligned_vector<int8_t> b;   // int4: two column blocks unpacked to int8 B-tile rows
   aligned_vector<float> scales;  // int4: those two blocks' group scales, widened to float
+  aligned_vector<int32_t> x_super;  // q3k: the rows' activation sums per super-block
   alignas(64) int32_t c[32 * 32];
   alignas(64) float acc[32 * 32];
 };
@@ -362,6 +367,107 @@ void amx_grouped(const GemmArgs& g) {
   tile::release();
 }
 
+// 16 float16 values (a record's d or dmin of 16 columns) widened to float32, exactly.
+inline void widen_f16(const uint8_t* bits, float* out) {
+#ifndef KTFORGE_AMX_MODEL
+  _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits))));
+#else
+  for (int n = 0; n < 16; ++n) {
+    uint16_t h;
+    std::memcpy(&h, bits + 2 * n, 2);
+    out[n] = f16_to_f32(h);
+  }
+#endif
+}
+
+// acc[16] += float(sums[16]) * d[16], then -= float(mins[16]) * dmin[16], each fused: q2k's
+// super-block flush in the AVX-512 kernel's order.
+inline void flush_q2k(const int32_t* sums, const int32_t* mins, const float* d, const float* dmin, float* acc) {
+#ifndef KTFORGE_AMX_MODEL
+  const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(sums)), _mm512_loadu_ps(d), _mm512_loadu_ps(acc));
+  _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(mins)), _mm512_loadu_ps(dmin), a));
+#else
+  for (int n = 0; n < 16; ++n) acc[n] = std::fma(-static_cast<float>(mins[n]), dmin[n], std::fma(static_cast<float>(sums[n]), d[n], acc[n]));
+#endif
+}
+
+// q3k's folded codes carry 124 (fold_scales) in every column
+alignas(16) constexpr uint8_t kQ3kFoldOffsets[16] = {124, 124, 124, 124, 124, 124, 124, 124,
+                                                     124, 124, 124, 124, 124, 124, 124, 124};
+
+// q2k and q3k on tiles, their groups' scales folded into the B tiles (fold_scales), so a tile
+// group is a super-block of 256 values, 4 K steps of 64: one flush per 256 values, where a
+// flush per 16 had made the tiles 1.5-1.9x slower than AVX-512. q3k: a column-block pair, the
+// sums less 124 times the super-block's activation sum, times d; q2k: one column block with
+// its mins as the pair's second B tile, times d and dmin. The AVX-512 kernels' folded integer
+// sums and order of scaling: bit-identical results.
+void amx_folded(const GemmArgs& g) {
+  const PackedMatrix& w = *g.w;
+  const Activations& act = *g.act;
+  const bool q2k = w.element == Element::q2k;
+  const int kp = act.Kp, G = w.groups(), supers = kp / kQ4kSuperBlock;
+  const int super_bytes = q2k ? kQ2kSuperBytes : kQ6kSuperBytes;
+  const std::size_t row_bytes = static_cast<std::size_t>(kp);
+  const int m_pad = (g.m + 31) / 32 * 32;
+  const uint8_t* a = gather(g, reinterpret_cast<const uint8_t*>(act.q.data()), row_bytes, m_pad);
+  auto& b = scratch().b;
+  b.resize(static_cast<std::size_t>(2) * kp * 16);
+  int8_t* unpacked[2] = {b.data(), b.data() + static_cast<std::size_t>(kp) * 16};  // q2k: codes, mins
+  const uint8_t* b_blocks[2] = {reinterpret_cast<const uint8_t*>(unpacked[0]), reinterpret_cast<const uint8_t*>(unpacked[1])};
+  auto& x_super = scratch().x_super;  // q3k: the task's rows' activation sums per super-block
+  x_super.assign(q2k ? 0 : static_cast<std::size_t>(g.m) * supers, 0);
+  for (int i = 0; i < (q2k ? 0 : g.m); ++i)
+    for (int s = 0; s < supers; ++s)
+      for (int j = 0; j < kQ6kGroupsPerSuper; ++j)
+        x_super[static_cast<std::size_t>(i) * supers + s] += act.gsum[static_cast<int64_t>(g.rows[i]) * G + s * kQ6kGroupsPerSuper + j];
+  auto& widened = scratch().scales;  // per block (q2k: d, dmin) and super-block, 16 columns
+  widened.resize(static_cast<std::size_t>(2) * supers * 16);
+  float* d[2] = {widened.data(), widened.data() + static_cast<std::size_t>(supers) * 16};
+  int32_t* c = scratch().c;
+  float* acc = scratch().acc;
+  tile::configure(int8_tiles(64));  // per call: see amx_gemm
+  for (int blk = g.n0 / 16; blk < g.n1 / 16; blk += q2k ? 1 : 2) {
+    const int halves = q2k || blk + 1 == g.n1 / 16 ? 1 : 2;  // column blocks computed
+    for (int h = 0; h < halves; ++h) {
+      const uint8_t* meta = w.block_meta(blk + h);
+      if (q2k) {
+        unpack_planes<Q2kLine>(w.block(blk), kp, unpacked[0]);
+        fold_scales<Element::q2k>(meta, kp, unpacked[0], unpacked[1]);
+      } else {
+        unpack_planes<Q3kLine, kQ3kOffset>(w.block(blk + h), kp, unpacked[h]);
+        fold_scales<Element::q3k>(meta, kp, unpacked[h], nullptr);
+      }
+      for (int s = 0; s < supers; ++s) {
+        widen_f16(meta + s * super_bytes, d[h] + s * 16);
+        if (q2k) widen_f16(meta + s * super_bytes + 32, d[1] + s * 16);  // dmin
+      }
+    }
+    for (int i0 = 0; i0 < m_pad; i0 += 32) {
+      const uint8_t* ai = a + static_cast<std::size_t>(i0) * row_bytes;
+      const int rows = std::min(32, g.m - i0);
+      std::fill(acc, acc + 32 * 32, 0.f);
+      for (int s = 0; s < supers; ++s) {
+        group_sums<GroupDot::unsigned_weights>(ai, row_bytes, b_blocks, q2k || halves == 2, s * 4, 4, 64, c);
+        for (int i = 0; i < rows; ++i) {
+          if (q2k) {
+            flush_q2k(c + i * 32, c + i * 32 + 16, d[0] + s * 16, d[1] + s * 16, acc + i * 32);
+            continue;
+          }
+          const int32_t x_sum = x_super[static_cast<std::size_t>(i0 + i) * supers + s];
+          for (int h = 0; h < halves; ++h)
+            flush_group(c + i * 32 + h * 16, kQ3kFoldOffsets, x_sum, d[h] + s * 16, acc + i * 32 + h * 16);
+        }
+      }
+      for (int i = 0; i < rows; ++i) {
+        const float xs = act.scale[g.rows[i0 + i]];
+        float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
+        for (int h = 0; h < halves; ++h) scale_out(acc + i * 32 + h * 16, xs, out + h * 16);
+      }
+    }
+  }
+  tile::release();
+}
+
 // fp8 panel rows ([Kp][16] E4M3 codes) -> bf16 B-tile rows ([Kp/2][16][2]): row p holds k = 2p
 // and 2p + 1 of each column, the values exactly (E4M3's 4 significant bits fit bf16's 8, so the
 // float's upper half is the bf16; the code's bits give the value times 2^-120, see types.hpp).
@@ -449,19 +555,25 @@ void amx_fp8(const GemmArgs& g) {
 // an AMX machine.
 constexpr int kAmxFp8MinRows = 32;
 
+// q2k and q3k fold their scales into the tiles (amx_folded): a flush per super-block.
+bool folded_tiles(Element m) { return m == Element::q2k || m == Element::q3k; }
+
 int min_rows(Element m) {
   return m == Element::fp8     ? kAmxFp8MinRows
          : m == Element::bf16  ? kAmxBf16MinRows
          : m == Element::int8  ? kAmxInt8MinRows
          : m == Element::int8g ? kAmxInt8gMinRows
+         : folded_tiles(m)     ? kAmxFoldedMinRows
                                : kAmxInt4MinRows;  // int4, int4z
 }
 
 // The elements with a tile kernel: the integer ones by group (kAmxMinIntegerGroup), fp8 and
-// bf16 and int8 always. Every other element (GGUF's, mxfp4; f16 and f32, which have no tile
+// bf16, int8, q2k and q3k always. Every other element (GGUF's others, mxfp4; f16 and f32, which have no tile
 // product before Granite Rapids' AMX-FP16) runs the AVX-512 kernels.
 bool integer_tiles(Element m) { return m == Element::int4 || m == Element::int4z || m == Element::int8g; }
-bool has_tiles(Element m) { return m == Element::bf16 || m == Element::int8 || m == Element::fp8 || integer_tiles(m); }
+bool has_tiles(Element m) {
+  return m == Element::bf16 || m == Element::int8 || m == Element::fp8 || integer_tiles(m) || folded_tiles(m);
+}
 
 bool use_tiles(const GemmArgs& g) {
   const Element m = g.w->element;
@@ -470,7 +582,11 @@ bool use_tiles(const GemmArgs& g) {
 }
 
 void gemm(const GemmArgs& g) {
-  if (use_tiles(g)) return g.w->element == Element::fp8 ? amx_fp8(g) : grouped(g.w->element) ? amx_grouped(g) : amx_gemm(g);
+  if (use_tiles(g))
+    return g.w->element == Element::fp8     ? amx_fp8(g)
+           : folded_tiles(g.w->element)     ? amx_folded(g)
+           : grouped(g.w->element)          ? amx_grouped(g)
+                                            : amx_gemm(g);
   simd().gemm(g);  // decode, small groups, or no permission
 }
 
@@ -484,6 +600,8 @@ std::string describe(Element m) {
                          : m == Element::int8  ? "tdpbusd"
                          : m == Element::int8g ? "tdpbsud per group"
                          : m == Element::int4z ? "tdpbsud per group, less zero points"
+                         : m == Element::q2k   ? "tdpbsud per super-block, Q2_K's scales folded into the tiles, its mins a second product"
+                         : m == Element::q3k   ? "tdpbsud per super-block, Q3_K's scales folded into the tiles"
                                                : "tdpbssd (nibbles unpacked to int8)";
   const std::string groups =
       integer_tiles(m) ? " at groups of " + std::to_string(kAmxMinIntegerGroup) + " or more," : "";
