@@ -45,18 +45,24 @@ EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768  # Qwen3-30B-A3B's routed expe
 HEADS, KV_HEADS, HEAD_DIM, VOCAB, NARROW = 32, 4, 128, 1024, 16
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 GGUF_PY = "gguf==0.19.0"
-# llama.cpp's formats (llama_ftype values) and the bytes a weight takes in each, scales included
-# (pure: every weight in the type itself, none promoted to another as the _S/_M mixes do)
-LLAMA_FTYPES = {"bf16": 32, "q8_0": 7, "q4_0": 2, "q4_k": 14, "q6_k": 18, "q5_k": 16, "q3_k": 11, "q2_k": 10}
-BYTES_PER_WEIGHT = {
-    "bf16": 2.0,
-    "q8_0": 34 / 32,
-    "q4_0": 18 / 32,
-    "q4_k": 144 / 256,
-    "q6_k": 210 / 256,
-    "q5_k": 176 / 256,
-    "q3_k": 110 / 256,
-    "q2_k": 84 / 256,
+# llama.cpp's formats (llama_ftype values), each pure: every weight in the type itself, none
+# promoted to another as the _S/_M mixes do
+LLAMA_FTYPES = {
+    "bf16": 32,
+    "f32": 0,
+    "f16": 1,
+    "q8_0": 7,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q5_0": 8,
+    "q5_1": 9,
+    "q4_k": 14,
+    "q5_k": 16,
+    "q6_k": 18,
+    "q3_k": 11,
+    "q2_k": 10,
+    "iq4_nl": 25,
+    "iq4_xs": 30,
 }
 DECODE_CONTEXT = 16
 MODEL_VERSION = 3  # of the GGUF models written (2: attention output zero; 3: pure); in their file names
@@ -387,6 +393,14 @@ def _worker_call(python: Path, *args: Any) -> None:
     subprocess.run([str(python), __file__, "--worker", *map(str, args)], check=True)
 
 
+def bytes_per_weight(quant: str) -> float:
+    """The bytes a weight takes in llama.cpp's type, scales included (ktforge's ggml type table)."""
+    from ktforge.checkpoints.gguf_file import ggml_types
+
+    ggml = next(t for t in ggml_types().values() if t.name.lower() == quant)
+    return ggml.block_bytes / ggml.block_values
+
+
 def _median_range(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -444,7 +458,7 @@ def compare(args: argparse.Namespace) -> None:
     )
     print("|---|---:|---:|---:|---:|")
     for quant, method, t, r in rows:
-        bpw = BYTES_PER_WEIGHT[quant]
+        bpw = bytes_per_weight(quant)
         print(
             f"| {quant.upper()} ({bpw:.4g} B/w) / {method} | {t} | {_median_range(r['llama'])} | "
             f"{_median_range(r['ktforge'])} | {_median_range(r['ratio'])} |"

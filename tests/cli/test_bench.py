@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -119,7 +121,7 @@ def test_contenders_are_timed_interleaved_on_the_same_routing() -> None:
         return np.array([[n, n + 1]]), np.array([[0.5, 0.5]])
 
     trio = [contender("a"), contender("b"), contender("torch")]
-    times, touched = bench.time_interleaved(trio, None, make_route, runs=3, decode=True)
+    times, touched = bench.time_interleaved(trio, None, make_route, runs=3, decode=True, lead_in_s=0)
     assert [len(t) for t in times.values()] == [3, 3, 3] and touched == [2, 2, 2]
     # after one warm-up call each: pairs of an untimed lead-in and the timed call, same contender
     lead_in, timed = calls[3::2], calls[4::2]
@@ -132,6 +134,30 @@ def test_contenders_are_timed_interleaved_on_the_same_routing() -> None:
     calls.clear()
     bench.time_interleaved(trio, None, make_route, runs=2, decode=False)
     assert len({route for _, route in calls}) == 1  # prefill: the same routing throughout
+
+
+def test_a_decode_call_is_led_in_for_the_lead_in_time() -> None:
+    # a virtual machine's idle CPUs need milliseconds of work to run at speed: one call of a
+    # millisecond after the gap is not enough on every guest
+    calls: list[str] = []
+    routes = itertools.count()
+
+    def call(x: object, ids: object, w: object) -> None:
+        time.sleep(0.001)
+        calls.append("call")
+
+    def make_route() -> tuple[object, object]:
+        return np.array([[next(routes), 0]]), np.array([[0.5, 0.5]])
+
+    times, _ = bench.time_interleaved(
+        [bench.Contender("a", call)], None, make_route, runs=2, decode=True, lead_in_s=0.005
+    )
+    assert len(times["a"]) == 2
+    # the warm-up, then per round >= 5 lead-in calls of a millisecond and the timed one
+    assert len(calls) >= 1 + 2 * (5 + 1)
+    calls.clear()
+    bench.time_interleaved([bench.Contender("a", call)], None, make_route, runs=2, decode=False, lead_in_s=0.005)
+    assert len(calls) == 1 + 2  # prefill: no lead-in
 
 
 def test_cli_bench_rejects_unknown_models() -> None:

@@ -15,6 +15,11 @@ import numpy as np
 # torch's OpenMP (libgomp) spins about 300,000 rounds after each parallel region (milliseconds):
 # with 2 ms, the torch peer's workers made ktforge's int4 decode calls 30% slower and 4x noisier.
 GAP_S = 0.010
+# A decode call's lead-in after that gap: calls of the same contender for at least this long.
+# A virtual machine's idle CPUs take milliseconds to run at speed again: on a 2-vCPU Sapphire
+# Rapids guest an int8 one-token call after 10 ms idle took 4.1 ms (median) after one lead-in
+# call, 1.8 after 2, 1.6 after 8, as back to back (1.6).
+LEAD_IN_S = 0.010
 
 
 class TorchPeer:
@@ -59,12 +64,14 @@ def time_interleaved(
     runs: int,
     decode: bool,
     each_round: Callable[[], None] = lambda: None,
+    lead_in_s: float = LEAD_IN_S,
 ) -> tuple[dict[str, list[float]], list[int]]:
     """Seconds per call of every contender, interleaved (the order rotating each round), all on
     the same routing in a round; decode draws a fresh routing every round, so weights come from
-    memory. A decode call is timed right after an untimed one of the same contender (another
-    routing): in a model, layers call back to back; after an idle gap a virtual machine's
-    sleeping CPUs take up to milliseconds to run at speed again, which would be timed instead.
+    memory. A decode call is timed right after untimed ones of the same contender (each on
+    another routing), at least one and for at least ``lead_in_s``: in a model, layers call back
+    to back; after an idle gap a virtual machine's sleeping CPUs take milliseconds to run at
+    speed again, which would be timed instead.
     ``each_round`` runs after every round (the read-bandwidth pass: the bound's own
     measurement interleaved with the kernels'). Returns the times and the distinct experts of
     each round's routing."""
@@ -80,8 +87,11 @@ def time_interleaved(
         shift = i % len(contenders)
         for c in [*contenders[shift:], *contenders[:shift]]:
             time.sleep(GAP_S)
-            if decode:
-                c.call(x, *make_route())  # the lead-in: cores awake, as in a running model
+            if decode:  # the lead-in: cores awake, as in a running model
+                lead_in_end = time.perf_counter() + lead_in_s
+                c.call(x, *make_route())
+                while time.perf_counter() < lead_in_end:
+                    c.call(x, *make_route())
             start = time.perf_counter()
             c.call(x, *route)
             times[c.name].append(time.perf_counter() - start)
