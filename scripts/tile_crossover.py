@@ -15,24 +15,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
 import ktforge
 from ktforge import formats
+from ktforge.bench.timing import median_call_s
 
 EXPERTS, HIDDEN, INTER = 8, 2048, 768
 
 
 def _call_ms(moe: ktforge.MoE, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, calls: int) -> float:
     moe.forward(x, ids, weights)  # untimed: pages, caches, the pool
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        moe.forward(x, ids, weights)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_call_s(moe, x, ids, weights, calls) * 1e3
 
 
 def main() -> None:

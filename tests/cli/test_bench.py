@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -139,25 +140,36 @@ def test_contenders_are_timed_interleaved_on_the_same_routing() -> None:
 def test_a_decode_call_is_led_in_for_the_lead_in_time() -> None:
     # a virtual machine's idle CPUs need milliseconds of work to run at speed: one call of a
     # millisecond after the gap is not enough on every guest
-    calls: list[str] = []
+    calls: list[tuple[float, int]] = []  # (start, routing)
     routes = itertools.count()
 
-    def call(x: object, ids: object, w: object) -> None:
+    def call(x: object, ids: Any, w: object) -> None:
+        calls.append((time.perf_counter(), int(ids[0, 0])))
         time.sleep(0.001)
-        calls.append("call")
 
     def make_route() -> tuple[object, object]:
         return np.array([[next(routes), 0]]), np.array([[0.5, 0.5]])
 
+    def rounds() -> list[list[float]]:
+        """The starts of each round's calls, the timed one last: it alone takes the round's
+        routing, drawn before its lead-ins' (a smaller number than the call before it)."""
+        out: list[list[float]] = [[]]
+        for (_, before), (at, route) in itertools.pairwise(calls):
+            out[-1].append(at)
+            if route < before:
+                out.append([])
+        return out[:-1]
+
+    lead_in = 0.005
     times, _ = bench.time_interleaved(
-        [bench.Contender("a", call)], None, make_route, runs=2, decode=True, lead_in_s=0.005
+        [bench.Contender("a", call)], None, make_route, runs=2, decode=True, lead_in_s=lead_in
     )
-    assert len(times["a"]) == 2
-    # the warm-up, then per round >= 5 lead-in calls of a millisecond and the timed one
-    assert len(calls) >= 1 + 2 * (5 + 1)
+    assert len(times["a"]) == 2 and len(rounds()) == 2
+    # each round: lead-in calls for at least lead_in_s, then the timed call
+    assert all(len(r) >= 2 and r[-1] - r[0] >= lead_in for r in rounds())
     calls.clear()
-    bench.time_interleaved([bench.Contender("a", call)], None, make_route, runs=2, decode=False, lead_in_s=0.005)
-    assert len(calls) == 1 + 2  # prefill: no lead-in
+    bench.time_interleaved([bench.Contender("a", call)], None, make_route, runs=2, decode=False, lead_in_s=lead_in)
+    assert len(calls) == 3  # prefill: the warm-up and one call a round, no lead-in
 
 
 def test_cli_bench_rejects_unknown_models() -> None:

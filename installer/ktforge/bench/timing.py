@@ -112,9 +112,14 @@ def fixed_cost_us(backend: str, threads: int, calls: int = 300) -> float:
     ids, weights = np.array([[1, 5]], dtype=np.int64), np.array([[0.5, 0.5]], dtype=np.float32)
     for _ in range(50):
         moe.forward(x, ids, weights)
+    return median_call_s(moe, x, ids, weights, calls) * 1e6
+
+
+def median_call_s(moe: Any, x: Any, ids: Any, weights: Any, calls: int) -> float:
+    """Median seconds of ``calls`` back-to-back ``moe.forward`` calls on one routing."""
     times = []
     for _ in range(calls):
         start = time.perf_counter()
         moe.forward(x, ids, weights)
         times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return statistics.median(times)
