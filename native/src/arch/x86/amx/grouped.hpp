@@ -43,6 +43,16 @@ inline void scale_out(const float* acc, float xs, float* out) {
 #endif
 }
 
+// A 32-row block's float accumulators (acc[32][32], `halves` column blocks from blk) times each
+// token's activation scale, into the task's output rows.
+inline void store_rows(const GemmArgs& g, int i0, int rows, int blk, int halves, const float* acc) {
+  for (int i = 0; i < rows; ++i) {
+    const float xs = g.act->scale[g.rows[i0 + i]];
+    float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
+    for (int h = 0; h < halves; ++h) scale_out(acc + i * 32 + h * 16, xs, out + h * 16);
+  }
+}
+
 // int8g's codes are w + 128 in every column
 alignas(16) constexpr uint8_t kInt8gOffsets[16] = {128, 128, 128, 128, 128, 128, 128, 128,
                                                    128, 128, 128, 128, 128, 128, 128, 128};
@@ -162,11 +172,7 @@ void amx_grouped(const GemmArgs& g) {
                         scales[h] + grp * 16, acc + i * 32 + h * 16);
         }
       }
-      for (int i = 0; i < rows; ++i) {
-        const float xs = act.scale[g.rows[i0 + i]];
-        float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
-        for (int h = 0; h < halves; ++h) scale_out(acc + i * 32 + h * 16, xs, out + h * 16);
-      }
+      store_rows(g, i0, rows, blk, halves, acc);
     }
   }
   tile::release();
@@ -196,14 +202,16 @@ inline void flush_q2k(const int32_t* sums, const int32_t* mins, const float* d, 
 #endif
 }
 
-// q3k's folded codes carry 124 (fold_scales) in every column
-alignas(16) constexpr uint8_t kQ3kFoldOffsets[16] = {124, 124, 124, 124, 124, 124, 124, 124,
-                                                     124, 124, 124, 124, 124, 124, 124, 124};
+// q3k's folded codes carry kQ3kFoldBias (fold_scales) in every column
+alignas(16) constexpr uint8_t kQ3kFoldOffsets[16] = {kQ3kFoldBias, kQ3kFoldBias, kQ3kFoldBias, kQ3kFoldBias,
+                                                     kQ3kFoldBias, kQ3kFoldBias, kQ3kFoldBias, kQ3kFoldBias,
+                                                     kQ3kFoldBias, kQ3kFoldBias, kQ3kFoldBias, kQ3kFoldBias,
+                                                     kQ3kFoldBias, kQ3kFoldBias, kQ3kFoldBias, kQ3kFoldBias};
 
 // q2k and q3k on tiles, their groups' scales folded into the B tiles (fold_scales), so a tile
 // group is a super-block of 256 values, 4 K steps of 64: one flush per 256 values, where a
 // flush per 16 had made the tiles 1.5-1.9x slower than AVX-512. q3k: a column-block pair, the
-// sums less 124 times the super-block's activation sum, times d; q2k: one column block with
+// sums less kQ3kFoldBias times the super-block's activation sum, times d; q2k: one column block with
 // its mins as the pair's second B tile, times d and dmin. The AVX-512 kernels' folded integer
 // sums and order of scaling: bit-identical results.
 void amx_folded(const GemmArgs& g) {
@@ -263,11 +271,7 @@ void amx_folded(const GemmArgs& g) {
             flush_group(c + i * 32 + h * 16, kQ3kFoldOffsets, x_sum, d[h] + s * 16, acc + i * 32 + h * 16);
         }
       }
-      for (int i = 0; i < rows; ++i) {
-        const float xs = act.scale[g.rows[i0 + i]];
-        float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
-        for (int h = 0; h < halves; ++h) scale_out(acc + i * 32 + h * 16, xs, out + h * 16);
-      }
+      store_rows(g, i0, rows, blk, halves, acc);
     }
   }
   tile::release();

@@ -105,12 +105,14 @@ void unpack_planes(const uint8_t* panel, int kp, int8_t* out) {
 // (q3k's plus 124 times the activations' sum); for q2k also its mins m_j, each on its group's
 // 4 rows, into `mins`: their sums are sum_j m_j X_j. `out` holds the codes as unpack_planes
 // left them (q3k's less 4); bytes multiply modulo 256, exact as the products fit a byte.
+constexpr uint8_t kQ3kFoldBias = 124;  // q3k's sc_j * (q - 4) lies in [-124, 128]: plus this, a byte
+
 template <Element E>
 void fold_scales(const uint8_t* meta, int kp, int8_t* out, int8_t* mins) {
   static_assert(E == Element::q2k || E == Element::q3k);
   constexpr int kSuperBytes = E == Element::q2k ? kQ2kSuperBytes : kQ6kSuperBytes;
   constexpr int kScales = E == Element::q2k ? kQ2kScalesMins : kQ6kSubScales;
-  constexpr int kAdd = E == Element::q3k ? 124 : 0;
+  constexpr int kAdd = E == Element::q3k ? kQ3kFoldBias : 0;
   for (int grp = 0; grp < kp / 16; ++grp) {
     const uint8_t* sc = meta + (grp / kQ6kGroupsPerSuper) * kSuperBytes + kScales + (grp % kQ6kGroupsPerSuper) * 16;
     int8_t* rows = out + grp * 4 * 64;
