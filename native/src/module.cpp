@@ -302,7 +302,7 @@ class PyMoE {
     layer_.load_quantized(g, u, d);
   }
 
-  void forward(const py::array& x, const py::array& ids, const py::array& weights, py::array& out) {
+  void forward(const py::array& x, const py::array& ids, const py::array& weights, py::array& out, bool skip_absent) {
     const auto& c = layer_.config();
     if (x.ndim() != 2) throw std::invalid_argument("x must be 2-D [tokens, hidden_size]");
     const py::ssize_t T = x.shape(0);
@@ -320,7 +320,7 @@ class PyMoE {
     void* op = out.mutable_data();
     py::gil_scoped_release release;
     auto lock = layer_.lock_calls();
-    layer_.forward(xp, xd, T, idp, wp, op, od);
+    layer_.forward(xp, xd, T, idp, wp, op, od, skip_absent);
   }
 
   py::dict info() {
@@ -550,7 +550,8 @@ PYBIND11_MODULE(_native, m) {
       .def("load_quantized", &PyMoE::load_quantized, py::arg("gate"), py::arg("gate_scale"), py::arg("up"),
            py::arg("up_scale"), py::arg("down"), py::arg("down_scale"), py::arg("gate_zero") = py::none(),
            py::arg("up_zero") = py::none(), py::arg("down_zero") = py::none())
-      .def("forward", &PyMoE::forward, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("out"))
+      .def("forward", &PyMoE::forward, py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("out"),
+           py::arg("skip_absent") = false)
       .def("info", &PyMoE::info)
       .def("gate_up_task_counts", &PyMoE::gate_up_task_counts)
       .def("last_profile", &PyMoE::last_profile);

@@ -494,9 +494,12 @@ class MoE:
         )
         self._loaded = True
 
-    def forward(self, x: Any, ids: Any, weights: Any, *, copy: bool = False) -> Any:
+    def forward(self, x: Any, ids: Any, weights: Any, *, copy: bool = False, skip_absent: bool = False) -> Any:
         """x: [T, H]; ids: [T, k] integer expert ids in [0, E); weights: [T, k].
 
+        ``skip_absent``: an id of -1 is an expert this layer does not hold (another process's,
+        under expert parallelism: vLLM's ``expert_map``) and adds nothing; without it, -1 is
+        refused like any id outside [0, E).
         Returns [T, H] in x's dtype (float32 or bfloat16), as a torch tensor if x was one.
         """
         if not self._loaded:
@@ -526,7 +529,7 @@ class MoE:
             w32 = np.ascontiguousarray(weights_np, dtype=np.float32)
             # an expert id outside [0, E), NaN/inf in x or the weights: the kernels find them
             # (routing, quantizing) before touching memory, and raise ValueError
-            self._layer.forward(x_kernel, ids64, w32, out.view(np.uint16) if bf16 else out)
+            self._layer.forward(x_kernel, ids64, w32, out.view(np.uint16) if bf16 else out, bool(skip_absent))
         if is_torch:
             import torch
 

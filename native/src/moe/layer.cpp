@@ -290,12 +290,17 @@ void MoeLayer::run_down(const std::vector<int64_t>& offsets) {
 }
 
 void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64_t* ids, const float* weights, void* y,
-                       DType y_dtype) {
+                       DType y_dtype, bool skip_absent) {
   if (!loaded_) throw std::runtime_error("forward() before load_weights()");
   const int E = config_.experts, k = config_.top_k, H = config_.hidden, I = config_.intermediate;
   if (tokens <= 0) return;
   const int64_t slots = tokens * k;
+  int64_t absent = 0;  // slots of id -1 (another process's expert under expert parallelism), with skip_absent
   for (int64_t s = 0; s < slots; ++s) {
+    if (skip_absent && ids[s] == kAbsentExpert) {
+      ++absent;
+      continue;
+    }
     if (ids[s] < 0 || ids[s] >= E)
       throw std::invalid_argument("expert id " + std::to_string(ids[s]) + " at token " + std::to_string(s / k) +
                                   " is outside [0, " + std::to_string(E) + ")");
@@ -303,18 +308,26 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
       throw std::invalid_argument("weights contains NaN or infinite values (token " + std::to_string(s / k) + ")");
   }
 
-  // Route: positions sorted by expert, so each expert's rows are contiguous.
+  // Route: positions sorted by expert, so each expert's rows are contiguous; absent slots get none.
   std::vector<int64_t> offsets(E + 1, 0);
-  for (int64_t s = 0; s < slots; ++s) ++offsets[ids[s] + 1];
+  for (int64_t s = 0; s < slots; ++s)
+    if (ids[s] != kAbsentExpert) ++offsets[ids[s] + 1];
   std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
-  std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1), pos_of_slot(slots);
-  std::vector<int32_t> token_of_pos(slots);
+  std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1), pos_of_slot(slots, kAbsentExpert);
+  const int64_t routed = slots - absent;
+  std::vector<int32_t> token_of_pos(routed);
   for (int64_t s = 0; s < slots; ++s) {
+    if (ids[s] == kAbsentExpert) continue;
     int64_t p = fill[ids[s]]++;
     pos_of_slot[s] = p;
     token_of_pos[p] = static_cast<int32_t>(s / k);
   }
 
+  if (routed == 0) {  // every slot is another process's: this layer adds nothing
+    if (y_dtype == DType::f32) std::fill(static_cast<float*>(y), static_cast<float*>(y) + tokens * H, 0.0f);
+    else std::fill(static_cast<uint16_t*>(y), static_cast<uint16_t*>(y) + tokens * H, uint16_t{0});
+    return;
+  }
   using clock = std::chrono::steady_clock;
   auto mark = clock::now();
   auto lap = [&](const char* phase) {
@@ -330,37 +343,47 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
   const int32_t* gate_up_rows = token_of_pos.data();
   if (!input_order_.empty()) {
     order_inputs(x, x_dtype, offsets, token_of_pos);
-    positions.resize(static_cast<std::size_t>(slots));
+    positions.resize(static_cast<std::size_t>(routed));
     std::iota(positions.begin(), positions.end(), 0);
     gate_up_rows = positions.data();
     prepare_activations(*kernels_, act_x_, element_of(config_.method), config_.group, kp_hidden, x_ordered_.data(),
-                        DType::f32, slots, H, H, &pool(), "x");
+                        DType::f32, routed, H, H, &pool(), "x");
   } else {
     prepare_activations(*kernels_, act_x_, element_of(config_.method), config_.group, kp_hidden, x, x_dtype, tokens, H,
                         H, &pool(), "x");
   }
   lap("prepare_x_ms");
-  a_buf_.resize(static_cast<std::size_t>(slots) * inter_padded_);
-  slot_out_.resize(static_cast<std::size_t>(slots) * Hp);
+  a_buf_.resize(static_cast<std::size_t>(routed) * inter_padded_);
+  slot_out_.resize(static_cast<std::size_t>(routed) * Hp);
 
   run_gate_up(offsets, gate_up_rows);
   lap("gate_up_ms");
-  prepare_activations(*kernels_, act_a_, element_of(config_.down_method), config_.down_group, kp_inter, a_buf_.data(), DType::f32, slots,
+  prepare_activations(*kernels_, act_a_, element_of(config_.down_method), config_.down_group, kp_inter, a_buf_.data(), DType::f32, routed,
                       I, inter_padded_, &pool(), "the expert intermediate activation");
   lap("prepare_a_ms");
   run_down(offsets);
   lap("down_ms");
 
-  // y[t] = sum_j w[t, j] * out[position of (t, j)]
+  // y[t] = sum_j w[t, j] * out[position of (t, j)], over the token's slots routed here
   pool().parallel_for(tokens, [&](int64_t t, int thread) {
     const float* rows[64];
-    for (int j = 0; j < k; ++j) rows[j] = slot_out_.data() + pos_of_slot[t * k + j] * Hp;
+    float row_weights[64];
+    int n = 0;
+    for (int j = 0; j < k; ++j) {
+      const int64_t p = pos_of_slot[t * k + j];
+      if (p == kAbsentExpert) continue;
+      rows[n] = slot_out_.data() + p * Hp;
+      row_weights[n++] = weights[t * k + j];
+    }
     if (y_dtype == DType::f32) {
-      kernels_->combine(rows, weights + t * k, k, H, static_cast<float*>(y) + t * H);
+      float* dst = static_cast<float*>(y) + t * H;
+      if (n == 0) std::fill(dst, dst + H, 0.0f);
+      else kernels_->combine(rows, row_weights, n, H, dst);
     } else {
       auto& scratch = thread_scratch_[thread];
       if (scratch.size() < static_cast<std::size_t>(H)) scratch.resize(H);
-      kernels_->combine(rows, weights + t * k, k, H, scratch.data());
+      if (n == 0) std::fill(scratch.begin(), scratch.begin() + H, 0.0f);
+      else kernels_->combine(rows, row_weights, n, H, scratch.data());
       uint16_t* dst = static_cast<uint16_t*>(y) + t * H;
       for (int h = 0; h < H; ++h) dst[h] = f32_to_bf16(scratch[h]);
     }

@@ -21,6 +21,8 @@
 
 namespace kt {
 
+inline constexpr int64_t kAbsentExpert = -1;  // an expert held by another process
+
 class MoeLayer {
  public:
   MoeLayer(const MoeConfig& config, const std::string& backend, int threads);
@@ -48,8 +50,10 @@ class MoeLayer {
   void load_input_order(const int32_t* order);
 
   // x: [T, H]; ids: [T, k] in [0, E); weights: [T, k]; y: [T, H].
+  // skip_absent: a slot whose id is kAbsentExpert (-1: another process's expert, as vLLM's expert_map
+  // marks it) adds nothing; otherwise every id must lie in [0, experts).
   void forward(const void* x, DType x_dtype, int64_t tokens, const int64_t* ids, const float* weights, void* y,
-               DType y_dtype);
+               DType y_dtype, bool skip_absent = false);
 
   // One call at a time per layer: forward, load, load_quantized and reads of what they
   // change take this lock (with the GIL released while they wait), so Python threads may
