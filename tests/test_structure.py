@@ -25,7 +25,7 @@ STAGES: tuple[frozenset[str], ...] = (
     frozenset({"builder"}),
     frozenset({"checkpoints"}),
     frozenset({"kernels"}),
-    frozenset({"transformers", "transformers_sweep", "transformers_gguf", "bench", "doctor"}),
+    frozenset({"transformers", "transformers_sweep", "transformers_gguf", "engines", "bench", "doctor"}),
     frozenset({"cli", "__main__"}),
 )
 NOT_STAGES = frozenset({"__init__", "_native", ""})

