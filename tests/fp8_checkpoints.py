@@ -108,6 +108,7 @@ def write_fp8_checkpoint(
 # what an FP8 release quantizes: the linear layers of attention and of the routed experts (the
 # router, norms, embeddings and lm_head stay in their dtype)
 _FP8_LINEARS = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight", ".mlp.experts.")
+_ROUTERS = (".mlp.gate.weight",)
 
 
 def fp8_copy(model_dir: Path, out_dir: Path) -> None:
@@ -120,16 +121,49 @@ def fp8_copy(model_dir: Path, out_dir: Path) -> None:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {}
+    kept = ["lm_head"]  # the linear layers left in their dtype, named as the release's config does
     for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
         if name.endswith(".weight") and tensor.ndim == 2 and any(part in name for part in _FP8_LINEARS):
             parts, _ = _torch_block(tensor.float())
             tensors[name], tensors[name + "_scale_inv"] = parts["weight"], parts["weight_scale_inv"]
         else:
             tensors[name] = tensor
+            if name.endswith(_ROUTERS):
+                kept.append(name.removesuffix(".weight"))
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((model_dir / "config.json").read_text())
-    config["quantization_config"] = quantization_config("block") | {"modules_to_not_convert": ["lm_head"]}
+    config["quantization_config"] = quantization_config("block") | {"modules_to_not_convert": kept}
     (out_dir / "config.json").write_text(json.dumps(config))
     for extra in model_dir.iterdir():
+        if extra.name not in ("config.json", "model.safetensors"):
+            shutil.copy(extra, out_dir / extra.name)
+
+
+def dequantized_copy(fp8_dir: Path, out_dir: Path) -> None:
+    """An FP8 release (``block`` style, one shard) as bf16, by its own dequantization (float8 to
+    float32 times the block's ``weight_scale_inv``): the same model in the values a bf16 engine runs."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stored = load_file(str(fp8_dir / "model.safetensors"))
+    tensors = {}
+    for name, tensor in stored.items():
+        if name.endswith("_scale_inv"):
+            continue
+        scale = stored.get(name + "_scale_inv")
+        if scale is None:
+            tensors[name] = tensor
+            continue
+        N, K = tensor.shape
+        expanded = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K]
+        tensors[name] = (tensor.to(torch.float32) * expanded).to(torch.bfloat16)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((fp8_dir / "config.json").read_text())
+    del config["quantization_config"]
+    (out_dir / "config.json").write_text(json.dumps(config))
+    for extra in fp8_dir.iterdir():
         if extra.name not in ("config.json", "model.safetensors"):
             shutil.copy(extra, out_dir / extra.name)

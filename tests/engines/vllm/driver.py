@@ -36,11 +36,11 @@ def make_model(directory: str) -> None:
         "qwen3_moe",
         hidden_size=256,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,  # FP8's 128-row blocks whole on each of 2 ranks: k and v 4 x 64 rows
         head_dim=64,
         vocab_size=512,
-        moe_intermediate_size=128,
+        moe_intermediate_size=256,  # whole 128 x 128 FP8 blocks on each of 2 ranks
         intermediate_size=384,
         num_experts=8,
         num_experts_per_tok=2,
@@ -80,10 +80,21 @@ def offline(directory: str, kwargs: str) -> None:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=directory, max_model_len=256, max_num_seqs=8, **json.loads(kwargs))
-    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS))
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS, prompt_logprobs=0))
     from moe_layers import moe_state  # a module of its own: the workers unpickle the function by name
 
-    result({"tokens": [o.outputs[0].token_ids for o in outputs], "layers": llm.apply_model(moe_state)})
+    # each prompt token's log-probability given the ones before it: the model's numbers, teacher-forced
+    prompt_logprobs = [
+        [step[token].logprob for step, token in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:], strict=True)]
+        for o in outputs
+    ]
+    result(
+        {
+            "tokens": [o.outputs[0].token_ids for o in outputs],
+            "prompt_logprobs": prompt_logprobs,
+            "layers": llm.apply_model(moe_state),
+        }
+    )
 
 
 def serve(directory: str, *args: str) -> None:

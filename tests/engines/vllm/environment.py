@@ -61,6 +61,14 @@ def python() -> Path:
     return py
 
 
+class DriverFailed(AssertionError):
+    """driver.py failed; ``log`` holds all it printed (the message only its end)."""
+
+    def __init__(self, message: str, log: str) -> None:
+        super().__init__(message)
+        self.log = log
+
+
 def drive(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict[str, object]:
     """Runs driver.py in vLLM's environment; its RESULT, and its output under "log"."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("KTFORGE_", "VLLM_"))}
@@ -76,7 +84,7 @@ def drive(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -
     log = done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
-        raise AssertionError(f"driver.py {' '.join(args[:1])} failed ({done.returncode}):\n{log[-8000:]}")
+        raise DriverFailed(f"driver.py {' '.join(args[:1])} failed ({done.returncode}):\n{log[-8000:]}", log)
     value: dict[str, object] = json.loads(lines[-1].removeprefix("RESULT "))
     value["log"] = log
     return value

@@ -6,43 +6,10 @@ vLLM's own MoE path is the reference: with greedy decoding the same tokens must 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.engines.vllm.environment import drive
-
-AMX_PERMISSION = str(Path(__file__).with_name("amx_permission"))
-TWO_RANKS = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core a rank (vLLM's auto binding reserves one)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    directory = tmp_path_factory.mktemp("qwen3-moe-bf16")
-    drive("model", str(directory))
-    return str(directory)
-
-
-def offline(model: str, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
-    return drive("offline", model, json.dumps(kwargs), env=env)
-
-
-def vllm_own(model: str, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
-    """The same run with the plugin off: vLLM's own MoE kernels."""
-    return offline(model, {"KTFORGE_VLLM": "0", "PYTHONPATH": AMX_PERMISSION, **(env or {})}, **kwargs)
-
-
-def on_ktforge(run: dict[str, Any], method: str) -> None:
-    """Every routed-experts layer of every rank ran on ktforge in ``method``, vLLM's copy freed."""
-    layers = [layer for rank in run["layers"] for layer in rank]
-    assert layers, "no routed-experts layer found"
-    for layer in layers:
-        assert layer["on_ktforge"], layer
-        assert layer["kt_method"] == method, layer
-        assert layer["vllm_weight_elements"] == 0, layer  # one copy of the experts: ktforge's
-    assert f"run their routed experts on ktforge: {method}" in run["log"]
+from tests.engines.vllm.runs import TWO_RANKS, offline, on_ktforge, vllm_own
 
 
 def test_plugin_entry_point_never_breaks_vllm() -> None:
@@ -64,8 +31,8 @@ def test_bf16_checkpoint_compiled_gives_vllm_own_tokens(model: str) -> None:
     assert ours["tokens"] == theirs["tokens"]
 
 
-def test_tensor_and_expert_parallel_over_two_ranks(model: str) -> None:
-    single = vllm_own(model, enforce_eager=True)
+def test_tensor_and_expert_parallel_over_two_ranks(model: str, bf16_reference: dict[str, Any]) -> None:
+    single = bf16_reference
     tp = offline(model, TWO_RANKS, enforce_eager=True, tensor_parallel_size=2)
     on_ktforge(tp, "bf16")
     assert "on CPUs 0," in tp["log"] and "on CPUs 1," in tp["log"]  # each rank's pool on its own core
@@ -73,16 +40,16 @@ def test_tensor_and_expert_parallel_over_two_ranks(model: str) -> None:
     # expert parallel: each rank holds half the experts; vLLM's own CPU kernels ignore expert_map
     ep = offline(model, TWO_RANKS, enforce_eager=True, tensor_parallel_size=2, enable_expert_parallel=True)
     on_ktforge(ep, "bf16")
-    assert "4 experts of 256 x 128" in ep["log"]
+    assert "4 experts of 256 x 256" in ep["log"]
     assert ep["tokens"] == single["tokens"]
 
 
-def test_online_int4_from_a_bf16_checkpoint(model: str) -> None:
+def test_online_int4_from_a_bf16_checkpoint(model: str, bf16_reference: dict[str, Any]) -> None:
     config = {"quantization_config": {"quant_method": "ktforge", "method": "int4", "group_size": 64}}
     int4 = offline(model, enforce_eager=True, quantization="ktforge", hf_overrides=config)
     on_ktforge(int4, "int4")
     assert "int4 (group 64)" in int4["log"]
-    bf16 = vllm_own(model, enforce_eager=True)
+    bf16 = bf16_reference
     # logits of a few tens: int4's error (~0.2 of a weight's scale) does not move the first choice
     assert [t[0] for t in int4["tokens"]] == [t[0] for t in bf16["tokens"]]
 

@@ -1,4 +1,5 @@
-"""``--quantization ktforge``: ktforge's online formats for the routed experts of a float checkpoint.
+"""``--quantization ktforge``: ktforge's online formats for the routed experts of a float checkpoint,
+and the name under which ktforge serves pre-quantized checkpoints as they are (:mod:`.checkpoint`).
 
     vllm serve DIR --quantization ktforge                     # int8 experts
     vllm serve DIR --quantization ktforge \\
@@ -58,7 +59,20 @@ class KtforgeConfig(QuantizationConfig):  # type: ignore[misc]
         return []
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> KtforgeConfig:
+    def override_quantization_method(
+        cls, hf_quant_cfg: dict[str, Any], user_quant: str | None, hf_config: Any = None
+    ) -> str | None:
+        """A pre-quantized checkpoint ktforge serves as it is, unless the user named another method."""
+        from ktforge.engines.vllm import checkpoint
+
+        return QUANTIZATION if user_quant in (None, QUANTIZATION) and checkpoint.claims(hf_quant_cfg) else None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Any:
+        if config.get("quant_method", QUANTIZATION) != QUANTIZATION:  # a checkpoint's own, claimed above
+            from ktforge.engines.vllm import checkpoint
+
+            return checkpoint.CheckpointConfig.from_checkpoint(config)
         unknown = set(config) - {"quant_method", "method", "group_size"}
         if unknown:
             raise ValueError(f"ktforge: unknown quantization_config key(s) {', '.join(sorted(unknown))}")

@@ -116,7 +116,7 @@ class KtforgeMoEMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
             raise ValueError(f"w13_weight has shape {tuple(w13.shape)}, not {(experts, 2 * inter, hidden)}")
         # the kernels take fp32 or bf16 (f16 experts are packed from fp32: exact)
         dtype = torch.bfloat16 if w13.dtype == torch.bfloat16 else torch.float32
-        group = group_for(self.kt_method, self.kt_group, hidden, inter)
+        group = self.kt_group = group_for(self.kt_method, self.kt_group, hidden, inter)
         kernels = MoE(
             experts,
             self.moe.experts_per_token,
@@ -129,12 +129,16 @@ class KtforgeMoEMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
         kernels.load_weights(
             w13[:, :inter].to(dtype).contiguous(), w13[:, inter:].to(dtype).contiguous(), w2.to(dtype).contiguous()
         )
-        handle = next(_ids)
-        torch_op.register_layer(handle, kernels, skip_absent=layer.expert_map is not None)
-        self.handle = handle
         # vLLM's copy is no longer read: one copy of the experts in memory, as packed
         for name in ("w13_weight", "w2_weight"):
             getattr(layer, name).data = torch.empty(0, dtype=w13.dtype)
+        self._register(layer, kernels, (experts, hidden, inter))
+
+    def _register(self, layer: Any, kernels: MoE, sizes: tuple[int, int, int]) -> None:
+        """Makes ``kernels`` this layer's experts for ``apply``, and says so once a format."""
+        handle = next(_ids)
+        torch_op.register_layer(handle, kernels, skip_absent=layer.expert_map is not None)
+        self.handle = handle
         info = kernels.info
         say_once(
             f"active:{self.kt_method}:{info.get('kernel')}",
@@ -142,14 +146,12 @@ class KtforgeMoEMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
             "(%s), %d threads on CPUs %s, %d experts of %d x %d, %.1f MiB packed a layer",
             layer.layer_name,
             self.kt_method,
-            f" (group {group})" if formats.by_name(self.kt_method).grouped else "",
+            f" (group {self.kt_group})" if formats.by_name(self.kt_method).grouped else "",
             info.get("name"),
             info.get("kernel"),
             int(info.get("threads", 0)),
             _cpu_list(os.sched_getaffinity(0)),  # this thread's: vLLM binds each rank's to its CPUs
-            experts,
-            hidden,
-            inter,
+            *sizes,
             float(info.get("packed_bytes", 0)) / 2**20,
         )
 

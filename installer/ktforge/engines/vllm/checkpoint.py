@@ -1,0 +1,117 @@
+"""Pre-quantized checkpoints, served as they are: ktforge claims the checkpoint's own
+``quantization_config`` (vLLM's ``override_quantization_method``), computes the routed experts in
+the file's values, and leaves every other layer to vLLM's own config for that checkpoint.
+
+Claimed today: FP8 with block scales (``quant_method: fp8`` with ``weight_block_size``: DeepSeek-V3,
+the Qwen3-*-FP8 releases). A checkpoint of another kind is vLLM's as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.fused_moe import RoutedExperts
+from vllm.model_executor.layers.linear import LinearBase
+from vllm.model_executor.layers.quantization import get_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
+
+from ktforge.engines.vllm import QUANTIZATION, fp8
+from ktforge.engines.vllm.method import say_once
+
+
+def claims(config: dict[str, Any] | None) -> bool:
+    """Whether ktforge serves checkpoints with this ``quantization_config`` as they are."""
+    if not isinstance(config, dict):
+        return False
+    block = config.get("weight_block_size")
+    return (
+        config.get("quant_method") == "fp8"
+        and isinstance(block, list)
+        and len(block) == 2
+        and all(isinstance(b, int) and b > 0 for b in block)
+    )
+
+
+class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
+    """vLLM's own config for the checkpoint (``own``), except for the routed experts."""
+
+    def __init__(self, own: Any) -> None:
+        super().__init__()
+        self.own = own
+        rows, cols = own.weight_block_size
+        self.block = (int(rows), int(cols))
+
+    @classmethod
+    def from_checkpoint(cls, config: dict[str, Any]) -> CheckpointConfig:
+        own = get_quantization_config(str(config["quant_method"])).from_config(config)
+        return cls(own)
+
+    def __repr__(self) -> str:
+        return f"CheckpointConfig(own={self.own!r})"
+
+    def __getattr__(self, name: str) -> Any:  # what models and loaders read of vLLM's own config
+        if name == "own":
+            raise AttributeError(name)
+        return getattr(self.own, name)
+
+    @classmethod
+    def get_name(cls) -> str:
+        return QUANTIZATION
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return list(self.own.get_supported_act_dtypes())
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> CheckpointConfig:
+        return cls.from_checkpoint(config)
+
+    def get_cache_scale_mapper(self) -> Any:
+        return self.own.get_cache_scale_mapper()
+
+    def get_checkpoint_weight_mapper(self) -> Any:
+        return self.own.get_checkpoint_weight_mapper()
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
+        self.own.apply_vllm_mapper(hf_to_vllm_mapper)
+
+    def maybe_update_config(self, *args: Any, **kwargs: Any) -> None:
+        self.own.maybe_update_config(*args, **kwargs)
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
+        self.own.packed_modules_mapping = self.packed_modules_mapping  # the model sets it on this config
+        if isinstance(layer, RoutedExperts):
+            return self._experts(layer, prefix)
+        method = self.own.get_quant_method(layer, prefix)
+        if isinstance(layer, LinearBase) and type(method).__name__ == "Fp8LinearMethod":
+            return fp8.DequantizedLinearMethod(method)
+        return method
+
+    def _experts(self, layer: Any, prefix: str) -> Any:
+        if is_layer_skipped(
+            prefix=prefix,
+            ignored_layers=self.own.ignored_layers or [],
+            fused_mapping=self.packed_modules_mapping,
+            match_mode=getattr(self.own, "ignored_layers_match_mode", "exact"),
+        ):
+            return self.own.get_quant_method(layer, prefix)  # unquantized: ktforge's float method
+        why_not = fp8.why_not_experts(layer.moe_config, self.block)
+        if why_not is None:
+            return fp8.KtforgeFp8MoEMethod(layer.moe_config, self.block)
+        say_once(
+            f"fallback:{why_not}",
+            "ktforge: %s runs vLLM's own FP8 MoE kernels: %s",
+            prefix,
+            why_not,
+            warning=True,
+        )
+        return self.own.get_quant_method(layer, prefix)

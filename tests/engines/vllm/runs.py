@@ -1,0 +1,43 @@
+"""The vLLM runs the tests compare: driver.py in vLLM's own environment, with ktforge's plugin on
+(as a user has it) or off (vLLM's own kernels, the reference)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.engines.vllm.environment import drive
+
+HERE = Path(__file__).parent
+AMX_PERMISSION = str(HERE / "amx_permission")
+WITHOUT_AMX = {"PYTHONPATH": str(HERE / "vllm_without_amx")}  # vLLM's kernel choice as on a CPU without AMX
+TWO_RANKS = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core a rank (vLLM's auto binding reserves one)
+
+
+def offline(model: str, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
+    return drive("offline", model, json.dumps(kwargs), env=env)
+
+
+def vllm_own(model: str, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """The same run with the plugin off: vLLM's own kernels."""
+    return offline(model, {"KTFORGE_VLLM": "0", "PYTHONPATH": AMX_PERMISSION, **(env or {})}, **kwargs)
+
+
+def on_ktforge(run: dict[str, Any], method: str) -> None:
+    """Every routed-experts layer of every rank ran on ktforge in ``method``, vLLM's copy freed."""
+    layers = [layer for rank in run["layers"] for layer in rank]
+    assert layers, "no routed-experts layer found"
+    for layer in layers:
+        assert layer["on_ktforge"], layer
+        assert layer["kt_method"] == method, layer
+        assert layer["vllm_weight_elements"] == 0, layer  # one copy of the experts: ktforge's
+    assert f"run their routed experts on ktforge: {method}" in run["log"]
+
+
+def logprob_gap(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
+    """The largest difference of a prompt token's log-probability between two runs."""
+    prompts = zip(ours["prompt_logprobs"], theirs["prompt_logprobs"], strict=True)
+    pairs = [pair for p, q in prompts for pair in zip(p, q, strict=True)]
+    assert pairs
+    return max(abs(a - b) for a, b in pairs)

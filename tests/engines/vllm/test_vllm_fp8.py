@@ -1,0 +1,58 @@
+"""A block-scaled FP8 checkpoint (the Qwen3-*-FP8 releases' layout) served as it is: the routed
+experts in their own FP8 values on ktforge, on every host, including where vLLM itself has no
+CPU kernel for FP8 (its FP8 GEMMs need AMX).
+
+The reference is the same values in bf16 (the release dequantized by its own definition) on
+vLLM's own kernels, which run on every host. Each prompt token's log-probability must stay far
+closer to it than the model before FP8 is: within 0.3 of what quantizing moved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests import host
+from tests.engines.vllm.environment import DriverFailed
+from tests.engines.vllm.runs import TWO_RANKS, WITHOUT_AMX, logprob_gap, offline, on_ktforge, vllm_own
+
+CLOSE = 0.3  # of the gap between the bf16 model and its FP8 release
+
+
+def close_to(run: dict[str, Any], reference: dict[str, Any], bf16_reference: dict[str, Any]) -> None:
+    moved = logprob_gap(bf16_reference, reference)  # what FP8 quantization changed
+    assert moved > 0.1  # the test can tell the two apart
+    assert logprob_gap(run, reference) < CLOSE * moved
+    assert [t[0] for t in run["tokens"]] == [t[0] for t in reference["tokens"]]
+
+
+def test_fp8_release_served_as_it_is_compiled(
+    fp8_model: str, fp8_reference: dict[str, Any], bf16_reference: dict[str, Any]
+) -> None:
+    ours = offline(fp8_model)  # vLLM's default: compiled, ktforge::moe traced
+    on_ktforge(ours, "fp8")
+    assert "fp8 (group 128)" in ours["log"]
+    close_to(ours, fp8_reference, bf16_reference)
+    if host.has("amx_tile"):  # vLLM's own FP8 kernels run here: the same checkpoint on them
+        close_to(ours, vllm_own(fp8_model, enforce_eager=True), bf16_reference)
+
+
+def test_fp8_release_where_vllm_has_no_cpu_kernel_for_it(
+    fp8_model: str, fp8_reference: dict[str, Any], bf16_reference: dict[str, Any]
+) -> None:
+    with pytest.raises(DriverFailed) as failed:
+        vllm_own(fp8_model, WITHOUT_AMX, enforce_eager=True)  # vLLM alone cannot build the model
+    assert "requires AMX tile support" in failed.value.log
+    ours = offline(fp8_model, WITHOUT_AMX, enforce_eager=True)
+    on_ktforge(ours, "fp8")
+    assert "FP8 linear layers" in ours["log"] and "dequantized to bf16 at load" in ours["log"]
+    close_to(ours, fp8_reference, bf16_reference)
+
+
+def test_fp8_release_over_two_tensor_parallel_ranks(
+    fp8_model: str, fp8_reference: dict[str, Any], bf16_reference: dict[str, Any]
+) -> None:
+    tp = offline(fp8_model, TWO_RANKS, enforce_eager=True, tensor_parallel_size=2)
+    on_ktforge(tp, "fp8")
+    assert "8 experts of 256 x 128" in tp["log"]  # each rank its half of every expert's columns
+    close_to(tp, fp8_reference, bf16_reference)
