@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,12 +29,32 @@ def _run(command: list[str], what: str, timeout: float = 900) -> str:
     return done.stdout
 
 
+def _record_in(wheel: Path) -> dict[str, object] | None:
+    """The build record inside a wheel (None: the wheel has none, or is unreadable)."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            record: dict[str, object] = json.loads(archive.read("ktforge/build_record.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+    return record
+
+
 def installed_wheel() -> Path:
-    """The wheel of the ktforge installed in the test environment (kt build keeps it in build/)."""
+    """The wheel of the ktforge installed in the test environment (kt build keeps it in build/):
+    the one whose build record is the installed one's, not merely the newest (the suite itself
+    builds other wheels there, a portable one among them)."""
+    import ktforge
+
+    installed = ktforge.build_info()["record"]
     wheels = sorted(ROOT.glob("build/kt-*/dist/ktforge-*.whl"), key=lambda p: p.stat().st_mtime, reverse=True)
-    if not wheels:
-        raise RuntimeError(f"no wheel of kt build under {ROOT}/build: run ./install.sh first")
-    return wheels[0]  # python() checks that it is the build installed here
+    for wheel in wheels:
+        record = _record_in(wheel)
+        if record is not None and all(record.get(k) == installed[k] for k in ("built_at", "built_on", "recipe")):
+            return wheel
+    raise RuntimeError(
+        f"none of the {len(wheels)} wheel(s) kt build left under {ROOT}/build is the build installed here "
+        f"(built {installed['built_at']}): run ./install.sh first"
+    )
 
 
 @functools.cache
