@@ -25,7 +25,7 @@ STAGES: tuple[frozenset[str], ...] = (
     frozenset({"builder"}),
     frozenset({"checkpoints"}),
     frozenset({"kernels"}),
-    frozenset({"transformers", "transformers_sweep", "transformers_gguf", "engines", "bench", "doctor"}),
+    frozenset({"transformers", "engines", "bench", "doctor"}),
     frozenset({"cli", "__main__"}),
 )
 NOT_STAGES = frozenset({"__init__", "_native", ""})
@@ -94,6 +94,37 @@ def test_the_stage_check_sees_a_backward_import(tmp_path: Path) -> None:
     tree = ast.parse("def f():\n    from ktforge.kernels import moe\n")
     [(line, module)] = _imports(tree)
     assert (line, _top(module)) == (2, "kernels") and _stage("kernels") > _stage("checkpoints")
+
+
+ENGINES = PACKAGE / "engines"
+ENGINE_ALIASES = {"ktforge.transformers": "transformers"}  # the name users import, the engine's module
+
+
+def _engine_of(module: str) -> str | None:
+    """The engine a ktforge module belongs to (ktforge.engines.vllm.method -> vllm), else None."""
+    if module in ENGINE_ALIASES:
+        return ENGINE_ALIASES[module]
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["ktforge", "engines"] and len(parts) > 2 else None
+
+
+def test_no_engine_imports_another() -> None:
+    engines = sorted(p.name for p in ENGINES.iterdir() if (p / "__init__.py").is_file())
+    assert {"transformers", "vllm"} <= set(engines)
+    crossing = []
+    for engine in engines:
+        for path in sorted((ENGINES / engine).rglob("*.py")):
+            for line, module in _imports(ast.parse(path.read_text())):
+                other = _engine_of(module)
+                if other is not None and other != engine:
+                    crossing.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not crossing, "\n".join(crossing)
+
+
+def test_the_engine_check_sees_a_crossing() -> None:
+    [(_, module)] = _imports(ast.parse("from ktforge.engines.transformers import why_unsupported\n"))
+    assert _engine_of(module) == "transformers" and _engine_of("ktforge.transformers") == "transformers"
+    assert _engine_of("ktforge.kernels.torch_op") is None
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import ktforge.transformers as kt_hf
-from ktforge import transformers_sweep
+from ktforge.engines.transformers import coverage as transformers_sweep
 
 from .test_transformers import SMALL, _experts_modules, _prompt
 

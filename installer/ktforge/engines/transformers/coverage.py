@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ktforge.transformers import why_unsupported
+from ktforge.engines.transformers import why_unsupported
 
 
 def sweep() -> list[tuple[str, str, str | None]]:

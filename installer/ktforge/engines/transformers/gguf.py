@@ -17,8 +17,7 @@ def load_gguf(model: Any, path: Path) -> list[int]:
 
     from ktforge.checkpoints import fingerprint
     from ktforge.checkpoints.gguf import GgufCheckpoint
-    from ktforge.formats.quantize import Quantized, dequantize
-    from ktforge.transformers import (
+    from ktforge.engines.transformers import (
         _check_fingerprint,
         _install_loaded,
         _load_module_biases,
@@ -26,6 +25,7 @@ def load_gguf(model: Any, path: Path) -> list[int]:
         _settings,
         activation_of,
     )
+    from ktforge.formats.quantize import Quantized, dequantize
 
     layers: list[tuple[Any, ktforge.MoE, int]] = []
     with GgufCheckpoint(path) as checkpoint:
