@@ -46,9 +46,10 @@ def _module_without_package_init(package: str, module: str) -> Any:
     return importlib.import_module(".".join(parts))
 
 
-def _grid(w: Any, group: int, g_idx: Any = None) -> tuple[Any, Any, Any]:
+def _grid(w: Any, group: int, g_idx: Any = None, symmetric: bool = False) -> tuple[Any, Any, Any]:
     """(values on the grid [N, K], scales [N, G] float16-valued, zeros [N, G]); input k in group
-    g_idx[k] (k // group by default)."""
+    g_idx[k] (k // group by default). Asymmetric: min/max; symmetric: AutoGPTQ's ``sym``, the
+    range +-max|w| over 15 steps with the zero at 8."""
     import torch
 
     N, K = w.shape
@@ -56,8 +57,11 @@ def _grid(w: Any, group: int, g_idx: Any = None) -> tuple[Any, Any, Any]:
     groups = w[:, order].reshape(N, K // group, group)  # each group's inputs side by side
     low = torch.minimum(groups.amin(-1), torch.zeros(1))
     high = torch.maximum(groups.amax(-1), torch.zeros(1))
+    if symmetric:
+        high = torch.maximum(high, -low)
+        low = -high
     scale = ((high - low) / 15).clamp(min=1e-8).half().float()
-    zero = torch.clamp(torch.round(-low / scale), 0, 15)
+    zero = torch.full_like(scale, 8.0) if symmetric else torch.clamp(torch.round(-low / scale), 0, 15)
     q = torch.clamp(torch.round(groups / scale[..., None]) + zero[..., None], 0, 15)
     values = torch.empty_like(w)
     values[:, order] = ((q - zero[..., None]) * scale[..., None]).reshape(N, K)
@@ -73,13 +77,13 @@ def act_order(K: int, group: int, seed: int) -> Any:
     return (rank // group).to(torch.int32)
 
 
-def gptq(w: Any, group: int, g_idx: Any = None) -> tuple[dict[str, Any], Array]:
+def gptq(w: Any, group: int, g_idx: Any = None, symmetric: bool = False) -> tuple[dict[str, Any], Array]:
     import torch
 
     qlinear = _module_without_package_init("auto_gptq", "nn_modules.qlinear.qlinear_cuda")
     N, K = w.shape
     g_idx = torch.arange(K, dtype=torch.int32) // group if g_idx is None else g_idx
-    values, scale, zero = _grid(w, group, g_idx)
+    values, scale, zero = _grid(w, group, g_idx, symmetric)
     linear = torch.nn.Linear(K, N, bias=False)
     linear.weight.data = values
     layer = qlinear.QuantLinear(4, group, K, N, bias=False, weight_dtype=torch.float32)
@@ -144,3 +148,38 @@ def write_gptq_awq_checkpoint(
     config = quantization_config(method, group) | ({"desc_act": True} if desc_act else {})
     kept = write_quantized_experts(directory, arch, (E, k, H, I), config, one, seed=seed)
     return {p: np.stack(d) for p, d in kept[1].items()}
+
+
+GPTQ_LINEARS = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight", ".mlp.experts.")
+
+
+def gptq_release(model_dir: Path, out_dir: Path, dequantized_dir: Path, group: int = 128) -> None:
+    """A saved transformers model as a GPTQ release (4-bit, ``sym``, AutoGPTQ's v1 layout, as most
+    GPTQ releases are): every linear layer of attention and of the experts packed by AutoGPTQ,
+    routers, norms, embeddings and lm_head as they were; and beside it the same model in bf16 by
+    AutoGPTQ's own dequantization: the values a bf16 engine runs."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    packed, dense = {}, {}
+    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        if name.endswith(".weight") and tensor.ndim == 2 and any(part in name for part in GPTQ_LINEARS):
+            parts, values = gptq(tensor.float(), group, symmetric=True)
+            base = name.removesuffix("weight")
+            packed |= {base + part: value.contiguous() for part, value in parts.items()}
+            dense[name] = torch.from_numpy(values).to(torch.bfloat16).contiguous()
+        else:
+            packed[name] = dense[name] = tensor
+    config = json.loads((model_dir / "config.json").read_text())
+    for directory, tensors in ((out_dir, packed), (dequantized_dir, dense)):
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        for extra in model_dir.iterdir():
+            if extra.name not in ("config.json", "model.safetensors"):
+                shutil.copy(extra, directory / extra.name)
+    quantized = config | {"quantization_config": quantization_config("gptq", group) | {"sym": True}}
+    (out_dir / "config.json").write_text(json.dumps(quantized))
+    (dequantized_dir / "config.json").write_text(json.dumps(config))

@@ -10,6 +10,7 @@ import pytest
 from tests.engines.vllm.environment import drive
 from tests.engines.vllm.runs import vllm_own
 from tests.fp8_checkpoints import dequantized_copy, fp8_copy
+from tests.gptq_awq_checkpoints import gptq_release
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +47,18 @@ def bf16_reference(model: str) -> dict[str, Any]:
 def fp8_reference(fp8_dequantized: str) -> dict[str, Any]:
     """The FP8 release's values in bf16 on vLLM's own kernels, eager: runs on every host."""
     return vllm_own(fp8_dequantized, enforce_eager=True)
+
+
+@pytest.fixture(scope="session")
+def gptq_models(model: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The same model as a GPTQ release (4-bit, sym, groups of 128: attention and experts packed by
+    AutoGPTQ), and that release in bf16 by AutoGPTQ's own dequantization."""
+    released, dequantized = tmp_path_factory.mktemp("qwen3-moe-gptq"), tmp_path_factory.mktemp("qwen3-moe-gptq-bf16")
+    gptq_release(Path(model), released, dequantized)
+    return str(released), str(dequantized)
+
+
+@pytest.fixture(scope="session")
+def gptq_reference(gptq_models: tuple[str, str]) -> dict[str, Any]:
+    """The GPTQ release's values in bf16 on vLLM's own kernels, eager: runs on every host."""
+    return vllm_own(gptq_models[1], enforce_eager=True)

@@ -41,3 +41,15 @@ def logprob_gap(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
     pairs = [pair for p, q in prompts for pair in zip(p, q, strict=True)]
     assert pairs
     return max(abs(a - b) for a, b in pairs)
+
+
+CLOSE = 0.3  # of the gap between the bf16 model and its quantized release
+
+
+def close_to(run: dict[str, Any], reference: dict[str, Any], bf16_reference: dict[str, Any]) -> None:
+    """``run`` gives each prompt token a log-probability far closer to ``reference`` (a release's
+    own values in bf16 on vLLM's kernels) than the bf16 model before quantization does."""
+    moved = logprob_gap(bf16_reference, reference)  # what quantization changed
+    assert moved > 0.1  # the test can tell the two apart
+    assert logprob_gap(run, reference) < CLOSE * moved
+    assert [t[0] for t in run["tokens"]] == [t[0] for t in reference["tokens"]]

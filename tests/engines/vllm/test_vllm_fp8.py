@@ -14,16 +14,7 @@ import pytest
 
 from tests import host
 from tests.engines.vllm.environment import DriverFailed
-from tests.engines.vllm.runs import TWO_RANKS, WITHOUT_AMX, logprob_gap, offline, on_ktforge, vllm_own
-
-CLOSE = 0.3  # of the gap between the bf16 model and its FP8 release
-
-
-def close_to(run: dict[str, Any], reference: dict[str, Any], bf16_reference: dict[str, Any]) -> None:
-    moved = logprob_gap(bf16_reference, reference)  # what FP8 quantization changed
-    assert moved > 0.1  # the test can tell the two apart
-    assert logprob_gap(run, reference) < CLOSE * moved
-    assert [t[0] for t in run["tokens"]] == [t[0] for t in reference["tokens"]]
+from tests.engines.vllm.runs import TWO_RANKS, WITHOUT_AMX, close_to, offline, on_ktforge, vllm_own
 
 
 def test_fp8_release_served_as_it_is_compiled(

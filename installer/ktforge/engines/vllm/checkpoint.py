@@ -2,8 +2,14 @@
 ``quantization_config`` (vLLM's ``override_quantization_method``), computes the routed experts in
 the file's values, and leaves every other layer to vLLM's own config for that checkpoint.
 
-Claimed today: FP8 with block scales (``quant_method: fp8`` with ``weight_block_size``: DeepSeek-V3,
-the Qwen3-*-FP8 releases). A checkpoint of another kind is vLLM's as before.
+Claimed today:
+
+- FP8 with block scales (``quant_method: fp8`` with ``weight_block_size``: DeepSeek-V3, the
+  Qwen3-*-FP8 releases): :mod:`.fp8`;
+- GPTQ, 4-bit, symmetric, groups along K, without act-order (what vLLM's own GPTQ config takes;
+  it refuses act-order and asymmetric GPTQ for every layer): :mod:`.gptq`.
+
+A checkpoint of another kind is vLLM's as before.
 """
 
 from __future__ import annotations
@@ -17,42 +23,62 @@ from vllm.model_executor.layers.quantization import get_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
-from ktforge.engines.vllm import QUANTIZATION, fp8
+from ktforge.checkpoints import gptq_awq
+from ktforge.engines.vllm import QUANTIZATION, fp8, gptq
 from ktforge.engines.vllm.method import say_once
+
+
+def kind_of(config: dict[str, Any] | None) -> str | None:
+    """The kind ("fp8" or "gptq") of of checkpoint ktforge serves as it is; None: vLLM's as before."""
+    if not isinstance(config, dict):
+        return None
+    method = config.get("quant_method")
+    if method == "fp8":
+        block = config.get("weight_block_size")
+        blocks = isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
+        return "fp8" if blocks else None
+    if method == "gptq":
+        try:
+            scheme = gptq_awq.scheme_of(config, "quantization_config")
+        except ValueError:  # 8-bit, per channel, another layout: vLLM's own, as before
+            return None
+        plain = config.get("sym") is True and not config.get("desc_act")
+        return "gptq" if scheme is not None and plain else None
+    return None
 
 
 def claims(config: dict[str, Any] | None) -> bool:
     """Whether ktforge serves checkpoints with this ``quantization_config`` as they are."""
-    if not isinstance(config, dict):
-        return False
-    block = config.get("weight_block_size")
-    return (
-        config.get("quant_method") == "fp8"
-        and isinstance(block, list)
-        and len(block) == 2
-        and all(isinstance(b, int) and b > 0 for b in block)
-    )
+    return kind_of(config) is not None
 
 
 class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
     """vLLM's own config for the checkpoint (``own``), except for the routed experts."""
 
-    def __init__(self, own: Any) -> None:
+    def __init__(self, own: Any, config: dict[str, Any]) -> None:
         super().__init__()
         self.own = own
-        rows, cols = own.weight_block_size
-        self.block = (int(rows), int(cols))
+        self.kind = kind_of(config)
+        if self.kind is None:
+            raise ValueError(f"ktforge: not a checkpoint it serves as it is: {config.get('quant_method')!r}")
+        if self.kind == "fp8":
+            rows, cols = own.weight_block_size
+            self.block = (int(rows), int(cols))
+        else:
+            scheme = gptq_awq.scheme_of(config, "quantization_config")
+            assert scheme is not None  # kind_of said gptq
+            self.scheme = scheme
 
     @classmethod
     def from_checkpoint(cls, config: dict[str, Any]) -> CheckpointConfig:
         own = get_quantization_config(str(config["quant_method"])).from_config(config)
-        return cls(own)
+        return cls(own, config)
 
     def __repr__(self) -> str:
         return f"CheckpointConfig(own={self.own!r})"
 
     def __getattr__(self, name: str) -> Any:  # what models and loaders read of vLLM's own config
-        if name == "own":
+        if name in ("own", "kind", "block", "scheme"):
             raise AttributeError(name)
         return getattr(self.own, name)
 
@@ -92,11 +118,13 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         if isinstance(layer, RoutedExperts):
             return self._experts(layer, prefix)
         method = self.own.get_quant_method(layer, prefix)
-        if isinstance(layer, LinearBase) and type(method).__name__ == "Fp8LinearMethod":
+        if self.kind == "fp8" and isinstance(layer, LinearBase) and type(method).__name__ == "Fp8LinearMethod":
             return fp8.DequantizedLinearMethod(method)
         return method
 
     def _experts(self, layer: Any, prefix: str) -> Any:
+        if self.kind == "gptq":
+            return self._gptq_experts(layer, prefix)
         if is_layer_skipped(
             prefix=prefix,
             ignored_layers=self.own.ignored_layers or [],
@@ -107,10 +135,33 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         why_not = fp8.why_not_experts(layer.moe_config, self.block)
         if why_not is None:
             return fp8.KtforgeFp8MoEMethod(layer.moe_config, self.block)
+        return self._fallback(layer, prefix, "FP8", why_not)
+
+    def _gptq_experts(self, layer: Any, prefix: str) -> Any:
+        """GPTQModel's ``dynamic`` rules may skip a layer or give it other bits or groups."""
+        import copy
+
+        from vllm.model_executor.layers.quantization.utils.gptq_utils import get_dynamic_override, override_config
+
+        if get_dynamic_override(self.own, layer_name=prefix) is False:
+            return self.own.get_quant_method(layer, prefix)  # unquantized: ktforge's float method
+        own = copy.deepcopy(self.own)
+        override_config(own, prefix=prefix)
+        if own.weight_bits != 4 or own.desc_act:
+            bits = f"{own.weight_bits}-bit{' act-order' if own.desc_act else ''}"
+            return self._fallback(layer, prefix, "GPTQ", f"{bits} GPTQ (ktforge serves 4-bit)")
+        scheme = gptq_awq.Scheme("gptq", int(own.group_size), self.scheme.zero_offset)
+        why_not = gptq.why_not_experts(layer.moe_config, scheme)
+        if why_not is None:
+            return gptq.KtforgeGptqMoEMethod(layer.moe_config, scheme)
+        return self._fallback(layer, prefix, "GPTQ", why_not)
+
+    def _fallback(self, layer: Any, prefix: str, kind: str, why_not: str) -> Any:
         say_once(
             f"fallback:{why_not}",
-            "ktforge: %s runs vLLM's own FP8 MoE kernels: %s",
+            "ktforge: %s runs vLLM's own %s MoE kernels: %s",
             prefix,
+            kind,
             why_not,
             warning=True,
         )
