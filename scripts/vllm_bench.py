@@ -1,0 +1,161 @@
+"""vLLM's CPU backend with ktforge's experts beside its own, in one run, alternating.
+
+A Qwen3-30B-A3B-shaped model (its layer shapes: hidden 2048, 128 experts of 768, top-8, 32 heads
+of 128 over 4 KV heads; ``--layers`` of them, random weights, a 32k vocabulary) in bf16, served by
+vLLM's offline API in one process a configuration: vLLM's own bf16 MoE, ktforge bf16 (no flag),
+and ktforge's int8 and int4 from the same checkpoint (``--quantization ktforge``). Each round
+starts every configuration once, in turn; a configuration's figures are the median and range over
+rounds. Decode: tokens/s at batch 1 and 8 (64 new tokens each); prefill: 512-token prompts,
+tokens/s; memory: the resident set of vLLM's processes after loading.
+
+    python3 scripts/vllm_bench.py [--layers 2] [--rounds 2] [--threads N]
+
+It builds vLLM's environment as the tests do (build/vllm-env, ktforge's wheel from ./install.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
+    "vLLM bf16": {"env": {"KTFORGE_VLLM": "0"}, "kwargs": {}},
+    "ktforge bf16": {"env": {}, "kwargs": {}},
+    "ktforge int8": {"env": {}, "kwargs": {"quantization": "ktforge"}},
+    "ktforge int4": {
+        "env": {},
+        "kwargs": {
+            "quantization": "ktforge",
+            "hf_overrides": {"quantization_config": {"quant_method": "ktforge", "method": "int4", "group_size": 128}},
+        },
+    },
+}
+
+
+def make_model(directory: str, layers: int) -> None:  # runs in vLLM's environment
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ktforge.resources import data_path, load_toml
+
+    experts = load_toml(data_path("bench_models.toml"))["qwen3-30b-a3b"]  # kt bench's catalogue
+    config = AutoConfig.for_model(
+        "qwen3_moe",
+        hidden_size=experts["hidden"],
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=32000,
+        moe_intermediate_size=experts["intermediate"],
+        intermediate_size=6144,
+        num_experts=experts["experts"],
+        num_experts_per_tok=experts["top_k"],
+        norm_topk_prob=True,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
+    model.save_pretrained(directory)
+
+
+def measure(directory: str, kwargs: str) -> None:  # runs in vLLM's environment
+    import time
+
+    import psutil  # type: ignore[import-untyped]
+    from vllm import LLM, SamplingParams
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    llm = LLM(
+        model=directory,
+        skip_tokenizer_init=True,
+        max_model_len=1024,
+        max_num_seqs=8,
+        enable_prefix_caching=False,  # every timed call computes its prompt again
+        **json.loads(kwargs),
+    )
+    me = psutil.Process()
+    rss = sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
+
+    def timed(batch: int, prompt: int, new: int) -> float:
+        prompts = [{"prompt_token_ids": [(7 * i + j) % 31000 + 10 for j in range(prompt)]} for i in range(batch)]
+        params = SamplingParams(max_tokens=new, ignore_eos=True, temperature=0, detokenize=False)
+        llm.generate(prompts, params, use_tqdm=False)  # warm
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    decode1 = 64 / (timed(1, 16, 65) - timed(1, 16, 1))  # new tokens' time, less the prompt's
+    decode8 = 8 * 64 / (timed(8, 16, 65) - timed(8, 16, 1))
+    prefill = 512 / timed(1, 512, 1)
+    print(
+        "RESULT " + json.dumps({"decode1": decode1, "decode8": decode8, "prefill512": prefill, "rss_gib": rss / 2**30})
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    args = parser.parse_args()
+    from tests.engines.vllm.environment import python
+
+    py = str(python())
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in args.configs.split(",")}
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([py, __file__, "_model", tmp, str(args.layers)], check=True)
+        size = sum(p.stat().st_size for p in Path(tmp).glob("*.safetensors")) / 2**30
+        for round_ in range(args.rounds):
+            for name in results:
+                config = CONFIGS[name]
+                env = {k: v for k, v in os.environ.items() if not k.startswith(("KTFORGE_", "VLLM_"))}
+                env |= {"TOKENIZERS_PARALLELISM": "false", **config["env"]}
+                if name.startswith("vLLM"):
+                    env["PYTHONPATH"] = str(ROOT / "tests/engines/vllm/amx_permission")
+                done = subprocess.run(
+                    [py, __file__, "_measure", tmp, json.dumps(config["kwargs"])],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
+                line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+                if done.returncode or not line:
+                    raise SystemExit(f"{name} failed:\n{done.stderr[-4000:]}")
+                results[name].append(json.loads(line[-1].removeprefix("RESULT ")))
+                print(f"round {round_ + 1} {name}: {results[name][-1]}", flush=True)
+    print(f"\ncheckpoint {size:.2f} GiB; median (min-max) of {args.rounds} rounds")
+    print("| configuration | decode b=1 tok/s | decode b=8 tok/s | prefill 512 tok/s | RSS GiB | b=1 vs vLLM bf16 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    base = statistics.median(r["decode1"] for r in results.get("vLLM bf16", results[next(iter(results))]))
+    for name, runs in results.items():
+        cells = []
+        for key in ("decode1", "decode8", "prefill512", "rss_gib"):
+            values = [r[key] for r in runs]
+            cells.append(f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
+        ratio = statistics.median(r["decode1"] for r in runs) / base
+        print(f"| {name} | {' | '.join(cells)} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_model":
+        make_model(sys.argv[2], int(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_measure":
+        measure(sys.argv[2], sys.argv[3])
+    else:
+        main()
