@@ -153,11 +153,12 @@ def write_gptq_awq_checkpoint(
 GPTQ_LINEARS = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight", ".mlp.experts.")
 
 
-def gptq_release(model_dir: Path, out_dir: Path, dequantized_dir: Path, group: int = 128) -> None:
+def gptq_awq_release(model_dir: Path, out_dir: Path, dequantized_dir: Path, method: str, group: int = 128) -> None:
     """A saved transformers model as a GPTQ release (4-bit, ``sym``, AutoGPTQ's v1 layout, as most
-    GPTQ releases are): every linear layer of attention and of the experts packed by AutoGPTQ,
-    routers, norms, embeddings and lm_head as they were; and beside it the same model in bf16 by
-    AutoGPTQ's own dequantization: the values a bf16 engine runs."""
+    GPTQ releases are) or an AWQ one (AutoAWQ's GEMM layout, with zero points): every linear
+    layer of attention and of the experts packed by the tool, routers, norms, embeddings and
+    lm_head as they were; and beside it the same model in bf16 by the tool's own dequantization:
+    the values a bf16 engine runs."""
     import json
     import shutil
 
@@ -167,7 +168,8 @@ def gptq_release(model_dir: Path, out_dir: Path, dequantized_dir: Path, group: i
     packed, dense = {}, {}
     for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
         if name.endswith(".weight") and tensor.ndim == 2 and any(part in name for part in GPTQ_LINEARS):
-            parts, values = gptq(tensor.float(), group, symmetric=True)
+            w = tensor.float()
+            parts, values = gptq(w, group, symmetric=True) if method == "gptq" else awq(w, group)
             base = name.removesuffix("weight")
             packed |= {base + part: value.contiguous() for part, value in parts.items()}
             dense[name] = torch.from_numpy(values).to(torch.bfloat16).contiguous()
@@ -180,6 +182,6 @@ def gptq_release(model_dir: Path, out_dir: Path, dequantized_dir: Path, group: i
         for extra in model_dir.iterdir():
             if extra.name not in ("config.json", "model.safetensors"):
                 shutil.copy(extra, directory / extra.name)
-    quantized = config | {"quantization_config": quantization_config("gptq", group) | {"sym": True}}
-    (out_dir / "config.json").write_text(json.dumps(quantized))
+    scheme = quantization_config(method, group) | ({"sym": True} if method == "gptq" else {})
+    (out_dir / "config.json").write_text(json.dumps(config | {"quantization_config": scheme}))
     (dequantized_dir / "config.json").write_text(json.dumps(config))

@@ -173,3 +173,32 @@ def write_deepseek_v4_base(
         return {"weight": q, "scale": e8m0}, dense.double().numpy()
 
     return _deepseek_v4(directory, "fp8", one, (E, k, H, I), seed)
+
+
+def gpt_oss_dequantized(release: Path, out_dir: Path) -> None:
+    """A gpt-oss MXFP4 release as bf16, by transformers' own dequantization
+    (``convert_moe_packed_tensors``), its experts fused as transformers saves them: the same model in
+    the values a bf16 engine runs."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stored = load_file(str(release / "model.safetensors"))
+    tensors = {}
+    for name, tensor in stored.items():
+        if name.endswith("_scales"):
+            continue
+        if name.endswith("_blocks"):
+            base = name.removesuffix("_blocks")
+            dense = convert_moe_packed_tensors(tensor, stored[base + "_scales"], dtype=torch.float32)
+            tensors[base] = dense.to(torch.bfloat16).contiguous()  # [E, K, N], as transformers keeps it
+        else:
+            tensors[name] = tensor
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((release / "config.json").read_text())
+    del config["quantization_config"]
+    (out_dir / "config.json").write_text(json.dumps(config))
+    for extra in release.iterdir():
+        if extra.name not in ("config.json", "model.safetensors"):
+            shutil.copy(extra, out_dir / extra.name)

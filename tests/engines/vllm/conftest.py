@@ -10,7 +10,9 @@ import pytest
 from tests.engines.vllm.environment import drive
 from tests.engines.vllm.runs import vllm_own
 from tests.fp8_checkpoints import dequantized_copy, fp8_copy
-from tests.gptq_awq_checkpoints import gptq_release
+from tests.gptq_awq_checkpoints import gptq_awq_release
+from tests.int4_checkpoints import int4_release
+from tests.mxfp4_checkpoints import gpt_oss_dequantized, gpt_oss_release
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +56,7 @@ def gptq_models(model: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[s
     """The same model as a GPTQ release (4-bit, sym, groups of 128: attention and experts packed by
     AutoGPTQ), and that release in bf16 by AutoGPTQ's own dequantization."""
     released, dequantized = tmp_path_factory.mktemp("qwen3-moe-gptq"), tmp_path_factory.mktemp("qwen3-moe-gptq-bf16")
-    gptq_release(Path(model), released, dequantized)
+    gptq_awq_release(Path(model), released, dequantized, "gptq")
     return str(released), str(dequantized)
 
 
@@ -62,3 +64,74 @@ def gptq_models(model: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[s
 def gptq_reference(gptq_models: tuple[str, str]) -> dict[str, Any]:
     """The GPTQ release's values in bf16 on vLLM's own kernels, eager: runs on every host."""
     return vllm_own(gptq_models[1], enforce_eager=True)
+
+
+@pytest.fixture(scope="session")
+def awq_models(model: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The same model as an AWQ release (4-bit with zero points, groups of 128, AutoAWQ's GEMM
+    layout: attention and experts), and that release in bf16 by AutoAWQ's own dequantization."""
+    released, dequantized = tmp_path_factory.mktemp("qwen3-moe-awq"), tmp_path_factory.mktemp("qwen3-moe-awq-bf16")
+    gptq_awq_release(Path(model), released, dequantized, "awq")
+    return str(released), str(dequantized)
+
+
+@pytest.fixture(scope="session")
+def awq_reference(awq_models: tuple[str, str]) -> dict[str, Any]:
+    """The AWQ release's values in bf16 on vLLM's own kernels, eager: runs on every host."""
+    return vllm_own(awq_models[1], enforce_eager=True)
+
+
+@pytest.fixture(scope="session", params=[False, True], ids=["asymmetric", "symmetric"])
+def int4_models(
+    request: pytest.FixtureRequest, model: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, str]:
+    """The same model as a compressed-tensors W4A16 release of its experts (groups of 128, with or
+    without zero points), and that release in bf16 by the library's own dequantization."""
+    kind = "symmetric" if request.param else "asymmetric"
+    released = tmp_path_factory.mktemp(f"qwen3-moe-w4a16-{kind}")
+    dequantized = tmp_path_factory.mktemp(f"qwen3-moe-w4a16-{kind}-bf16")
+    int4_release(Path(model), released, dequantized, group=128, symmetric=request.param)
+    return str(released), str(dequantized)
+
+
+@pytest.fixture(scope="session")
+def int4_reference(int4_models: tuple[str, str]) -> dict[str, Any]:
+    """The W4A16 release's values in bf16 on vLLM's own kernels, eager: runs on every host."""
+    return vllm_own(int4_models[1], enforce_eager=True)
+
+
+@pytest.fixture(scope="session")
+def int4_compiled_reference(int4_models: tuple[str, str]) -> dict[str, Any]:
+    """The same, compiled (vLLM's default), for the compiled runs."""
+    return vllm_own(int4_models[1])
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
+    """A tiny gpt-oss saved by transformers in bf16, its MXFP4 release as OpenAI ships gpt-oss
+    (fused blocks and scales, biases, ``quant_method: mxfp4``), and that release in bf16 by
+    transformers' own dequantization."""
+    original = tmp_path_factory.mktemp("gpt-oss-bf16")
+    drive("gpt_oss", str(original))
+    released, dequantized = tmp_path_factory.mktemp("gpt-oss-mxfp4"), tmp_path_factory.mktemp("gpt-oss-dequantized")
+    gpt_oss_release(original, released)
+    gpt_oss_dequantized(released, dequantized)
+    return str(original), str(released), str(dequantized)
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_reference(gpt_oss_models: tuple[str, str, str]) -> dict[str, Any]:
+    """The MXFP4 release's values in bf16 on vLLM's own kernels, eager."""
+    return vllm_own(gpt_oss_models[2], enforce_eager=True)
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_bf16_reference(gpt_oss_models: tuple[str, str, str]) -> dict[str, Any]:
+    """The model before MXFP4, on vLLM's own kernels, eager."""
+    return vllm_own(gpt_oss_models[0], enforce_eager=True)
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_compiled_reference(gpt_oss_models: tuple[str, str, str]) -> dict[str, Any]:
+    """The MXFP4 release's values in bf16 on vLLM's own kernels, compiled (vLLM's default)."""
+    return vllm_own(gpt_oss_models[2])

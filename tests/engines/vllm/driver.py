@@ -2,6 +2,7 @@
 tests as a subprocess; prints one ``RESULT {json}`` line.
 
     driver.py model DIR                 a tiny random Qwen3-MoE (bf16) with a tokenizer, saved as transformers does
+    driver.py gpt_oss DIR               a tiny random gpt-oss (bf16: its release is made from it) with a tokenizer
     driver.py offline DIR '{LLM kwargs}' greedy tokens through vLLM's offline LLM API, and each MoE layer's state
     driver.py serve DIR [vllm args]     vLLM's OpenAI server on 127.0.0.1, queried with the openai client
     driver.py plugin                    register() re-entrant, never raising, switched off, version-gated
@@ -28,10 +29,8 @@ def result(value: Any) -> None:
 def make_model(directory: str) -> None:
     """Qwen3-30B-A3B's layout at toy size; sizes that split over 2 ranks (TP and EP)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    out = Path(directory)
     config = AutoConfig.for_model(
         "qwen3_moe",
         hidden_size=256,
@@ -54,7 +53,49 @@ def make_model(directory: str) -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     with torch.no_grad():
         model.lm_head.weight.mul_(40.0)  # logits of a few tens, as trained models have: greedy ties are rare
-    model.save_pretrained(out)
+    model.save_pretrained(Path(directory))
+    result({"tokens": save_tokenizer(Path(directory))})
+
+
+def make_gpt_oss(directory: str) -> None:
+    """gpt-oss's layout at toy size (sliding and full attention with sinks, 8 experts with biases,
+    top 2); its experts' weights and biases at a trained model's scales; sizes whole MXFP4 blocks
+    of 32 on each of 2 ranks."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "gpt_oss",
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        vocab_size=512,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".mlp.experts." in name:
+                p.copy_(torch.randn_like(p) / (p.shape[1] ** 0.5 if "bias" not in name else 4.0))
+        model.lm_head.weight.mul_(40.0)
+    model.save_pretrained(Path(directory))
+    result({"tokens": save_tokenizer(Path(directory))})
+
+
+def save_tokenizer(out: Path) -> int:
+    """A small byte-level BPE trained on the prompts, with a chat template, saved beside a model."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -70,7 +111,7 @@ def make_model(directory: str) -> None:
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     fast.save_pretrained(out)
-    result({"tokens": len(fast)})
+    return len(fast)
 
 
 def offline(directory: str, kwargs: str) -> None:
@@ -205,5 +246,5 @@ def plugin() -> None:
 
 
 if __name__ == "__main__":
-    commands = {"model": make_model, "offline": offline, "serve": serve, "plugin": plugin}
+    commands = {"model": make_model, "gpt_oss": make_gpt_oss, "offline": offline, "serve": serve, "plugin": plugin}
     commands[sys.argv[1]](*sys.argv[2:])

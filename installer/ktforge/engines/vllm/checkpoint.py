@@ -7,7 +7,11 @@ Claimed today:
 - FP8 with block scales (``quant_method: fp8`` with ``weight_block_size``: DeepSeek-V3, the
   Qwen3-*-FP8 releases): :mod:`.fp8`;
 - GPTQ, 4-bit, symmetric, groups along K, without act-order (what vLLM's own GPTQ config takes;
-  it refuses act-order and asymmetric GPTQ for every layer): :mod:`.gptq`.
+  it refuses act-order and asymmetric GPTQ for every layer): :mod:`.int4`;
+- AWQ, 4-bit with zero points, AutoAWQ's GEMM layout: :mod:`.int4`;
+- compressed-tensors ``pack-quantized`` INT4 with groups along K, symmetric or with zero points
+  (Kimi-K2-Thinking, llm-compressor's W4A16): :mod:`.int4`, for the experts whose scheme it is;
+- gpt-oss's MXFP4 release (``quant_method: mxfp4``): :mod:`.mxfp4`.
 
 A checkpoint of another kind is vLLM's as before.
 """
@@ -24,12 +28,14 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
 from ktforge.checkpoints import gptq_awq
-from ktforge.engines.vllm import QUANTIZATION, fp8, gptq
+from ktforge.checkpoints import packed as ct_packed
+from ktforge.engines.vllm import QUANTIZATION, fp8, int4, mxfp4
 from ktforge.engines.vllm.method import say_once
 
 
 def kind_of(config: dict[str, Any] | None) -> str | None:
-    """The kind ("fp8" or "gptq") of of checkpoint ktforge serves as it is; None: vLLM's as before."""
+    """The kind of checkpoint ktforge serves as it is ("fp8", "gptq", "awq", "ct-int4" or "mxfp4"), from
+    its ``quantization_config``; None: vLLM's as before."""
     if not isinstance(config, dict):
         return None
     method = config.get("quant_method")
@@ -44,12 +50,31 @@ def kind_of(config: dict[str, Any] | None) -> str | None:
             return None
         plain = config.get("sym") is True and not config.get("desc_act")
         return "gptq" if scheme is not None and plain else None
+    if method == "awq":
+        try:
+            awq = gptq_awq.scheme_of(config, "quantization_config")
+        except ValueError:  # another version or bits: vLLM's own, as before
+            return None
+        return "awq" if awq is not None and config.get("zero_point", True) is not False else None
+    if method in MXFP4_NAMES:
+        return "mxfp4"
+    if method == "compressed-tensors":
+        try:
+            packed = ct_packed.scheme_of(config, "quantization_config")
+        except ValueError:  # another scheme: vLLM's own, as before
+            return None
+        return "ct-int4" if packed is not None and packed.method == "int4" and packed.group > 0 else None
     return None
 
 
-def claims(config: dict[str, Any] | None) -> bool:
-    """Whether ktforge serves checkpoints with this ``quantization_config`` as they are."""
-    return kind_of(config) is not None
+MXFP4_NAMES = ("mxfp4", "gpt_oss_mxfp4")  # the release's, and vLLM's name once it has read it
+
+
+def claims(config: dict[str, Any] | None, hf_config: Any = None) -> bool:
+    """Whether ktforge serves checkpoints with this ``quantization_config`` as they are (MXFP4:
+    gpt-oss's release only, as vLLM's own gpt-oss MXFP4 config claims it)."""
+    kind = kind_of(config)
+    return kind is not None and (kind != "mxfp4" or getattr(hf_config, "model_type", None) == "gpt_oss")
 
 
 class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
@@ -64,21 +89,22 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         if self.kind == "fp8":
             rows, cols = own.weight_block_size
             self.block = (int(rows), int(cols))
-        else:
+        elif self.kind in ("gptq", "awq"):
             scheme = gptq_awq.scheme_of(config, "quantization_config")
             assert scheme is not None  # kind_of said gptq
             self.scheme = scheme
 
     @classmethod
     def from_checkpoint(cls, config: dict[str, Any]) -> CheckpointConfig:
-        own = get_quantization_config(str(config["quant_method"])).from_config(config)
+        name = "gpt_oss_mxfp4" if kind_of(config) == "mxfp4" else str(config["quant_method"])
+        own = get_quantization_config(name).from_config(config)
         return cls(own, config)
 
     def __repr__(self) -> str:
         return f"CheckpointConfig(own={self.own!r})"
 
     def __getattr__(self, name: str) -> Any:  # what models and loaders read of vLLM's own config
-        if name in ("own", "kind", "block", "scheme"):
+        if name in ("own", "kind", "block", "scheme", "declared"):
             raise AttributeError(name)
         return getattr(self.own, name)
 
@@ -120,11 +146,23 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         method = self.own.get_quant_method(layer, prefix)
         if self.kind == "fp8" and isinstance(layer, LinearBase) and type(method).__name__ == "Fp8LinearMethod":
             return fp8.DequantizedLinearMethod(method)
+        own_int4 = ("AutoGPTQLinearMethod", "AutoAWQMarlinLinearMethod")
+        if self.kind in ("gptq", "awq") and isinstance(layer, LinearBase) and type(method).__name__ in own_int4:
+            return int4.DequantizedInt4LinearMethod(method, self.kind, self.scheme.zero_offset)
         return method
 
     def _experts(self, layer: Any, prefix: str) -> Any:
         if self.kind == "gptq":
             return self._gptq_experts(layer, prefix)
+        if self.kind == "ct-int4":
+            return self._compressed_experts(layer, prefix)
+        if self.kind == "awq":
+            return self._awq_experts(layer, prefix)
+        if self.kind == "mxfp4":
+            why_not = mxfp4.why_not_experts(layer.moe_config)
+            if why_not is None:
+                return mxfp4.KtforgeMxfp4MoEMethod(layer.moe_config)
+            return self._fallback(layer, prefix, "MXFP4", why_not)
         if is_layer_skipped(
             prefix=prefix,
             ignored_layers=self.own.ignored_layers or [],
@@ -151,10 +189,51 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
             bits = f"{own.weight_bits}-bit{' act-order' if own.desc_act else ''}"
             return self._fallback(layer, prefix, "GPTQ", f"{bits} GPTQ (ktforge serves 4-bit)")
         scheme = gptq_awq.Scheme("gptq", int(own.group_size), self.scheme.zero_offset)
-        why_not = gptq.why_not_experts(layer.moe_config, scheme)
+        why_not = int4.why_not_experts(layer.moe_config, scheme.group)
         if why_not is None:
-            return gptq.KtforgeGptqMoEMethod(layer.moe_config, scheme)
+            return int4.KtforgeGptqMoEMethod(layer.moe_config, scheme)
         return self._fallback(layer, prefix, "GPTQ", why_not)
+
+    def _awq_experts(self, layer: Any, prefix: str) -> Any:
+        skipped = self.own.modules_to_not_convert or []
+        if is_layer_skipped(prefix, skipped, self.packed_modules_mapping, match_mode="substring"):
+            return self.own.get_quant_method(layer, prefix)  # unquantized: ktforge's float method
+        why_not = int4.why_not_experts(layer.moe_config, self.scheme.group)
+        if why_not is None:
+            return int4.KtforgeAwqMoEMethod(layer.moe_config, self.scheme.group)
+        return self._fallback(layer, prefix, "AWQ", why_not)
+
+    def _compressed_experts(self, layer: Any, prefix: str) -> Any:
+        """The experts' own scheme (the config's groups target layers by name or class), as vLLM's
+        compressed-tensors MoE method finds it: from the first expert's projections."""
+        self.own._add_fused_moe_to_target_scheme_map()
+        names = (layer.ckpt_gate_proj_name, layer.ckpt_up_proj_name, layer.ckpt_down_proj_name)
+        schemes = [self.own.get_scheme_dict(layer, f"{prefix}.0.{name}") for name in names]
+        if schemes[0] is None or any(s != schemes[0] for s in schemes):
+            return self.own.get_quant_method(layer, prefix)  # unquantized (ktforge's float method), or vLLM's error
+        weights, inputs, layout = (
+            schemes[0].get("weights"),
+            schemes[0].get("input_activations"),
+            schemes[0].get("format"),
+        )
+        strategy = str(getattr(getattr(weights, "strategy", None), "value", getattr(weights, "strategy", None)))
+        kind = str(getattr(getattr(weights, "type", None), "value", getattr(weights, "type", None)))
+        actorder = getattr(getattr(weights, "actorder", None), "value", getattr(weights, "actorder", None))
+        if (
+            layout != "pack-quantized"
+            or kind != "int"
+            or getattr(weights, "num_bits", None) != 4
+            or strategy != "group"
+            or inputs is not None
+            or actorder not in (None, "static")
+        ):
+            found = f"its scheme is {layout} {getattr(weights, 'num_bits', '?')}-bit {kind} {strategy}"
+            return self._fallback(layer, prefix, "compressed-tensors", found + " (ktforge serves W4A16 groups)")
+        scheme = ct_packed.Scheme("int4", int(weights.group_size), bool(weights.symmetric))
+        why_not = int4.why_not_experts(layer.moe_config, scheme.group)
+        if why_not is None:
+            return int4.KtforgeCompressedInt4MoEMethod(layer.moe_config, scheme)
+        return self._fallback(layer, prefix, "compressed-tensors", why_not)
 
     def _fallback(self, layer: Any, prefix: str, kind: str, why_not: str) -> Any:
         say_once(

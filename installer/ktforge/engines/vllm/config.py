@@ -65,7 +65,8 @@ class KtforgeConfig(QuantizationConfig):  # type: ignore[misc]
         """A pre-quantized checkpoint ktforge serves as it is, unless the user named another method."""
         from ktforge.engines.vllm import checkpoint
 
-        return QUANTIZATION if user_quant in (None, QUANTIZATION) and checkpoint.claims(hf_quant_cfg) else None
+        claimed = checkpoint.claims(hf_quant_cfg, hf_config)
+        return QUANTIZATION if user_quant in (None, QUANTIZATION) and claimed else None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Any:

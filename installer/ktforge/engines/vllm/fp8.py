@@ -23,7 +23,6 @@ from vllm.model_executor.utils import set_weight_attrs
 from ktforge import formats
 from ktforge.engines.vllm.method import KtforgeMoEMethod, say_once, why_unsupported
 from ktforge.formats.quantize import Fp8Blocks, Quantized
-from ktforge.kernels.moe import MoE
 
 FP8 = torch.float8_e4m3fn
 
@@ -96,15 +95,7 @@ class KtforgeFp8MoEMethod(KtforgeMoEMethod):
             per_row = [p.scale for p in parts if p.scale is not None]  # fp8 always has them
             return Quantized(np.stack([p.weight for p in parts]), np.stack(per_row))
 
-        kernels = MoE(
-            experts,
-            self.moe.experts_per_token,
-            hidden,
-            inter,
-            method="fp8",
-            group_size=self.block[1],
-            threads=torch.get_num_threads(),
-        )
+        kernels = self.kernels(experts, hidden, inter, "fp8", self.block[1])
         kernels.load_quantized(
             projection(w13[:, :inter], s13[:, :gate_blocks]),
             projection(w13[:, inter:], s13[:, gate_blocks:]),

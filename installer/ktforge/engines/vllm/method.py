@@ -47,12 +47,30 @@ def _cpu_list(cpus: set[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
 
 
-def why_unsupported(moe: Any) -> str | None:
-    """Why ktforge cannot compute a layer of this ``FusedMoEConfig`` exactly (None: it can)."""
+def activation_of(moe: Any) -> dict[str, Any] | None:
+    """``ktforge.MoE``'s settings for the layer's activation (``FusedMoEConfig``), None where the
+    kernels have none: SwiGLU (silu, clamped where ``swiglu_limit`` is set) and gpt-oss's
+    (``swigluoai``: vLLM fixes its alpha and clamp at gpt-oss's 1.702 and 7.0)."""
+    name = getattr(moe.activation, "value", str(moe.activation))
+    if getattr(moe, "swiglu_beta", None) not in (None, 0.0):
+        return None
+    if name == "silu":
+        if getattr(moe, "swiglu_alpha", None) not in (None, 1.0):
+            return None
+        limit = getattr(moe, "swiglu_limit", None)
+        return {} if limit is None else {"swiglu_limit": float(limit)}
+    if name == "swigluoai":
+        return {"swiglu_alpha": 1.702, "swiglu_limit": 7.0, "up_offset": 1.0}
+    return None
+
+
+def why_unsupported(moe: Any, activations: tuple[str, ...] = ACTIVATIONS, biases: bool = False) -> str | None:
+    """Why ktforge cannot compute a layer of this ``FusedMoEConfig`` exactly (None: it can); a
+    method that reads gate/up interleaved and biases (gpt-oss's) passes its own."""
     activation = getattr(moe.activation, "value", str(moe.activation))
-    if activation not in ACTIVATIONS:
-        return f"its activation is {activation}, not SwiGLU (silu)"
-    if moe.has_bias:
+    if activation not in activations or activation_of(moe) is None:
+        return f"its activation is {activation}, not one the kernels compute here ({', '.join(activations)})"
+    if moe.has_bias and not biases:
         return "its experts have biases"
     if getattr(moe, "is_lora_enabled", False):
         return "LoRA is enabled on the experts"
@@ -109,6 +127,20 @@ class KtforgeMoEMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
         )
         super().process_weights_after_loading(layer)
 
+    def kernels(self, experts: int, hidden: int, inter: int, method: str, group: int) -> MoE:
+        """An empty ktforge layer for this vLLM layer: its sizes, top-k and activation, and the
+        threads vLLM gave this rank (its OpenMP threads)."""
+        return MoE(
+            experts,
+            self.moe.experts_per_token,
+            hidden,
+            inter,
+            method=method,
+            group_size=group,
+            threads=torch.get_num_threads(),
+            **(activation_of(self.moe) or {}),
+        )
+
     def _pack(self, layer: Any) -> None:
         w13, w2 = layer.w13_weight.data, layer.w2_weight.data
         experts, hidden, inter = w2.shape
@@ -117,15 +149,7 @@ class KtforgeMoEMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
         # the kernels take fp32 or bf16 (f16 experts are packed from fp32: exact)
         dtype = torch.bfloat16 if w13.dtype == torch.bfloat16 else torch.float32
         group = self.kt_group = group_for(self.kt_method, self.kt_group, hidden, inter)
-        kernels = MoE(
-            experts,
-            self.moe.experts_per_token,
-            hidden,
-            inter,
-            method=self.kt_method,
-            group_size=group,
-            threads=torch.get_num_threads(),  # the CPUs vLLM gave this rank (its OpenMP threads)
-        )
+        kernels = self.kernels(experts, hidden, inter, self.kt_method, group)
         kernels.load_weights(
             w13[:, :inter].to(dtype).contiguous(), w13[:, inter:].to(dtype).contiguous(), w2.to(dtype).contiguous()
         )

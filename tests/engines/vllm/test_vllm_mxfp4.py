@@ -1,0 +1,33 @@
+"""gpt-oss's MXFP4 release (fused E2M1 blocks and E8M0 scales, expert biases, gpt-oss's clamped
+activation; attention with sinks and sliding windows in bf16) served as it is: the routed experts
+in their own values on ktforge's mxfp4 kernels, compiled, and at TP=2 without AMX.
+
+The reference is the release's values in bf16 (transformers' own dequantization) on vLLM's own
+kernels. Each prompt token's log-probability must stay far closer to it than the bf16 model before
+quantization is: within 0.3 of what quantizing moved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.engines.vllm.runs import TWO_RANKS, WITHOUT_AMX, close_to, offline, on_ktforge
+
+
+def test_gpt_oss_mxfp4_release_served_as_it_is_compiled(
+    gpt_oss_models: tuple[str, str, str],
+    gpt_oss_reference: dict[str, Any],
+    gpt_oss_compiled_reference: dict[str, Any],
+    gpt_oss_bf16_reference: dict[str, Any],
+) -> None:
+    ours = offline(gpt_oss_models[1])  # vLLM's default: compiled, ktforge::moe traced
+    on_ktforge(ours, "mxfp4")
+    close_to(ours, gpt_oss_reference, gpt_oss_bf16_reference, gpt_oss_compiled_reference)
+
+
+def test_gpt_oss_mxfp4_release_over_two_ranks_without_amx(
+    gpt_oss_models: tuple[str, str, str], gpt_oss_reference: dict[str, Any], gpt_oss_bf16_reference: dict[str, Any]
+) -> None:
+    tp = offline(gpt_oss_models[1], WITHOUT_AMX | TWO_RANKS, enforce_eager=True, tensor_parallel_size=2)
+    on_ktforge(tp, "mxfp4")
+    assert "8 experts of 256 x 128" in tp["log"]  # each rank its half of every expert's columns
+    close_to(tp, gpt_oss_reference, gpt_oss_bf16_reference)
