@@ -8,8 +8,8 @@ vLLM's environment is all it takes), in every process it starts, workers include
   routed experts on ktforge with no flag (:mod:`.method`);
 - registers the quantization method ``ktforge`` (``--quantization ktforge``): ktforge's online
   formats (int8 by default, int4, int8g, fp8, mxfp4, ...) from a bf16 checkpoint (:mod:`.config`),
-  and claims the pre-quantized checkpoints ktforge serves as they are: block-scaled FP8 and GPTQ
-  (:mod:`.checkpoint`);
+  and claims the pre-quantized checkpoints ktforge serves as they are: block-scaled FP8, GPTQ,
+  AWQ, compressed-tensors W4A16 and gpt-oss MXFP4 (:mod:`.checkpoint`);
 - asks Linux for AMX tile permission where the CPU has tiles: vLLM's own CPU attention runs
   tile instructions without asking, and dies of SIGILL on AMX hosts otherwise.
 
