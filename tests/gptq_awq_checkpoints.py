@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .synthetic_checkpoints import write_quantized_experts
+from .synthetic_checkpoints import write_quantized_experts, write_release
 
 Array = np.ndarray[Any, Any]
 
@@ -157,31 +157,12 @@ def gptq_awq_release(model_dir: Path, out_dir: Path, dequantized_dir: Path, meth
     """A saved transformers model as a GPTQ release (4-bit, ``sym``, AutoGPTQ's v1 layout, as most
     GPTQ releases are) or an AWQ one (AutoAWQ's GEMM layout, with zero points): every linear
     layer of attention and of the experts packed by the tool, routers, norms, embeddings and
-    lm_head as they were; and beside it the same model in bf16 by the tool's own dequantization:
-    the values a bf16 engine runs."""
-    import json
-    import shutil
+    lm_head as they were; beside it the same model in bf16 by the tool's own dequantization."""
 
-    import torch
-    from safetensors.torch import load_file, save_file
+    def quantize(name: str, tensor: Any) -> tuple[dict[str, Any], Array] | None:
+        if not (name.endswith(".weight") and tensor.ndim == 2 and any(part in name for part in GPTQ_LINEARS)):
+            return None
+        return gptq(tensor.float(), group, symmetric=True) if method == "gptq" else awq(tensor.float(), group)
 
-    packed, dense = {}, {}
-    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
-        if name.endswith(".weight") and tensor.ndim == 2 and any(part in name for part in GPTQ_LINEARS):
-            w = tensor.float()
-            parts, values = gptq(w, group, symmetric=True) if method == "gptq" else awq(w, group)
-            base = name.removesuffix("weight")
-            packed |= {base + part: value.contiguous() for part, value in parts.items()}
-            dense[name] = torch.from_numpy(values).to(torch.bfloat16).contiguous()
-        else:
-            packed[name] = dense[name] = tensor
-    config = json.loads((model_dir / "config.json").read_text())
-    for directory, tensors in ((out_dir, packed), (dequantized_dir, dense)):
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-        for extra in model_dir.iterdir():
-            if extra.name not in ("config.json", "model.safetensors"):
-                shutil.copy(extra, directory / extra.name)
     scheme = quantization_config(method, group) | ({"sym": True} if method == "gptq" else {})
-    (out_dir / "config.json").write_text(json.dumps(config | {"quantization_config": scheme}))
-    (dequantized_dir / "config.json").write_text(json.dumps(config))
+    write_release(model_dir, out_dir, dequantized_dir, quantize, scheme)

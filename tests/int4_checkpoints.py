@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .synthetic_checkpoints import write_quantized_experts
+from .synthetic_checkpoints import write_quantized_experts, write_release
 
 Array = np.ndarray[Any, Any]
 
@@ -128,33 +128,19 @@ RELEASE_IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*mlp\\.gate$"]
 def int4_release(model_dir: Path, out_dir: Path, dequantized_dir: Path, group: int, symmetric: bool) -> None:
     """A saved transformers model as a compressed-tensors W4A16 release of its routed experts
     (``pack-quantized``, as Kimi-K2-Thinking's: attention, routers and lm_head in bf16, listed in
-    ``ignore``), packed by the library; and beside it the same model in bf16 by the library's own
-    dequantization: the values a bf16 engine runs."""
-    import shutil
-
-    import torch
+    ``ignore``), packed by the library; beside it the same model in bf16 by the library's own
+    dequantization."""
     from compressed_tensors.quantization import QuantizationConfig
-    from safetensors.torch import load_file, save_file
 
-    packed, dense = {}, {}
-    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
-        if ".mlp.experts." in name and name.endswith(".weight"):
-            parts, values, _ = compress(tensor, group, symmetric)
-            base = name.removesuffix("weight")
-            packed |= {base + part: value.contiguous() for part, value in parts.items()}
-            dense[name] = torch.from_numpy(values).to(torch.bfloat16).contiguous()
-        else:
-            packed[name] = dense[name] = tensor
-    config = json.loads((model_dir / "config.json").read_text())
-    for directory, tensors in ((out_dir, packed), (dequantized_dir, dense)):
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-        for extra in model_dir.iterdir():
-            if extra.name not in ("config.json", "model.safetensors"):
-                shutil.copy(extra, directory / extra.name)
+    def quantize(name: str, tensor: Any) -> tuple[dict[str, Any], Array] | None:
+        if ".mlp.experts." not in name or not name.endswith(".weight"):
+            return None
+        parts, values, _ = compress(tensor, group, symmetric)
+        return parts, values
+
     quantization = QuantizationConfig(
         config_groups={"group_0": scheme(group, symmetric)}, format="pack-quantized", ignore=RELEASE_IGNORE
     )
-    released = config | {"quantization_config": json.loads(quantization.model_dump_json(exclude_none=True))}
-    (out_dir / "config.json").write_text(json.dumps(released))
-    (dequantized_dir / "config.json").write_text(json.dumps(config))
+    write_release(
+        model_dir, out_dir, dequantized_dir, quantize, json.loads(quantization.model_dump_json(exclude_none=True))
+    )

@@ -182,3 +182,40 @@ def write_quantized_experts(
                 kept[layer][projection].append(result)
     save_torch(tensors, str(directory / "model.safetensors"))
     return kept
+
+
+def write_release(
+    model_dir: Path,
+    out_dir: Path,
+    dequantized_dir: Path,
+    quantize: Any,
+    quantization_config: dict[str, Any],
+) -> None:
+    """A saved transformers model (one ``model.safetensors``) as a quantized release, and beside it
+    the same model in bf16 by the quantizing tool's own dequantization. ``quantize(name, tensor)``
+    gives a tensor's stored parts ``{suffix: tensor}`` (after the name without ``weight``) and its
+    dense float64 values, or None to keep the tensor as it is."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file as save_torch
+
+    packed, dense = {}, {}
+    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        quantized = quantize(name, tensor)
+        if quantized is None:
+            packed[name] = dense[name] = tensor
+            continue
+        parts, values = quantized
+        packed |= {name.removesuffix("weight") + part: value.contiguous() for part, value in parts.items()}
+        dense[name] = torch.from_numpy(values).to(torch.bfloat16).contiguous()
+    config = json.loads((model_dir / "config.json").read_text())
+    for directory, tensors in ((out_dir, packed), (dequantized_dir, dense)):
+        directory.mkdir(parents=True, exist_ok=True)
+        save_torch(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        for extra in model_dir.iterdir():
+            if extra.name not in ("config.json", "model.safetensors"):
+                shutil.copy(extra, directory / extra.name)
+    (out_dir / "config.json").write_text(json.dumps(config | {"quantization_config": quantization_config}))
+    (dequantized_dir / "config.json").write_text(json.dumps(config))

@@ -191,7 +191,7 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         scheme = gptq_awq.Scheme("gptq", int(own.group_size), self.scheme.zero_offset)
         why_not = int4.why_not_experts(layer.moe_config, scheme.group)
         if why_not is None:
-            return int4.KtforgeGptqMoEMethod(layer.moe_config, scheme)
+            return int4.KtforgeGptqAwqMoEMethod(layer.moe_config, scheme)
         return self._fallback(layer, prefix, "GPTQ", why_not)
 
     def _awq_experts(self, layer: Any, prefix: str) -> Any:
@@ -200,7 +200,7 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
             return self.own.get_quant_method(layer, prefix)  # unquantized: ktforge's float method
         why_not = int4.why_not_experts(layer.moe_config, self.scheme.group)
         if why_not is None:
-            return int4.KtforgeAwqMoEMethod(layer.moe_config, self.scheme.group)
+            return int4.KtforgeGptqAwqMoEMethod(layer.moe_config, self.scheme)
         return self._fallback(layer, prefix, "AWQ", why_not)
 
     def _compressed_experts(self, layer: Any, prefix: str) -> Any:

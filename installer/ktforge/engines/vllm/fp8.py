@@ -18,10 +18,9 @@ import numpy as np
 import torch
 from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
 from vllm.model_executor.layers.linear import LinearMethodBase, UnquantizedLinearMethod
-from vllm.model_executor.utils import set_weight_attrs
 
 from ktforge import formats
-from ktforge.engines.vllm.method import KtforgeMoEMethod, say_once, why_unsupported
+from ktforge.engines.vllm.method import KtforgeMoEMethod, declare, say_once, why_unsupported
 from ktforge.formats.quantize import Fp8Blocks, Quantized
 
 FP8 = torch.float8_e4m3fn
@@ -68,13 +67,8 @@ class KtforgeFp8MoEMethod(KtforgeMoEMethod):
             "w13_weight_scale_inv": ((num_experts, 2 * -(-inter // rows), -(-hidden_size // cols)), torch.float32),
             "w2_weight_scale_inv": ((num_experts, -(-hidden_size // rows), -(-inter // cols)), torch.float32),
         }
-        for name, (shape, dtype) in shapes.items():
-            parameter = torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
-            layer.register_parameter(name, parameter)
-            attributes = dict(extra_weight_attrs)
-            if "scale" in name:  # how vLLM's loader slices block scales for a rank
-                attributes["quant_method"] = FusedMoeWeightScaleSupported.BLOCK.value
-            set_weight_attrs(parameter, attributes)
+        block = {"quant_method": FusedMoeWeightScaleSupported.BLOCK.value}  # how vLLM's loader slices block scales
+        declare(layer, shapes, lambda name: extra_weight_attrs | (block if "scale" in name else {}))
         layer.w13_input_scale = layer.w2_input_scale = None
 
     def process_weights_after_loading(self, layer: Any) -> None:

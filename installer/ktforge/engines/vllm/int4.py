@@ -27,12 +27,11 @@ import numpy as np
 import torch
 from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
 from vllm.model_executor.layers.linear import LinearMethodBase, UnquantizedLinearMethod
-from vllm.model_executor.utils import set_weight_attrs
 
 from ktforge import formats
 from ktforge.checkpoints import gptq_awq
 from ktforge.checkpoints import packed as ct_packed
-from ktforge.engines.vllm.method import KtforgeMoEMethod, say_once, why_unsupported
+from ktforge.engines.vllm.method import KtforgeMoEMethod, declare, say_once, why_unsupported
 from ktforge.formats.quantize import Int4Groups, Quantized
 
 METHOD = "int4z"  # zero points and float32 scales: the checkpoints' values exactly
@@ -82,13 +81,10 @@ class _Int4Experts(KtforgeMoEMethod):
         params_dtype: torch.dtype,
         **extra_weight_attrs: Any,
     ) -> None:
-        attributes = dict(extra_weight_attrs) | {"quant_method": self.strategy, "is_transposed": self.is_transposed}
+        attributes = extra_weight_attrs | {"quant_method": self.strategy, "is_transposed": self.is_transposed}
         shapes = self.shapes(num_experts, hidden_size, intermediate_size_per_partition)
         self.declared = tuple(shapes)
-        for name, (shape, dtype) in shapes.items():
-            parameter = torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
-            layer.register_parameter(name, parameter)
-            set_weight_attrs(parameter, attributes)
+        declare(layer, shapes, lambda _: attributes)
 
     def process_weights_after_loading(self, layer: Any) -> None:
         # every check ran when the method was chosen (why_not_experts): a failure here is an error
@@ -126,8 +122,10 @@ class _Int4Experts(KtforgeMoEMethod):
         self._register(layer, kernels, (experts, hidden, inter))
 
 
-class KtforgeGptqMoEMethod(_Int4Experts):
-    """A GPTQ checkpoint's routed experts, served in their own values."""
+class KtforgeGptqAwqMoEMethod(_Int4Experts):
+    """A GPTQ or AWQ checkpoint's routed experts, served in their own values. The two differ in
+    ``qweight`` alone: GPTQ packs 8 values of K a word (``[K / 8, N]``), AWQ 8 columns in its own
+    order (``[K, N / 8]``); zero points and scales are laid out alike."""
 
     weights = ("w13_qweight", "w2_qweight")
     is_transposed = True
@@ -137,10 +135,13 @@ class KtforgeGptqMoEMethod(_Int4Experts):
         self.scheme = scheme
 
     def shapes(self, experts: int, hidden: int, inter: int) -> Shapes:
-        g = self.group
+        g, gptq = self.group, self.scheme.method == "gptq"
         return {
-            "w13_qweight": ((experts, hidden // PACK, 2 * inter), torch.int32),
-            "w2_qweight": ((experts, inter // PACK, hidden), torch.int32),
+            "w13_qweight": (
+                (experts, hidden // PACK, 2 * inter) if gptq else (experts, hidden, 2 * inter // PACK),
+                torch.int32,
+            ),
+            "w2_qweight": ((experts, inter // PACK, hidden) if gptq else (experts, inter, hidden // PACK), torch.int32),
             "w13_scales": ((experts, hidden // g, 2 * inter), torch.float32),
             "w2_scales": ((experts, inter // g, hidden), torch.float32),
             "w13_qzeros": ((experts, hidden // g, 2 * inter // PACK), torch.int32),
@@ -150,43 +151,13 @@ class KtforgeGptqMoEMethod(_Int4Experts):
     def expert(self, parts: dict[str, torch.Tensor], rows: slice, N: int, K: int) -> Int4Groups:
         prefix = next(iter(parts)).split("_", 1)[0]  # w13 or w2
         qweight, scales, qzeros = (parts[f"{prefix}_{n}"] for n in ("qweight", "scales", "qzeros"))
-        packed_rows = slice(rows.start // PACK, rows.stop // PACK)
+        words = slice(rows.start // PACK, rows.stop // PACK)  # zero points: 8 columns a word
         tensors = {
-            gptq_awq.QWEIGHT: qweight[:, rows].numpy(),
-            gptq_awq.QZEROS: qzeros[:, packed_rows].numpy(),
-            gptq_awq.SCALES: scales[:, rows].numpy(),
-        }
-        codes, scale, zero, _ = gptq_awq.unpack(self.scheme, tensors, N, K)
-        return Int4Groups(codes, scale, self.group, K, zero.astype(np.int8) - 8)
-
-
-class KtforgeAwqMoEMethod(_Int4Experts):
-    """An AWQ checkpoint's routed experts (AutoAWQ's GEMM layout), served in their own values."""
-
-    weights = ("w13_qweight", "w2_qweight")
-    is_transposed = True
-
-    def shapes(self, experts: int, hidden: int, inter: int) -> Shapes:
-        g = self.group
-        return {
-            "w13_qweight": ((experts, hidden, 2 * inter // PACK), torch.int32),
-            "w2_qweight": ((experts, inter, hidden // PACK), torch.int32),
-            "w13_scales": ((experts, hidden // g, 2 * inter), torch.float32),
-            "w2_scales": ((experts, inter // g, hidden), torch.float32),
-            "w13_qzeros": ((experts, hidden // g, 2 * inter // PACK), torch.int32),
-            "w2_qzeros": ((experts, inter // g, hidden // PACK), torch.int32),
-        }
-
-    def expert(self, parts: dict[str, torch.Tensor], rows: slice, N: int, K: int) -> Int4Groups:
-        prefix = next(iter(parts)).split("_", 1)[0]  # w13 or w2
-        qweight, scales, qzeros = (parts[f"{prefix}_{n}"] for n in ("qweight", "scales", "qzeros"))
-        words = slice(rows.start // PACK, rows.stop // PACK)  # a word holds 8 columns (AWQ's order within)
-        tensors = {
-            gptq_awq.QWEIGHT: qweight[:, words].numpy(),
+            gptq_awq.QWEIGHT: qweight[:, rows if self.scheme.method == "gptq" else words].numpy(),
             gptq_awq.QZEROS: qzeros[:, words].numpy(),
             gptq_awq.SCALES: scales[:, rows].numpy(),
         }
-        codes, scale, zero, _ = gptq_awq.unpack(gptq_awq.Scheme("awq", self.group, 0), tensors, N, K)
+        codes, scale, zero, _ = gptq_awq.unpack(self.scheme, tensors, N, K)
         return Int4Groups(codes, scale, self.group, K, zero.astype(np.int8) - 8)
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+from vllm.model_executor.utils import set_weight_attrs
 
 from ktforge import formats
 from ktforge.engines.vllm import LOGGER
@@ -81,6 +83,17 @@ def why_unsupported(moe: Any, activations: tuple[str, ...] = ACTIVATIONS, biases
     if moe.hidden_dim_unpadded not in (None, moe.hidden_dim):
         return "vLLM pads its hidden size"
     return None
+
+
+def declare(
+    layer: Any, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]], attributes: Callable[[str], dict[str, Any]]
+) -> None:
+    """Registers a checkpoint layout's parameters on ``layer`` (zeros), each with the attributes
+    vLLM's loader reads to slice a checkpoint tensor into it (``attributes(name)``)."""
+    for name, (shape, dtype) in shapes.items():
+        parameter = torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
+        layer.register_parameter(name, parameter)
+        set_weight_attrs(parameter, attributes(name))
 
 
 def group_for(method: str, requested: int | None, hidden: int, intermediate: int) -> int:

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from vllm.model_executor.utils import set_weight_attrs
 
-from ktforge.engines.vllm.method import KtforgeMoEMethod, why_unsupported
+from ktforge.engines.vllm.method import KtforgeMoEMethod, declare, why_unsupported
 from ktforge.formats.quantize import Mxfp4Groups, Quantized
 
 BLOCK = 32  # values an E8M0 scale
@@ -67,11 +66,7 @@ class KtforgeMxfp4MoEMethod(KtforgeMoEMethod):
             "w2_weight_scale": ((num_experts, hidden_size, inter // BLOCK), torch.uint8),
             "w2_bias": ((num_experts, hidden_size), torch.float32),
         }
-        attributes = extra_weight_attrs | {"weight_loader": _take_whole}
-        for name, (shape, dtype) in shapes.items():
-            parameter = torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
-            layer.register_parameter(name, parameter)
-            set_weight_attrs(parameter, attributes)
+        declare(layer, shapes, lambda _: extra_weight_attrs | {"weight_loader": _take_whole})
 
     def process_weights_after_loading(self, layer: Any) -> None:
         # every check ran when the method was chosen (why_not_experts): a failure here is an error
