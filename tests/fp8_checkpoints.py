@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .synthetic_checkpoints import write_quantized_experts
+from .synthetic_checkpoints import write_quantized_experts, write_release
 
 Array = np.ndarray[Any, Any]
 STYLES = ("block", "ct-channel", "ct-block", "ct-tensor")
@@ -48,13 +48,13 @@ def _scheme(style: str) -> Any:
     return QuantizationScheme(targets=["Linear"], weights=args)
 
 
-def _compressed_tensors(w: Any, style: str) -> tuple[dict[str, Any], Array]:
+def _compressed_tensors(w: Any, style: str, scheme: Any = None) -> tuple[dict[str, Any], Array]:
     import torch
     import torch.nn.functional as F
     from compressed_tensors.compressors import FloatQuantizationCompressor
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    scheme = _scheme(style)
+    scheme = scheme or _scheme(style)
     N, K = w.shape
     if style == "ct-channel":
         low, high = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
@@ -167,3 +167,33 @@ def dequantized_copy(fp8_dir: Path, out_dir: Path) -> None:
     for extra in fp8_dir.iterdir():
         if extra.name not in ("config.json", "model.safetensors"):
             shutil.copy(extra, out_dir / extra.name)
+
+
+# what llm-compressor's FP8 recipes for MoE models leave in their dtype: the routers and lm_head
+CT_RELEASE_IGNORE = ["lm_head", "re:.*mlp\\.gate$"]
+
+
+def ct_fp8_release(model_dir: Path, out_dir: Path, dequantized_dir: Path, preset: str = "FP8_DYNAMIC") -> None:
+    """A saved transformers model as llm-compressor's FP8 release of it (``float-quantized``, the
+    library's ``preset`` scheme: FP8_DYNAMIC's scale per channel with dynamic per-token inputs, or
+    FP8_BLOCK's 128 x 128 blocks) over every linear layer of attention and the experts; beside it
+    the same release with its routed experts in bf16 by the library's own decompression (and
+    listed in ``ignore``): what vLLM's own kernels run everywhere, its attention as released."""
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    style = "ct-" + str(getattr(scheme.weights.strategy, "value", scheme.weights.strategy))
+
+    def quantize(name: str, tensor: Any) -> tuple[dict[str, Any], Array] | None:
+        linear = name.endswith(".weight") and tensor.ndim == 2 and any(part in name for part in _FP8_LINEARS)
+        if not linear:
+            return None
+        return _compressed_tensors(tensor.float(), style, scheme)
+
+    def config(ignore: list[str]) -> dict[str, Any]:
+        made = QuantizationConfig(config_groups={"group_0": scheme}, format="float-quantized", ignore=ignore)
+        return dict(json.loads(made.model_dump_json(exclude_none=True)))
+
+    experts_in_bf16 = config([*CT_RELEASE_IGNORE, "re:.*mlp\\.experts\\..*"])
+    kept = ("self_attn", experts_in_bf16)
+    write_release(model_dir, out_dir, dequantized_dir, quantize, config(CT_RELEASE_IGNORE), kept)

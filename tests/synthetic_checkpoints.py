@@ -190,11 +190,13 @@ def write_release(
     dequantized_dir: Path,
     quantize: Any,
     quantization_config: dict[str, Any],
+    kept_quantized: tuple[str, dict[str, Any]] | None = None,
 ) -> None:
     """A saved transformers model (one ``model.safetensors``) as a quantized release, and beside it
     the same model in bf16 by the quantizing tool's own dequantization. ``quantize(name, tensor)``
     gives a tensor's stored parts ``{suffix: tensor}`` (after the name without ``weight``) and its
-    dense float64 values, or None to keep the tensor as it is."""
+    dense float64 values, or None to keep the tensor as it is. ``kept_quantized``: (a part of the
+    names whose tensors the bf16 copy keeps as released, that copy's quantization_config)."""
     import shutil
 
     import torch
@@ -208,8 +210,12 @@ def write_release(
             packed[name] = dense[name] = tensor
             continue
         parts, values = quantized
-        packed |= {name.removesuffix("weight") + part: value.contiguous() for part, value in parts.items()}
-        dense[name] = torch.from_numpy(values).to(torch.bfloat16).contiguous()
+        stored = {name.removesuffix("weight") + part: value.contiguous() for part, value in parts.items()}
+        packed |= stored
+        if kept_quantized is not None and kept_quantized[0] in name:
+            dense |= stored
+        else:
+            dense[name] = torch.from_numpy(values).to(torch.bfloat16).contiguous()
     config = json.loads((model_dir / "config.json").read_text())
     for directory, tensors in ((out_dir, packed), (dequantized_dir, dense)):
         directory.mkdir(parents=True, exist_ok=True)
@@ -218,4 +224,5 @@ def write_release(
             if extra.name not in ("config.json", "model.safetensors"):
                 shutil.copy(extra, directory / extra.name)
     (out_dir / "config.json").write_text(json.dumps(config | {"quantization_config": quantization_config}))
-    (dequantized_dir / "config.json").write_text(json.dumps(config))
+    reference = {} if kept_quantized is None else {"quantization_config": kept_quantized[1]}
+    (dequantized_dir / "config.json").write_text(json.dumps(config | reference))

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from tests.engines.vllm.environment import drive
-from tests.engines.vllm.runs import vllm_own
-from tests.fp8_checkpoints import dequantized_copy, fp8_copy
+from tests.engines.vllm.runs import WITHOUT_AMX, vllm_own
+from tests.fp8_checkpoints import ct_fp8_release, dequantized_copy, fp8_copy
 from tests.gptq_awq_checkpoints import gptq_awq_release
 from tests.int4_checkpoints import int4_release
 from tests.mxfp4_checkpoints import gpt_oss_dequantized, gpt_oss_release
@@ -40,9 +40,40 @@ def fp8_dequantized(fp8_model: str, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
+def ct_fp8_models(model: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The same model as llm-compressor's FP8_DYNAMIC release (compressed-tensors' float-quantized,
+    a scale per channel: attention and experts), and that release with its experts in bf16 by the
+    library's own decompression."""
+    released, dequantized = (
+        tmp_path_factory.mktemp("qwen3-moe-ct-fp8"),
+        tmp_path_factory.mktemp("qwen3-moe-ct-fp8-bf16"),
+    )
+    ct_fp8_release(Path(model), released, dequantized)
+    return str(released), str(dequantized)
+
+
+@pytest.fixture(scope="session")
+def ct_fp8_references(ct_fp8_models: tuple[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The compressed-tensors FP8 release, its experts' values in bf16, on vLLM's own kernels (its
+    attention on vLLM's W8A8 FP8 kernel, as in the release, without AMX), eager and compiled:
+    vLLM's compilation alone moves this model by more than FP8 moved the bf16 model (its fused
+    norm and FP8 quantization), so a compiled run is held to the compiled reference."""
+    return (
+        vllm_own(ct_fp8_models[1], WITHOUT_AMX, enforce_eager=True),
+        vllm_own(ct_fp8_models[1], WITHOUT_AMX),
+    )
+
+
+@pytest.fixture(scope="session")
 def bf16_reference(model: str) -> dict[str, Any]:
     """The bf16 model on vLLM's own kernels, eager."""
     return vllm_own(model, enforce_eager=True)
+
+
+@pytest.fixture(scope="session")
+def bf16_compiled_reference(model: str) -> dict[str, Any]:
+    """The bf16 model on vLLM's own kernels, compiled (vLLM's default)."""
+    return vllm_own(model)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ tests as a subprocess; prints one ``RESULT {json}`` line.
     driver.py gpt_oss DIR               a tiny random gpt-oss (bf16: its release is made from it) with a tokenizer
     driver.py offline DIR '{LLM kwargs}' greedy tokens through vLLM's offline LLM API, and each MoE layer's state
     driver.py serve DIR [vllm args]     vLLM's OpenAI server on 127.0.0.1, queried with the openai client
+                                        (texts; greedy token ids and prompt log-probabilities, echoed)
     driver.py plugin                    register() re-entrant, never raising, switched off, version-gated
 """
 
@@ -166,15 +167,26 @@ def serve(directory: str, *args: str) -> None:
             reply = client.completions.create(model="tiny", prompt=prompt, max_tokens=TOKENS, temperature=0)
             return reply.choices[0].text
 
-        chat = client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=TOKENS, temperature=0
+        # gpt-oss's chat is rendered by vLLM in OpenAI's harmony encoding, whose token ids lie past a
+        # tiny model's vocabulary: its chat is not asked for
+        harmony = json.loads((Path(directory) / "config.json").read_text()).get("model_type") == "gpt_oss"
+        chat = (
+            None
+            if harmony
+            else client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=TOKENS, temperature=0
+            )
         )
-        stream = client.chat.completions.create(
-            model="tiny",
-            messages=[{"role": "user", "content": "Hello"}],
-            max_tokens=TOKENS,
-            temperature=0,
-            stream=True,
+        stream = (
+            []
+            if harmony
+            else client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "Hello"}],
+                max_tokens=TOKENS,
+                temperature=0,
+                stream=True,
+            )
         )
         streamed_chat = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
         streamed = "".join(
@@ -183,6 +195,23 @@ def serve(directory: str, *args: str) -> None:
                 model="tiny", prompt=PROMPTS[0], max_tokens=TOKENS, temperature=0, stream=True
             )
         )
+
+        def scored(prompt: str) -> tuple[list[int], list[float]]:
+            """The greedy tokens' ids, and each prompt token's log-probability (echoed)."""
+            reply = client.completions.create(
+                model="tiny",
+                prompt=prompt,
+                max_tokens=TOKENS,
+                temperature=0,
+                echo=True,
+                logprobs=0,
+                extra_body={"return_tokens_as_token_ids": True},
+            )
+            given, steps = reply.usage.prompt_tokens, reply.choices[0].logprobs
+            ids = [int(token.removeprefix("token_id:")) for token in steps.tokens]
+            return ids[given:], [float(p) for p in steps.token_logprobs[1:given]]
+
+        teacher_forced = [scored(p) for p in PROMPTS]
         sequential = [complete(p) for p in PROMPTS]
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) * 2) as pool:  # batched by the scheduler
             concurrent_replies = list(pool.map(complete, PROMPTS * 2))
@@ -191,9 +220,11 @@ def serve(directory: str, *args: str) -> None:
                 "completions": sequential,
                 "concurrent": concurrent_replies,
                 "streamed": streamed,
-                "chat": chat.choices[0].message.content,
-                "chat_tokens": chat.usage.completion_tokens,
+                "chat": chat.choices[0].message.content if chat else None,
+                "chat_tokens": chat.usage.completion_tokens if chat else None,
                 "streamed_chat": streamed_chat,
+                "tokens": [tokens for tokens, _ in teacher_forced],
+                "prompt_logprobs": [logprobs for _, logprobs in teacher_forced],
             }
         )
     finally:

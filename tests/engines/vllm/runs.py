@@ -20,20 +20,38 @@ def offline(model: str, env: dict[str, str] | None = None, **kwargs: Any) -> dic
     return drive("offline", model, json.dumps(kwargs), env=env)
 
 
+def served(model: str, env: dict[str, str] | None = None, *args: str) -> dict[str, Any]:
+    """``model`` behind vLLM's OpenAI server, as users run it (compiled), queried with the openai
+    client: completions and chat, streamed and not, several at once; and each prompt's greedy
+    tokens and prompt log-probabilities, as ``offline`` gives them."""
+    reply = drive("serve", model, *args, env=env)
+    completions = reply["completions"]
+    assert all(isinstance(text, str) for text in completions), completions
+    assert reply["streamed"] == completions[0]  # streaming gives the same greedy text
+    assert reply["concurrent"] == completions * 2  # batched together, each as alone
+    if reply["chat"] is not None:  # (not asked of gpt-oss: see driver.py)
+        assert reply["chat_tokens"] > 0 and reply["streamed_chat"] == reply["chat"]
+    return reply
+
+
 def vllm_own(model: str, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
     """The same run with the plugin off: vLLM's own kernels."""
     return offline(model, {"KTFORGE_VLLM": "0", "PYTHONPATH": AMX_PERMISSION, **(env or {})}, **kwargs)
 
 
 def on_ktforge(run: dict[str, Any], method: str) -> None:
-    """Every routed-experts layer of every rank ran on ktforge in ``method``, vLLM's copy freed."""
+    """Every routed-experts layer of every rank ran on ktforge in ``method``, vLLM's copy freed
+    (a server's run: its log says they run on ktforge)."""
+    assert f"run their routed experts on ktforge: {method}" in run["log"]
+    if "layers" not in run:  # the server's workers are not reachable from the client
+        assert "runs vLLM's own" not in run["log"]  # no layer fell back
+        return
     layers = [layer for rank in run["layers"] for layer in rank]
     assert layers, "no routed-experts layer found"
     for layer in layers:
         assert layer["on_ktforge"], layer
         assert layer["kt_method"] == method, layer
         assert layer["vllm_weight_elements"] == 0, layer  # one copy of the experts: ktforge's
-    assert f"run their routed experts on ktforge: {method}" in run["log"]
 
 
 def logprob_gap(ours: dict[str, Any], theirs: dict[str, Any]) -> float:

@@ -25,6 +25,7 @@ from tests.engines.vllm.runs import (
     close_to,
     offline,
     on_ktforge,
+    served,
     vllm_own,
 )
 
@@ -45,7 +46,7 @@ def test_gptq_release_where_vllm_has_no_cpu_kernel_for_it(
         vllm_own(gptq_models[0], WITHOUT_AMX, enforce_eager=True)  # vLLM alone cannot build the model
     assert "No WNA16 MoE backend supports the deployment configuration" in failed.value.log
     # an AVX2-only CPU as vLLM sees it: no AMX, and no GPTQ linear kernel in its build
-    ours = offline(gptq_models[0], AVX2_BUILD, enforce_eager=True)
+    ours = served(gptq_models[0], AVX2_BUILD)  # vllm serve, queried over the OpenAI API
     on_ktforge(ours, "int4z")
     assert "GPTQ linear layers are dequantized to bfloat16 at load" in ours["log"]
     close_to(ours, gptq_reference, bf16_reference, within=INT8_ACTIVATIONS_CLOSE)

@@ -1,6 +1,7 @@
 """gpt-oss's MXFP4 release (fused E2M1 blocks and E8M0 scales, expert biases, gpt-oss's clamped
 activation; attention with sinks and sliding windows in bf16) served as it is: the routed experts
-in their own values on ktforge's mxfp4 kernels, compiled, and at TP=2 without AMX.
+in their own values on ktforge's mxfp4 kernels, compiled, and at TP=2 without AMX behind vLLM's
+OpenAI server.
 
 The reference is the release's values in bf16 (transformers' own dequantization) on vLLM's own
 kernels. Each prompt token's log-probability must stay far closer to it than the bf16 model before
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.engines.vllm.runs import TWO_RANKS, WITHOUT_AMX, close_to, offline, on_ktforge
+from tests.engines.vllm.runs import TWO_RANKS, WITHOUT_AMX, close_to, offline, on_ktforge, served
 
 
 def test_gpt_oss_mxfp4_release_served_as_it_is_compiled(
@@ -27,7 +28,8 @@ def test_gpt_oss_mxfp4_release_served_as_it_is_compiled(
 def test_gpt_oss_mxfp4_release_over_two_ranks_without_amx(
     gpt_oss_models: tuple[str, str, str], gpt_oss_reference: dict[str, Any], gpt_oss_bf16_reference: dict[str, Any]
 ) -> None:
-    tp = offline(gpt_oss_models[1], WITHOUT_AMX | TWO_RANKS, enforce_eager=True, tensor_parallel_size=2)
+    # vllm serve --tensor-parallel-size 2, queried over the OpenAI API
+    tp = served(gpt_oss_models[1], WITHOUT_AMX | TWO_RANKS, "--tensor-parallel-size", "2")
     on_ktforge(tp, "mxfp4")
     assert "8 experts of 256 x 128" in tp["log"]  # each rank its half of every expert's columns
     close_to(tp, gpt_oss_reference, gpt_oss_bf16_reference)

@@ -11,6 +11,8 @@ Claimed today:
 - AWQ, 4-bit with zero points, AutoAWQ's GEMM layout: :mod:`.int4`;
 - compressed-tensors ``pack-quantized`` INT4 with groups along K, symmetric or with zero points
   (Kimi-K2-Thinking, llm-compressor's W4A16): :mod:`.int4`, for the experts whose scheme it is;
+- compressed-tensors ``float-quantized`` FP8, a scale per channel, block or tensor (llm-compressor's
+  FP8 and FP8_DYNAMIC schemes, GLM's FP8 releases): :mod:`.fp8`, likewise;
 - gpt-oss's MXFP4 release (``quant_method: mxfp4``): :mod:`.mxfp4`.
 
 A checkpoint of another kind is vLLM's as before.
@@ -63,11 +65,29 @@ def kind_of(config: dict[str, Any] | None) -> str | None:
             packed = ct_packed.scheme_of(config, "quantization_config")
         except ValueError:  # another scheme: vLLM's own, as before
             return None
-        return "ct-int4" if packed is not None and packed.method == "int4" and packed.group > 0 else None
+        if packed is not None:
+            return "ct-int4" if packed.method == "int4" and packed.group > 0 else None
+        return "ct-fp8" if _has_fp8_weights(config) else None
     return None
 
 
+def _has_fp8_weights(config: dict[str, Any]) -> bool:
+    """Whether a compressed-tensors config holds ``float-quantized`` 8-bit float weights."""
+    groups = config.get("config_groups")
+    for group in groups.values() if isinstance(groups, dict) else ():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        layout = group.get("format", config.get("format")) if isinstance(group, dict) else None
+        if (
+            layout == "float-quantized"
+            and isinstance(weights, dict)
+            and (weights.get("type"), weights.get("num_bits")) == ("float", 8)
+        ):
+            return True
+    return False
+
+
 MXFP4_NAMES = ("mxfp4", "gpt_oss_mxfp4")  # the release's, and vLLM's name once it has read it
+CT_FP8_LINEAR_SCHEMES = ("CompressedTensorsW8A8Fp8", "CompressedTensorsW8A16Fp8")  # vLLM's, of FP8 linear layers
 
 
 def claims(config: dict[str, Any] | None, hf_config: Any = None) -> bool:
@@ -146,6 +166,12 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         method = self.own.get_quant_method(layer, prefix)
         if self.kind == "fp8" and isinstance(layer, LinearBase) and type(method).__name__ == "Fp8LinearMethod":
             return fp8.DequantizedLinearMethod(method)
+        fp8_scheme = type(getattr(layer, "scheme", None)).__name__ in (
+            "CompressedTensorsW8A8Fp8",
+            "CompressedTensorsW8A16Fp8",
+        )
+        if self.kind == "ct-fp8" and isinstance(layer, LinearBase) and fp8_scheme:
+            return fp8.DequantizedLinearMethod(method)
         own_int4 = ("AutoGPTQLinearMethod", "AutoAWQMarlinLinearMethod")
         if self.kind in ("gptq", "awq") and isinstance(layer, LinearBase) and type(method).__name__ in own_int4:
             return int4.DequantizedInt4LinearMethod(method, self.kind, self.scheme.zero_offset)
@@ -154,7 +180,7 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
     def _experts(self, layer: Any, prefix: str) -> Any:
         if self.kind == "gptq":
             return self._gptq_experts(layer, prefix)
-        if self.kind == "ct-int4":
+        if self.kind in ("ct-int4", "ct-fp8"):
             return self._compressed_experts(layer, prefix)
         if self.kind == "awq":
             return self._awq_experts(layer, prefix)
@@ -216,9 +242,9 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
             schemes[0].get("input_activations"),
             schemes[0].get("format"),
         )
-        strategy = str(getattr(getattr(weights, "strategy", None), "value", getattr(weights, "strategy", None)))
-        kind = str(getattr(getattr(weights, "type", None), "value", getattr(weights, "type", None)))
-        actorder = getattr(getattr(weights, "actorder", None), "value", getattr(weights, "actorder", None))
+        strategy, kind, actorder = (_value(getattr(weights, name, None)) for name in ("strategy", "type", "actorder"))
+        if layout == "float-quantized" and kind == "float" and getattr(weights, "num_bits", None) == 8:
+            return self._compressed_fp8_experts(layer, prefix, strategy, weights, inputs)
         if (
             layout != "pack-quantized"
             or kind != "int"
@@ -235,6 +261,19 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
             return int4.KtforgeCompressedInt4MoEMethod(layer.moe_config, scheme)
         return self._fallback(layer, prefix, "compressed-tensors", why_not)
 
+    def _compressed_fp8_experts(self, layer: Any, prefix: str, strategy: str | None, weights: Any, inputs: Any) -> Any:
+        """FP8 experts with a scale per block, channel or tensor; vLLM's own method is not built
+        where ktforge serves them (it refuses the layer where its FP8 MoE kernels need AMX)."""
+        block = getattr(weights, "block_structure", None)
+        block = (int(block[0]), int(block[1])) if strategy == "block" and block else None
+        why_not: str | None = f"its FP8 weights' strategy is {strategy} (ktforge reads {', '.join(fp8.STRATEGIES)})"
+        if strategy in fp8.STRATEGIES and (strategy != "block" or block is not None):
+            why_not = fp8.why_not_experts(layer.moe_config, block)
+        if why_not is not None:
+            return self._fallback(layer, prefix, "compressed-tensors", why_not)
+        static = inputs is not None and getattr(inputs, "dynamic", True) is False
+        return fp8.KtforgeCompressedFp8MoEMethod(layer.moe_config, str(strategy), block, static)
+
     def _fallback(self, layer: Any, prefix: str, kind: str, why_not: str) -> Any:
         say_once(
             f"fallback:{why_not}",
@@ -245,3 +284,8 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
             warning=True,
         )
         return self.own.get_quant_method(layer, prefix)
+
+
+def _value(field: Any) -> str | None:
+    """A compressed-tensors enum field's value (or the field) as text; None where it is unset."""
+    return None if field is None else str(getattr(field, "value", field))
