@@ -11,8 +11,7 @@ offline API in one process a configuration:
 
 Each round starts every configuration once, in turn; a configuration's figures are the median and
 range over rounds. Decode: tokens/s at batch 1 and 8 (64 new tokens each); prefill: 512-token
-prompts, tokens/s; each with the MoE layers' share of the time (routing and experts, timed around
-vLLM's MoE runner); memory: the resident set after loading. ``--busy`` runs every measurement
+prompts, tokens/s; memory: the resident set of vLLM's processes after loading. ``--busy`` runs every measurement
 beside one niced busy process a core (a shared machine: vLLM's and torch's threads contend).
 
     python3 scripts/vllm_bench.py [--layers 2] [--rounds 2] [--configs A,B] [--busy]
@@ -82,24 +81,12 @@ def make_model(directory: str, layers: int) -> None:  # runs in vLLM's environme
     model.save_pretrained(directory)
 
 
-def measure(directory: str, kwargs: str) -> None:  # runs in vLLM's environment, the engine in this process
+def measure(directory: str, kwargs: str) -> None:  # runs in vLLM's environment
     import time
 
     import psutil  # type: ignore[import-untyped]
     from vllm import LLM, SamplingParams
-    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
-    spent = [0.0]  # in the MoE layers: vLLM's runner, routing and experts, whoever computes them
-    run_layer = MoERunner._forward_impl
-
-    def timed_layer(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return run_layer(*args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - start
-
-    MoERunner._forward_impl = timed_layer  # the moe_forward op (compiled or not) looks it up per call
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     llm = LLM(
         model=directory,
@@ -107,33 +94,28 @@ def measure(directory: str, kwargs: str) -> None:  # runs in vLLM's environment,
         max_model_len=1024,
         max_num_seqs=8,
         enable_prefix_caching=False,  # every timed call computes its prompt again
-        distributed_executor_backend="uni",  # the model in this process, where the runner is timed
         **json.loads(kwargs),
     )
     me = psutil.Process()
     rss = sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
 
-    def timed(batch: int, prompt: int, new: int) -> tuple[float, float]:
-        """The median time of a generate call, and the time its MoE layers took in that call."""
+    def timed(batch: int, prompt: int, new: int) -> float:
         prompts = [{"prompt_token_ids": [(7 * i + j) % 31000 + 10 for j in range(prompt)]} for i in range(batch)]
         params = SamplingParams(max_tokens=new, ignore_eos=True, temperature=0, detokenize=False)
         llm.generate(prompts, params, use_tqdm=False)  # warm
-        runs = []
+        times = []
         for _ in range(3):
-            spent[0] = 0.0
             start = time.perf_counter()
             llm.generate(prompts, params, use_tqdm=False)
-            runs.append((time.perf_counter() - start, spent[0]))
-        return sorted(runs)[1]
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
 
-    figures = {}
-    for name, batch in (("decode1", 1), ("decode8", 8)):
-        (whole, moe), (prompt_only, prompt_moe) = timed(batch, 16, 65), timed(batch, 16, 1)
-        figures[name] = batch * 64 / (whole - prompt_only)  # new tokens' time, less the prompt's
-        figures[name + "_moe"] = (moe - prompt_moe) / (whole - prompt_only)
-    whole, moe = timed(1, 512, 1)
-    figures |= {"prefill512": 512 / whole, "prefill512_moe": moe / whole, "rss_gib": rss / 2**30}
-    print("RESULT " + json.dumps(figures))
+    decode1 = 64 / (timed(1, 16, 65) - timed(1, 16, 1))  # new tokens' time, less the prompt's
+    decode8 = 8 * 64 / (timed(8, 16, 65) - timed(8, 16, 1))
+    prefill = 512 / timed(1, 512, 1)
+    print(
+        "RESULT " + json.dumps({"decode1": decode1, "decode8": decode8, "prefill512": prefill, "rss_gib": rss / 2**30})
+    )
 
 
 def busy_cores() -> list[subprocess.Popen[bytes]]:
@@ -179,7 +161,7 @@ def run(py: str, name: str, checkpoint: Path) -> dict[str, float]:
     """One configuration's figures, from a process of its own."""
     config = CONFIGS[name]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KTFORGE_", "VLLM_"))}
-    env |= {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **config["env"]}
+    env |= {"TOKENIZERS_PARALLELISM": "false", **config["env"]}
     if name.startswith("vLLM"):
         env["PYTHONPATH"] = str(ROOT / "tests/engines/vllm/amx_permission")
     done = subprocess.run(
@@ -198,12 +180,9 @@ def run(py: str, name: str, checkpoint: Path) -> dict[str, float]:
 def report(results: dict[str, list[dict[str, float]]], sizes: dict[str, float], args: argparse.Namespace) -> None:
     sizes_text = ", ".join(f"{k} {v:.2f} GiB" for k, v in sizes.items() if v)
     where = "beside one niced busy process a core" if args.busy else "quiet"
-    print(f"\ncheckpoints {sizes_text}; {where}; median (min-max) of {args.rounds} rounds; MoE: the MoE layers' share")
-    print(
-        "| configuration | decode b=1 tok/s | MoE | decode b=8 tok/s | MoE | prefill 512 tok/s | MoE | RSS GiB "
-        "| b=1 vs vLLM bf16 |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\ncheckpoints {sizes_text}; {where}; median (min-max) of {args.rounds} rounds;")
+    print("| configuration | decode b=1 tok/s | decode b=8 tok/s | prefill 512 tok/s | RSS GiB | b=1 vs vLLM bf16 |")
+    print("|---|---:|---:|---:|---:|---:|")
     first = results.get("vLLM bf16", results[next(iter(results))])
     base = statistics.median(r["decode1"] for r in first)
     for name, runs in results.items():
@@ -211,8 +190,6 @@ def report(results: dict[str, list[dict[str, float]]], sizes: dict[str, float], 
         for key in ("decode1", "decode8", "prefill512", "rss_gib"):
             values = [r[key] for r in runs]
             cells.append(f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
-            if key + "_moe" in runs[0]:
-                cells.append(f"{statistics.median(r[key + '_moe'] for r in runs):.0%}")
         ratio = statistics.median(r["decode1"] for r in runs) / base
         print(f"| {name} | {' | '.join(cells)} | {ratio:.2f}x |")
 
