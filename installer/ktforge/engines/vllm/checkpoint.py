@@ -166,10 +166,7 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         method = self.own.get_quant_method(layer, prefix)
         if self.kind == "fp8" and isinstance(layer, LinearBase) and type(method).__name__ == "Fp8LinearMethod":
             return fp8.DequantizedLinearMethod(method)
-        fp8_scheme = type(getattr(layer, "scheme", None)).__name__ in (
-            "CompressedTensorsW8A8Fp8",
-            "CompressedTensorsW8A16Fp8",
-        )
+        fp8_scheme = type(getattr(layer, "scheme", None)).__name__ in CT_FP8_LINEAR_SCHEMES
         if self.kind == "ct-fp8" and isinstance(layer, LinearBase) and fp8_scheme:
             return fp8.DequantizedLinearMethod(method)
         own_int4 = ("AutoGPTQLinearMethod", "AutoAWQMarlinLinearMethod")
