@@ -11,8 +11,10 @@ offline API in one process a configuration:
 
 Each round starts every configuration once, in turn; a configuration's figures are the median and
 range over rounds. Decode: tokens/s at batch 1 and 8 (64 new tokens each); prefill: 512-token
-prompts, tokens/s; memory: the resident set of vLLM's processes after loading. ``--busy`` runs every measurement
-beside one niced busy process a core (a shared machine: vLLM's and torch's threads contend).
+prompts, tokens/s; the experts' share of each (the seconds ktforge's operator spent, timed in
+the worker, over the call's); memory: the resident set of vLLM's processes after loading.
+``--busy`` runs every measurement beside one niced busy process a core (a shared machine: vLLM's
+and torch's threads contend).
 
     python3 scripts/vllm_bench.py [--layers 2] [--rounds 2] [--configs A,B] [--busy]
 
@@ -88,6 +90,7 @@ def measure(directory: str, kwargs: str) -> None:  # runs in vLLM's environment
     from vllm import LLM, SamplingParams
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc sends a function to the worker
     llm = LLM(
         model=directory,
         skip_tokenizer_init=True,
@@ -99,23 +102,32 @@ def measure(directory: str, kwargs: str) -> None:  # runs in vLLM's environment
     me = psutil.Process()
     rss = sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
 
-    def timed(batch: int, prompt: int, new: int) -> float:
+    from ktforge.kernels.torch_op import time_spent
+
+    def experts_seconds() -> float:
+        """The seconds ktforge's operator has spent in the worker so far (0 with the plugin off)."""
+        return max(float(spent["seconds"]) for spent in llm.collective_rpc(time_spent))
+
+    def timed(batch: int, prompt: int, new: int) -> tuple[float, float]:
+        """The median wall time of a call, and the experts' seconds in ktforge per call (mean)."""
         prompts = [{"prompt_token_ids": [(7 * i + j) % 31000 + 10 for j in range(prompt)]} for i in range(batch)]
         params = SamplingParams(max_tokens=new, ignore_eos=True, temperature=0, detokenize=False)
         llm.generate(prompts, params, use_tqdm=False)  # warm
-        times = []
+        times, before = [], experts_seconds()
         for _ in range(3):
             start = time.perf_counter()
             llm.generate(prompts, params, use_tqdm=False)
             times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        return statistics.median(times), (experts_seconds() - before) / 3
 
-    decode1 = 64 / (timed(1, 16, 65) - timed(1, 16, 1))  # new tokens' time, less the prompt's
-    decode8 = 8 * 64 / (timed(8, 16, 65) - timed(8, 16, 1))
-    prefill = 512 / timed(1, 512, 1)
-    print(
-        "RESULT " + json.dumps({"decode1": decode1, "decode8": decode8, "prefill512": prefill, "rss_gib": rss / 2**30})
-    )
+    figures = {}
+    for name, batch in (("decode1", 1), ("decode8", 8)):
+        (whole, experts), (prompt, prompt_experts) = timed(batch, 16, 65), timed(batch, 16, 1)
+        figures[name] = batch * 64 / (whole - prompt)  # new tokens' time, less the prompt's
+        figures[f"{name}_experts"] = (experts - prompt_experts) / (whole - prompt)
+    prefill, experts = timed(1, 512, 1)
+    figures |= {"prefill512": 512 / prefill, "prefill512_experts": experts / prefill, "rss_gib": rss / 2**30}
+    print("RESULT " + json.dumps(figures))
 
 
 def busy_cores() -> list[subprocess.Popen[bytes]]:
@@ -192,6 +204,13 @@ def report(results: dict[str, list[dict[str, float]]], sizes: dict[str, float], 
             cells.append(f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
         ratio = statistics.median(r["decode1"] for r in runs) / base
         print(f"| {name} | {' | '.join(cells)} | {ratio:.2f}x |")
+    print("\nthe experts' share of each cell's time (ktforge's operator, timed inside the worker; median):")
+    print("| configuration | decode b=1 | decode b=8 | prefill 512 |")
+    print("|---|---:|---:|---:|")
+    for name, runs in results.items():
+        shares = [statistics.median(r[f"{key}_experts"] for r in runs) for key in ("decode1", "decode8", "prefill512")]
+        if any(shares):  # vLLM's own MoE is not timed: its share is not known here
+            print(f"| {name} | {' | '.join(f'{share:.0%}' for share in shares)} |")
 
 
 if __name__ == "__main__":

@@ -386,11 +386,40 @@ def test_the_operator_traces_under_torch_compile_fullgraph() -> None:
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
     with torch.inference_mode():
         expected = block(x)
+        before = torch_op.time_spent()
         assert torch.equal(compiled(x), expected)
+        after = torch_op.time_spent()  # what a benchmark reads for the experts' share of a run
+        assert after["calls"] == before["calls"] + 1 and after["tokens"] == before["tokens"] + 5
+        assert after["seconds"] > before["seconds"]
         bf16 = torch.ops.ktforge.moe(x.bfloat16(), ids, weights, 10_000)
     assert bf16.dtype == torch.bfloat16 and bf16.shape == x.shape
     with pytest.raises(ValueError, match="no ktforge layer"):
         torch.ops.ktforge.moe(x, ids, weights, 99_999)
+
+
+def test_the_operator_gives_nan_for_tokens_with_nan_as_torch_operators_do() -> None:
+    # an engine's warm-up runs on placeholder values (vLLM's profile run): a token's NaN must not
+    # fail the call, nor reach the other tokens; a wrong expert id is still refused
+    E, k, H, I = 4, 2, 32, 32
+    rng = np.random.default_rng(1)
+    w = [torch.from_numpy((rng.standard_normal(s) / 8).astype(np.float32)) for s in ((E, I, H), (E, I, H), (E, H, I))]
+    layer = ktforge.MoE(E, k, H, I, method="int8")
+    layer.load_weights(*w)
+    torch_op.register_layer(10_001, layer)
+    ids = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, 3]])
+    x, weights = torch.randn(6, H), torch.rand(6, k)
+    expected = torch.ops.ktforge.moe(x, ids, weights, 10_001)
+    x[1, 5], weights[4, 1] = float("nan"), float("inf")
+    with pytest.raises(ValueError, match="NaN"):
+        layer.forward(x, ids, weights)  # the Python API refuses them
+    out = torch.ops.ktforge.moe(x, ids, weights, 10_001)
+    assert out[[1, 4]].isnan().all()
+    clean = [0, 2, 3, 5]
+    assert torch.allclose(out[clean], expected[clean], rtol=0, atol=1e-6)  # int8: a token's own scale alone
+    ids[2, 0] = E
+    with pytest.raises(ValueError, match="outside"):
+        torch.ops.ktforge.moe(x, ids, weights, 10_001)
+    torch_op.unregister_layer(10_001)
 
 
 def test_registered_in_transformers_interface() -> None:

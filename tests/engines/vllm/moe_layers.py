@@ -16,6 +16,7 @@ def moe_state(model: Any) -> list[dict[str, Any]]:
                     "name": name,
                     "method": type(method).__name__,
                     "kt_method": getattr(method, "kt_method", None),
+                    "kt_group": getattr(method, "kt_group", None),
                     "on_ktforge": getattr(method, "handle", None) is not None,
                     "vllm_weight_elements": int(module.w13_weight.numel() + module.w2_weight.numel()),
                 }

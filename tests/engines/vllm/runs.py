@@ -1,29 +1,191 @@
-"""The vLLM runs the tests compare: driver.py in vLLM's own environment, with ktforge's plugin on
-(as a user has it) or off (vLLM's own kernels, the reference)."""
+"""The vLLM runs the tests compare, declared in one table (``plan``) and run together once a
+session: driver.py in vLLM's own environment, with ktforge's plugin on (as a user has it) or off
+(vLLM's own kernels, the reference).
+
+A vLLM process costs far more to start (imports, an engine process, a worker process) than a
+tiny model costs to load, compile and run. So the offline runs of one setting and one rank count
+share one process, one after another, the single-rank ones with vLLM's engine in that process;
+the OpenAI servers are processes of their own, as users start them. Single-rank processes run
+side by side, each pinned to a CPU of its own; the two-rank ones (tensor and expert parallel)
+run after them, alone."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
+import queue
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.engines.vllm.environment import drive
+from tests import host
+from tests.engines.vllm.environment import DriverFailed, drive, drive_batch
 
 HERE = Path(__file__).parent
 AMX_PERMISSION = str(HERE / "amx_permission")
-WITHOUT_AMX = {"PYTHONPATH": str(HERE / "vllm_without_amx")}  # vLLM's kernel choice as on a CPU without AMX
-AVX2_BUILD = {"PYTHONPATH": str(HERE / "vllm_avx2_build")}  # and vLLM's kernels as its AVX2-only build has them
-TWO_RANKS = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core a rank (vLLM's auto binding reserves one)
+WITHOUT_AMX = str(HERE / "vllm_without_amx")  # vLLM's kernel choice as on a CPU without AMX
+AVX2_BUILD = str(HERE / "vllm_avx2_build")  # and vLLM's kernels as its AVX2-only build has them
+
+SETTINGS: dict[str, dict[str, str]] = {
+    "vllm": {"KTFORGE_VLLM": "0", "PYTHONPATH": AMX_PERMISSION},  # the plugin off: vLLM's own kernels
+    "vllm without amx": {"KTFORGE_VLLM": "0", "PYTHONPATH": WITHOUT_AMX},
+    "ktforge": {},  # the plugin on, as pip install ktforge leaves it
+    "ktforge without amx": {"PYTHONPATH": WITHOUT_AMX},
+    "ktforge avx2 build": {"PYTHONPATH": AVX2_BUILD},
+}
+EAGER = {"enforce_eager": True}
+TWO_RANKS = {"enforce_eager": True, "tensor_parallel_size": 2}
+ONLINE_INT4 = {"quantization_config": {"quant_method": "ktforge", "method": "int4", "group_size": 64}}
 
 
-def offline(model: str, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
-    return drive("offline", model, json.dumps(kwargs), env=env)
+@dataclass(frozen=True)
+class Run:
+    """One model in one setting: through vLLM's offline ``LLM`` with ``llm`` as its arguments
+    (compiled unless they say ``enforce_eager``), or behind ``vllm serve`` with ``serve`` as its
+    arguments (queried with the openai client). ``fails``: vLLM is expected to refuse the model."""
+
+    model: str  # a checkpoint of conftest's ``checkpoints``
+    setting: str  # a key of SETTINGS
+    llm: Mapping[str, Any] = field(default_factory=dict)
+    serve: tuple[str, ...] | None = None
+    fails: bool = False
+
+    @property
+    def ranks(self) -> int:
+        if self.serve is not None and "--tensor-parallel-size" in self.serve:
+            return int(self.serve[self.serve.index("--tensor-parallel-size") + 1])
+        return int(self.llm.get("tensor_parallel_size", 1))
 
 
-def served(model: str, env: dict[str, str] | None = None, *args: str) -> dict[str, Any]:
+def plan() -> dict[str, Run]:
+    """Every run the tests read, by name."""
+    runs = {
+        # bf16 (Qwen3-MoE as transformers saves it)
+        "bf16 on vllm eager": Run("bf16", "vllm", EAGER),
+        "bf16 on vllm": Run("bf16", "vllm"),
+        "bf16": Run("bf16", "ktforge"),
+        "bf16 tp": Run("bf16", "ktforge", TWO_RANKS),
+        "bf16 ep": Run("bf16", "ktforge", TWO_RANKS | {"enable_expert_parallel": True}),
+        "bf16 as online int4": Run("bf16", "ktforge", EAGER | {"quantization": "ktforge", "hf_overrides": ONLINE_INT4}),
+        "bf16 served without amx": Run("bf16", "ktforge without amx", serve=()),
+        # FP8 with 128 x 128 block scales
+        "fp8": Run("fp8", "ktforge"),
+        "fp8 tp": Run("fp8", "ktforge", TWO_RANKS),
+        "fp8 served without amx": Run("fp8", "ktforge without amx", serve=()),
+        "fp8 on vllm without amx": Run("fp8", "vllm without amx", EAGER, fails=True),
+        "fp8 dequantized on vllm eager": Run("fp8 dequantized", "vllm", EAGER),
+        # compressed-tensors FP8_DYNAMIC
+        "ct fp8 served without amx": Run("ct fp8", "ktforge without amx", serve=()),
+        "ct fp8 on vllm without amx": Run("ct fp8", "vllm without amx", EAGER, fails=True),
+        "ct fp8 bf16 experts on vllm without amx eager": Run("ct fp8 bf16 experts", "vllm without amx", EAGER),
+        "ct fp8 bf16 experts on vllm without amx": Run("ct fp8 bf16 experts", "vllm without amx"),
+        # GPTQ and AWQ
+        "gptq": Run("gptq", "ktforge"),
+        "gptq tp": Run("gptq", "ktforge", TWO_RANKS),
+        "gptq served as the avx2 build": Run("gptq", "ktforge avx2 build", serve=()),
+        "gptq on vllm without amx": Run("gptq", "vllm without amx", EAGER, fails=True),
+        "gptq dequantized on vllm eager": Run("gptq dequantized", "vllm", EAGER),
+        "awq": Run("awq", "ktforge"),
+        "awq tp as the avx2 build": Run("awq", "ktforge avx2 build", TWO_RANKS),
+        "awq dequantized on vllm eager": Run("awq dequantized", "vllm", EAGER),
+        # gpt-oss MXFP4
+        "gpt-oss": Run("gpt-oss", "ktforge"),
+        "gpt-oss served tp without amx": Run("gpt-oss", "ktforge without amx", serve=("--tensor-parallel-size", "2")),
+        "gpt-oss dequantized on vllm eager": Run("gpt-oss dequantized", "vllm", EAGER),
+        "gpt-oss dequantized on vllm": Run("gpt-oss dequantized", "vllm"),
+        "gpt-oss bf16 on vllm eager": Run("gpt-oss bf16", "vllm", EAGER),
+        # compressed-tensors W4A16 (zero points; symmetric)
+        "w4a16 tp without amx": Run("w4a16", "ktforge without amx", TWO_RANKS),
+    }
+    for w4a16 in ("w4a16", "w4a16 symmetric"):
+        runs[w4a16] = Run(w4a16, "ktforge")
+        runs[f"{w4a16} dequantized on vllm eager"] = Run(f"{w4a16} dequantized", "vllm", EAGER)
+        runs[f"{w4a16} dequantized on vllm"] = Run(f"{w4a16} dequantized", "vllm")
+    if host.has("amx_tile"):  # vLLM's own FP8 MoE kernels run here: the same checkpoint on them
+        runs["fp8 on vllm eager"] = Run("fp8", "vllm", EAGER)
+    return runs
+
+
+class Runs(Mapping[str, dict[str, Any]]):
+    """Each run's result (``tokens``, ``prompt_logprobs``, ``layers`` or the server's replies;
+    ``log``: what its processes printed while it ran); reading a failed run raises DriverFailed."""
+
+    def __init__(self, results: dict[str, dict[str, Any] | DriverFailed]) -> None:
+        self._results = results
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        value = self._results[name]
+        if isinstance(value, DriverFailed):
+            raise DriverFailed(str(value), value.log)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._results)
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+
+def execute(runs: Mapping[str, Run], checkpoints: Mapping[str, str]) -> Runs:
+    """Every run, the processes as the module's text says."""
+    cpus = sorted(os.sched_getaffinity(0))
+    results: dict[str, dict[str, Any] | DriverFailed] = {}
+    scratch = Path(tempfile.mkdtemp(prefix="ktforge-vllm-runs-"))
+
+    def job(names: list[str], cpu: str) -> dict[str, dict[str, Any] | DriverFailed]:
+        first = runs[names[0]]
+        env = SETTINGS[first.setting] | {"VLLM_CPU_OMP_THREADS_BIND": cpu}
+        if first.serve is not None:
+            try:
+                return {names[0]: served(checkpoints[first.model], env, *first.serve)}
+            except DriverFailed as failed:
+                return {names[0]: failed}
+        listing = scratch / f"{first.setting} {first.ranks}.json"
+        # expected failures last: a model vLLM refused may leave its process unfit for another
+        ordered = sorted(names, key=lambda name: runs[name].fails)
+        listing.write_text(
+            json.dumps([{"name": n, "model": checkpoints[runs[n].model], "llm": dict(runs[n].llm)} for n in ordered])
+        )
+        if first.ranks == 1:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in the driver's process
+        return drive_batch(str(listing), env=env, timeout=300 + 150 * len(names))
+
+    groups: dict[tuple[str, int], list[str]] = {}
+    servers: list[list[str]] = []
+    for name, run in runs.items():
+        if run.serve is not None:
+            servers.append([name])
+        else:
+            groups.setdefault((run.setting, run.ranks), []).append(name)
+    jobs = [*groups.values(), *servers]
+    single = [names for names in jobs if runs[names[0]].ranks == 1]
+    several = [names for names in jobs if runs[names[0]].ranks > 1]
+    free: queue.Queue[int] = queue.Queue()
+    for cpu in cpus:
+        free.put(cpu)
+
+    def pinned(names: list[str]) -> dict[str, dict[str, Any] | DriverFailed]:
+        cpu = free.get()
+        try:
+            return job(names, str(cpu))
+        finally:
+            free.put(cpu)
+
+    with concurrent.futures.ThreadPoolExecutor(len(cpus)) as pool:
+        for done in pool.map(pinned, sorted(single, key=len, reverse=True)):
+            results |= done
+    for names in several:  # one core a rank (vLLM's auto binding would reserve one)
+        results |= job(names, "|".join(str(cpu) for cpu in cpus[: runs[names[0]].ranks]))
+    return Runs(results)
+
+
+def served(model: str, env: dict[str, str], *args: str) -> dict[str, Any]:
     """``model`` behind vLLM's OpenAI server, as users run it (compiled), queried with the openai
     client: completions and chat, streamed and not, several at once; and each prompt's greedy
-    tokens and prompt log-probabilities, as ``offline`` gives them."""
+    tokens and prompt log-probabilities, as an offline run gives them."""
     reply = drive("serve", model, *args, env=env)
     completions = reply["completions"]
     assert all(isinstance(text, str) for text in completions), completions
@@ -34,16 +196,13 @@ def served(model: str, env: dict[str, str] | None = None, *args: str) -> dict[st
     return reply
 
 
-def vllm_own(model: str, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
-    """The same run with the plugin off: vLLM's own kernels."""
-    return offline(model, {"KTFORGE_VLLM": "0", "PYTHONPATH": AMX_PERMISSION, **(env or {})}, **kwargs)
-
-
-def on_ktforge(run: dict[str, Any], method: str) -> None:
-    """Every routed-experts layer of every rank ran on ktforge in ``method``, vLLM's copy freed
-    (a server's run: its log says they run on ktforge)."""
-    assert f"run their routed experts on ktforge: {method}" in run["log"]
+def on_ktforge(run: dict[str, Any], method: str, group: int | None = None) -> None:
+    """Every routed-experts layer of every rank ran on ktforge in ``method`` (in groups of
+    ``group``), vLLM's copy freed (a server's run: its log says they run on ktforge)."""
     if "layers" not in run:  # the server's workers are not reachable from the client
+        assert f"run their routed experts on ktforge: {method}" in run["log"]
+        if group is not None:
+            assert f"{method} (group {group})" in run["log"]
         assert "runs vLLM's own" not in run["log"]  # no layer fell back
         return
     layers = [layer for rank in run["layers"] for layer in rank]
@@ -51,7 +210,14 @@ def on_ktforge(run: dict[str, Any], method: str) -> None:
     for layer in layers:
         assert layer["on_ktforge"], layer
         assert layer["kt_method"] == method, layer
+        assert group is None or layer["kt_group"] == group, layer
         assert layer["vllm_weight_elements"] == 0, layer  # one copy of the experts: ktforge's
+
+
+def on_vllm(run: dict[str, Any]) -> None:
+    """No layer ran on ktforge (a reference run)."""
+    layers = [layer for rank in run["layers"] for layer in rank]
+    assert layers and not any(layer["on_ktforge"] for layer in layers), layers
 
 
 def logprob_gap(ours: dict[str, Any], theirs: dict[str, Any]) -> float:

@@ -6,10 +6,8 @@ vLLM's own MoE path is the reference: with greedy decoding the same tokens must 
 
 from __future__ import annotations
 
-from typing import Any
-
 from tests.engines.vllm.environment import drive
-from tests.engines.vllm.runs import TWO_RANKS, WITHOUT_AMX, logprob_gap, offline, on_ktforge, served
+from tests.engines.vllm.runs import Runs, logprob_gap, on_ktforge, on_vllm
 
 
 def test_plugin_entry_point_never_breaks_vllm() -> None:
@@ -22,45 +20,42 @@ def test_plugin_entry_point_never_breaks_vllm() -> None:
     assert checks["quantization"] is True
 
 
-def test_bf16_checkpoint_compiled_gives_vllm_own_tokens(model: str, bf16_compiled_reference: dict[str, Any]) -> None:
+def test_bf16_checkpoint_compiled_gives_vllm_own_tokens(vllm: Runs) -> None:
     # vLLM's default: the model compiled by Dynamo (fullgraph) and inductor, ktforge::moe traced
-    ours, theirs = offline(model), bf16_compiled_reference
+    ours, theirs = vllm["bf16"], vllm["bf16 on vllm"]
     on_ktforge(ours, "bf16")
-    assert "ktforge: the vLLM plugin is off" in theirs["log"]
-    assert not any(layer["on_ktforge"] for rank in theirs["layers"] for layer in rank)
+    on_vllm(theirs)
     assert ours["tokens"] == theirs["tokens"]
 
 
-def test_tensor_and_expert_parallel_over_two_ranks(model: str, bf16_reference: dict[str, Any]) -> None:
-    single = bf16_reference
-    tp = offline(model, TWO_RANKS, enforce_eager=True, tensor_parallel_size=2)
+def test_tensor_and_expert_parallel_over_two_ranks(vllm: Runs) -> None:
+    single = vllm["bf16 on vllm eager"]
+    tp = vllm["bf16 tp"]
     on_ktforge(tp, "bf16")
     assert "on CPUs 0," in tp["log"] and "on CPUs 1," in tp["log"]  # each rank's pool on its own core
     assert tp["tokens"] == single["tokens"]
     # expert parallel: each rank holds half the experts; vLLM's own CPU kernels ignore expert_map
-    ep = offline(model, TWO_RANKS, enforce_eager=True, tensor_parallel_size=2, enable_expert_parallel=True)
+    ep = vllm["bf16 ep"]
     on_ktforge(ep, "bf16")
     assert "4 experts of 256 x 256" in ep["log"]
     assert ep["tokens"] == single["tokens"]
 
 
-def test_online_int4_from_a_bf16_checkpoint(model: str, bf16_reference: dict[str, Any]) -> None:
-    config = {"quantization_config": {"quant_method": "ktforge", "method": "int4", "group_size": 64}}
-    int4 = offline(model, enforce_eager=True, quantization="ktforge", hf_overrides=config)
-    on_ktforge(int4, "int4")
-    assert "int4 (group 64)" in int4["log"]
-    bf16 = bf16_reference
+def test_online_int4_from_a_bf16_checkpoint(vllm: Runs) -> None:
+    # --quantization ktforge, the method in the model's quantization_config (--hf-overrides)
+    int4 = vllm["bf16 as online int4"]
+    on_ktforge(int4, "int4", group=64)
     # logits of a few tens: int4's error (~0.2 of a weight's scale) does not move the first choice
-    assert [t[0] for t in int4["tokens"]] == [t[0] for t in bf16["tokens"]]
+    assert [t[0] for t in int4["tokens"]] == [t[0] for t in vllm["bf16 on vllm eager"]["tokens"]]
 
 
-def test_openai_server_without_amx(model: str, bf16_compiled_reference: dict[str, Any]) -> None:
+def test_openai_server_without_amx(vllm: Runs) -> None:
     # a user's command on a CPU without AMX: the bf16 checkpoint, no flag
-    reply = served(model, WITHOUT_AMX)
+    reply = vllm["bf16 served without amx"]
     on_ktforge(reply, "bf16")
     # bf16 both, compiled both: the sums' order alone differs (and vLLM's attention kernels,
     # which take AMX where the reference has it), so greedy text may part after a near tie
-    reference = bf16_compiled_reference
+    reference = vllm["bf16 on vllm"]
     assert [t[0] for t in reply["tokens"]] == [t[0] for t in reference["tokens"]]
     gap = logprob_gap(reply, reference)
     assert gap < 0.1, f"{gap:.3f} from vLLM's own compiled bf16"

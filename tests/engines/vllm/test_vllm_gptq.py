@@ -12,63 +12,43 @@ in int8, one scale a token)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from tests.engines.vllm.environment import DriverFailed
-from tests.engines.vllm.runs import (
-    AVX2_BUILD,
-    INT8_ACTIVATIONS_CLOSE,
-    TWO_RANKS,
-    WITHOUT_AMX,
-    close_to,
-    offline,
-    on_ktforge,
-    served,
-    vllm_own,
-)
+from tests.engines.vllm.runs import INT8_ACTIVATIONS_CLOSE, Runs, close_to, on_ktforge
 
 
-def test_gptq_release_served_as_it_is_compiled(
-    gptq_models: tuple[str, str], gptq_reference: dict[str, Any], bf16_reference: dict[str, Any]
-) -> None:
-    ours = offline(gptq_models[0])  # vLLM's default: compiled, ktforge::moe traced
-    on_ktforge(ours, "int4z")
-    assert "int4z (group 128)" in ours["log"]
-    close_to(ours, gptq_reference, bf16_reference, within=INT8_ACTIVATIONS_CLOSE)
+def test_gptq_release_served_as_it_is_compiled(vllm: Runs) -> None:
+    ours = vllm["gptq"]  # vLLM's default: compiled, ktforge::moe traced
+    on_ktforge(ours, "int4z", group=128)
+    close_to(ours, vllm["gptq dequantized on vllm eager"], vllm["bf16 on vllm eager"], within=INT8_ACTIVATIONS_CLOSE)
 
 
-def test_gptq_release_where_vllm_has_no_cpu_kernel_for_it(
-    gptq_models: tuple[str, str], gptq_reference: dict[str, Any], bf16_reference: dict[str, Any]
-) -> None:
+def test_gptq_release_where_vllm_has_no_cpu_kernel_for_it(vllm: Runs) -> None:
     with pytest.raises(DriverFailed) as failed:
-        vllm_own(gptq_models[0], WITHOUT_AMX, enforce_eager=True)  # vLLM alone cannot build the model
+        vllm["gptq on vllm without amx"]  # vLLM alone cannot build the model
     assert "No WNA16 MoE backend supports the deployment configuration" in failed.value.log
     # an AVX2-only CPU as vLLM sees it: no AMX, and no GPTQ linear kernel in its build
-    ours = served(gptq_models[0], AVX2_BUILD)  # vllm serve, queried over the OpenAI API
+    ours = vllm["gptq served as the avx2 build"]  # vllm serve, queried over the OpenAI API
     on_ktforge(ours, "int4z")
     assert "GPTQ linear layers are dequantized to bfloat16 at load" in ours["log"]
-    close_to(ours, gptq_reference, bf16_reference, within=INT8_ACTIVATIONS_CLOSE)
+    close_to(ours, vllm["gptq dequantized on vllm eager"], vllm["bf16 on vllm eager"], within=INT8_ACTIVATIONS_CLOSE)
 
 
-def test_gptq_release_over_two_tensor_parallel_ranks(
-    gptq_models: tuple[str, str], gptq_reference: dict[str, Any], bf16_reference: dict[str, Any]
-) -> None:
-    tp = offline(gptq_models[0], TWO_RANKS, enforce_eager=True, tensor_parallel_size=2)
+def test_gptq_release_over_two_tensor_parallel_ranks(vllm: Runs) -> None:
+    tp = vllm["gptq tp"]
     on_ktforge(tp, "int4z")
     assert "8 experts of 256 x 128" in tp["log"]  # each rank its half of every expert's columns
-    close_to(tp, gptq_reference, bf16_reference, within=INT8_ACTIVATIONS_CLOSE)
+    close_to(tp, vllm["gptq dequantized on vllm eager"], vllm["bf16 on vllm eager"], within=INT8_ACTIVATIONS_CLOSE)
 
 
-def test_awq_release_served_as_it_is(
-    awq_models: tuple[str, str], awq_reference: dict[str, Any], bf16_reference: dict[str, Any]
-) -> None:
-    ours = offline(awq_models[0])  # vLLM's default: compiled, ktforge::moe traced
+def test_awq_release_served_as_it_is(vllm: Runs) -> None:
+    reference, bf16 = vllm["awq dequantized on vllm eager"], vllm["bf16 on vllm eager"]
+    ours = vllm["awq"]  # vLLM's default: compiled, ktforge::moe traced
     on_ktforge(ours, "int4z")
-    close_to(ours, awq_reference, bf16_reference, within=INT8_ACTIVATIONS_CLOSE)
+    close_to(ours, reference, bf16, within=INT8_ACTIVATIONS_CLOSE)
     # as vLLM's AVX2-only build has it (no AMX, no AWQ linear kernel: those layers dequantized), TP=2
-    tp = offline(awq_models[0], AVX2_BUILD | TWO_RANKS, enforce_eager=True, tensor_parallel_size=2)
+    tp = vllm["awq tp as the avx2 build"]
     on_ktforge(tp, "int4z")
     assert "AWQ linear layers are dequantized to bfloat16 at load" in tp["log"]
-    close_to(tp, awq_reference, bf16_reference, within=INT8_ACTIVATIONS_CLOSE)
+    close_to(tp, reference, bf16, within=INT8_ACTIVATIONS_CLOSE)

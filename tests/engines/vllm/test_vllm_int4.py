@@ -10,31 +10,23 @@ in int8, one scale a token)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.engines.vllm.runs import INT8_ACTIVATIONS_CLOSE, TWO_RANKS, WITHOUT_AMX, close_to, offline, on_ktforge
+from tests.engines.vllm.runs import INT8_ACTIVATIONS_CLOSE, Runs, close_to, on_ktforge
 
 
-def test_w4a16_release_served_as_it_is_compiled(
-    int4_models: tuple[str, str],
-    int4_reference: dict[str, Any],
-    int4_compiled_reference: dict[str, Any],
-    bf16_reference: dict[str, Any],
-) -> None:
-    ours = offline(int4_models[0])  # vLLM's default: compiled, ktforge::moe traced
-    on_ktforge(ours, "int4z")
-    assert "int4z (group 128)" in ours["log"]
-    close_to(ours, int4_reference, bf16_reference, int4_compiled_reference, within=INT8_ACTIVATIONS_CLOSE)
+@pytest.mark.parametrize("release", ["w4a16", "w4a16 symmetric"])
+def test_w4a16_release_served_as_it_is_compiled(vllm: Runs, release: str) -> None:
+    ours = vllm[release]  # vLLM's default: compiled, ktforge::moe traced
+    on_ktforge(ours, "int4z", group=128)
+    eager, compiled = vllm[f"{release} dequantized on vllm eager"], vllm[f"{release} dequantized on vllm"]
+    close_to(ours, eager, vllm["bf16 on vllm eager"], compiled, within=INT8_ACTIVATIONS_CLOSE)
 
 
-@pytest.mark.parametrize("int4_models", [False], indirect=True, ids=["asymmetric"])  # the zero points' slicing
-def test_w4a16_release_over_two_ranks_without_amx(
-    int4_models: tuple[str, str], int4_reference: dict[str, Any], bf16_reference: dict[str, Any]
-) -> None:
-    # vLLM's kernels chosen as on a CPU without AMX (its own INT4 MoE has none there); TP=2
-    tp = offline(int4_models[0], WITHOUT_AMX | TWO_RANKS, enforce_eager=True, tensor_parallel_size=2)
+def test_w4a16_release_over_two_ranks_without_amx(vllm: Runs) -> None:
+    # vLLM's kernels chosen as on a CPU without AMX (its own INT4 MoE has none there); TP=2; the
+    # release with zero points (their slicing)
+    tp = vllm["w4a16 tp without amx"]
     on_ktforge(tp, "int4z")
     assert "8 experts of 256 x 128" in tp["log"]  # each rank its half of every expert's columns
-    close_to(tp, int4_reference, bf16_reference, within=INT8_ACTIVATIONS_CLOSE)
+    close_to(tp, vllm["w4a16 dequantized on vllm eager"], vllm["bf16 on vllm eager"], within=INT8_ACTIVATIONS_CLOSE)

@@ -9,27 +9,19 @@ quantization is: within 0.3 of what quantizing moved."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.engines.vllm.runs import TWO_RANKS, WITHOUT_AMX, close_to, offline, on_ktforge, served
+from tests.engines.vllm.runs import Runs, close_to, on_ktforge
 
 
-def test_gpt_oss_mxfp4_release_served_as_it_is_compiled(
-    gpt_oss_models: tuple[str, str, str],
-    gpt_oss_reference: dict[str, Any],
-    gpt_oss_compiled_reference: dict[str, Any],
-    gpt_oss_bf16_reference: dict[str, Any],
-) -> None:
-    ours = offline(gpt_oss_models[1])  # vLLM's default: compiled, ktforge::moe traced
+def test_gpt_oss_mxfp4_release_served_as_it_is_compiled(vllm: Runs) -> None:
+    ours = vllm["gpt-oss"]  # vLLM's default: compiled, ktforge::moe traced
     on_ktforge(ours, "mxfp4")
-    close_to(ours, gpt_oss_reference, gpt_oss_bf16_reference, gpt_oss_compiled_reference)
+    eager, compiled = vllm["gpt-oss dequantized on vllm eager"], vllm["gpt-oss dequantized on vllm"]
+    close_to(ours, eager, vllm["gpt-oss bf16 on vllm eager"], compiled)
 
 
-def test_gpt_oss_mxfp4_release_over_two_ranks_without_amx(
-    gpt_oss_models: tuple[str, str, str], gpt_oss_reference: dict[str, Any], gpt_oss_bf16_reference: dict[str, Any]
-) -> None:
+def test_gpt_oss_mxfp4_release_over_two_ranks_without_amx(vllm: Runs) -> None:
     # vllm serve --tensor-parallel-size 2, queried over the OpenAI API
-    tp = served(gpt_oss_models[1], WITHOUT_AMX | TWO_RANKS, "--tensor-parallel-size", "2")
+    tp = vllm["gpt-oss served tp without amx"]
     on_ktforge(tp, "mxfp4")
     assert "8 experts of 256 x 128" in tp["log"]  # each rank its half of every expert's columns
-    close_to(tp, gpt_oss_reference, gpt_oss_bf16_reference)
+    close_to(tp, vllm["gpt-oss dequantized on vllm eager"], vllm["gpt-oss bf16 on vllm eager"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -175,6 +176,8 @@ class KtforgeMoEMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
         """Makes ``kernels`` this layer's experts for ``apply``, and says so once a format."""
         handle = next(_ids)
         torch_op.register_layer(handle, kernels, skip_absent=layer.expert_map is not None)
+        # the packed experts and their threads go with vLLM's layer (a process may load models in turn)
+        weakref.finalize(layer, torch_op.unregister_layer, handle)
         self.handle = handle
         info = kernels.info
         say_once(
