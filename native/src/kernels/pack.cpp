@@ -513,6 +513,8 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
 
 void prepare_activations(const KernelTable& ops, Activations& act, Element method, int group, int Kp, const void* x,
                          DType dtype, int64_t rows, int K, int64_t ld, ThreadPool* pool, const char* what) {
+  static std::atomic<uint64_t> versions{0};
+  act.version = ++versions;
   act.element = method;
   act.group = grouped(method) ? group : 0;
   act.rows = rows;

@@ -389,6 +389,9 @@ void put_line_codes(PackedMatrix& out, int n, const Code* codes) {
 
 // Activation rows converted for an element family: bf16 values, or int8 with a per-row scale.
 struct Activations {
+  // a new value each time the rows are written (prepare_activations), so a kernel may keep what
+  // it derived from them (a task's gathered rows) while it is unchanged
+  uint64_t version = 0;
   Element element = Element::bf16;
   int group = 0;
   int64_t rows = 0;

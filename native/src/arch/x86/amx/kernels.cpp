@@ -115,8 +115,19 @@ tile::Config int8_tiles(int kbytes) {
   return c;
 }
 
+// What a task's gathered rows were gathered from: the next task of the same expert and rows
+// (the other column slices of its gate/up or down) finds them already there.
+struct GatherKey {
+  const void* act;
+  uint64_t version;
+  const int32_t* rows;
+  int m;
+  bool operator==(const GatherKey& o) const { return act == o.act && version == o.version && rows == o.rows && m == o.m; }
+};
+
 struct Scratch {
   aligned_vector<uint8_t> a;  // gathered activation rows, [rows rounded to 32][Kp] elements
+  GatherKey gathered{};
   aligned_vector<int8_t> b;   // int4: two column blocks unpacked to int8 B-tile rows
   aligned_vector<float> scales;  // int4: those two blocks' group scales, widened to float
   aligned_vector<int32_t> x_super;  // q3k: the rows' activation sums per super-block
@@ -131,10 +142,15 @@ Scratch& scratch() {
 // Copies the m activation rows of a task, as raw bytes, into rows of a 32-aligned block.
 const uint8_t* gather(const GemmArgs& g, const uint8_t* base, std::size_t row_bytes, int m_pad) {
   auto& a = scratch().a;
-  a.assign(static_cast<std::size_t>(m_pad) * row_bytes, 0);
+  const GatherKey key{base, g.act->version, g.rows, g.m};
+  if (scratch().gathered == key && a.size() >= static_cast<std::size_t>(m_pad) * row_bytes) return a.data();
+  scratch().gathered = key;
+  a.resize(static_cast<std::size_t>(m_pad) * row_bytes);
   for (int i = 0; i < g.m; ++i)
     std::copy(base + static_cast<int64_t>(g.rows[i]) * row_bytes, base + (static_cast<int64_t>(g.rows[i]) + 1) * row_bytes,
               a.data() + static_cast<std::size_t>(i) * row_bytes);
+  std::fill(a.data() + static_cast<std::size_t>(g.m) * row_bytes, a.data() + static_cast<std::size_t>(m_pad) * row_bytes,
+            uint8_t{0});
   return a.data();
 }
 

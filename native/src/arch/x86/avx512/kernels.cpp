@@ -592,6 +592,6 @@ bool quantize_row(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* 
 }  // namespace
 
 const KernelTable KT_AVX512_TABLE = {KT_AVX512_NAME, features,       describe, gemm,       silu_mul, quantize_row,
-                                    to_bf16_row_generic, combine_generic, peak_ops, read_stream};
+                                    to_bf16_row, combine_generic, peak_ops, read_stream};
 
 }  // namespace kt
