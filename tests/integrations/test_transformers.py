@@ -369,13 +369,20 @@ def test_configure_rejects_what_the_kernels_do_not_take() -> None:
     assert kt_hf.settings().method == "bf16"
 
 
-def test_the_operator_traces_under_torch_compile_fullgraph() -> None:
+def _registered_layer(handle: int, method: str, seed: int) -> ktforge.MoE:
+    """A small layer (4 experts of 32 x 32, top-2) registered with the operator under ``handle``."""
     E, k, H, I = 4, 2, 32, 32
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     w = [torch.from_numpy((rng.standard_normal(s) / 8).astype(np.float32)) for s in ((E, I, H), (E, I, H), (E, H, I))]
-    layer = ktforge.MoE(E, k, H, I, method="bf16")
+    layer = ktforge.MoE(E, k, H, I, method=method)
     layer.load_weights(*w)
-    torch_op.register_layer(10_000, layer)
+    torch_op.register_layer(handle, layer)
+    return layer
+
+
+def test_the_operator_traces_under_torch_compile_fullgraph() -> None:
+    _registered_layer(10_000, "bf16", 0)
+    k, H = 2, 32
     x = torch.randn(5, H)
     ids = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2]])
     weights = torch.full((5, k), 0.5)
@@ -400,12 +407,8 @@ def test_the_operator_traces_under_torch_compile_fullgraph() -> None:
 def test_the_operator_gives_nan_for_tokens_with_nan_as_torch_operators_do() -> None:
     # an engine's warm-up runs on placeholder values (vLLM's profile run): a token's NaN must not
     # fail the call, nor reach the other tokens; a wrong expert id is still refused
-    E, k, H, I = 4, 2, 32, 32
-    rng = np.random.default_rng(1)
-    w = [torch.from_numpy((rng.standard_normal(s) / 8).astype(np.float32)) for s in ((E, I, H), (E, I, H), (E, H, I))]
-    layer = ktforge.MoE(E, k, H, I, method="int8")
-    layer.load_weights(*w)
-    torch_op.register_layer(10_001, layer)
+    layer = _registered_layer(10_001, "int8", 1)
+    E, k, H = 4, 2, 32
     ids = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, 3]])
     x, weights = torch.randn(6, H), torch.rand(6, k)
     expected = torch.ops.ktforge.moe(x, ids, weights, 10_001)
