@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -153,16 +154,29 @@ def write_gptq_awq_checkpoint(
 GPTQ_LINEARS = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight", ".mlp.experts.")
 
 
-def gptq_awq_release(model_dir: Path, out_dir: Path, dequantized_dir: Path, method: str, group: int = 128) -> None:
+def gptq_awq_release(
+    model_dir: Path, out_dir: Path, dequantized_dir: Path, method: str, group: int = 128, desc_act: bool = False
+) -> None:
     """A saved transformers model as a GPTQ release (4-bit, ``sym``, AutoGPTQ's v1 layout, as most
     GPTQ releases are) or an AWQ one (AutoAWQ's GEMM layout, with zero points): every linear
     layer of attention and of the experts packed by the tool, routers, norms, embeddings and
-    lm_head as they were; beside it the same model in bf16 by the tool's own dequantization."""
+    lm_head as they were; beside it the same model in bf16 by the tool's own dequantization.
+    ``desc_act``: GPTQ's act-order, with zero points (``sym`` false, as AutoGPTQ's default has it):
+    the layers that take one input (q, k and v; an expert's gate and up) one order."""
 
     def quantize(name: str, tensor: Any) -> tuple[dict[str, Any], Array] | None:
         if not (name.endswith(".weight") and tensor.ndim == 2 and any(part in name for part in GPTQ_LINEARS)):
             return None
-        return gptq(tensor.float(), group, symmetric=True) if method == "gptq" else awq(tensor.float(), group)
+        if method == "awq":
+            return awq(tensor.float(), group)
+        if not desc_act:
+            return gptq(tensor.float(), group, symmetric=True)
+        one_input = name.replace("q_proj", "qkv").replace("k_proj", "qkv").replace("v_proj", "qkv")
+        one_input = one_input.replace("gate_proj", "gate_up").replace("up_proj", "gate_up")
+        g_idx = act_order(tensor.shape[1], group, seed=zlib.crc32(one_input.encode()))
+        return gptq(tensor.float(), group, g_idx)
 
-    scheme = quantization_config(method, group) | ({"sym": True} if method == "gptq" else {})
+    scheme = quantization_config(method, group)
+    if method == "gptq":
+        scheme |= {"desc_act": True} if desc_act else {"sym": True}
     write_release(model_dir, out_dir, dequantized_dir, quantize, scheme)

@@ -110,3 +110,37 @@ def test_input_orders_are_checked() -> None:
 
     with pytest.raises(ValueError, match=r"order\[0\] is not a permutation"):  # the extension checks too
         moe._layer.load_input_order(np.full((2, 8), 9, np.int32))
+
+
+@pytest.mark.parametrize(
+    ("method", "act_order", "symmetric"), [("gptq", True, False), ("gptq", False, True), ("awq", False, False)]
+)
+def test_linear_layers_dequantize_to_the_tools_own_values(method: str, act_order: bool, symmetric: bool) -> None:
+    # what an engine does with a layer it has no kernel for; a tensor-parallel rank's half of an
+    # act-order layer's inputs (row parallel) takes its g_idx's half and every group's scales
+    import torch
+
+    from ktforge.checkpoints import gptq_awq
+
+    from ..gptq_awq_checkpoints import act_order as act_order_g_idx
+    from ..gptq_awq_checkpoints import awq, gptq
+
+    N, K, group = 64, 256, 32
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(3))
+    if method == "awq":
+        tensors, expected = awq(w, group)
+    else:
+        g_idx = act_order_g_idx(K, group, seed=5) if act_order else None
+        tensors, expected = gptq(w, group, g_idx, symmetric=symmetric)
+    arrays = {f".{name}": value.numpy() for name, value in tensors.items()}
+    scheme = gptq_awq.Scheme(method, group, 1 if method == "gptq" else 0)
+    assert np.array_equal(gptq_awq.dense(scheme, arrays, N, K), expected.astype(np.float32))
+    if method == "gptq":
+        half = dict(
+            arrays,
+            **{gptq_awq.QWEIGHT: arrays[gptq_awq.QWEIGHT][K // 16 :], gptq_awq.G_IDX: arrays[gptq_awq.G_IDX][K // 2 :]},
+        )
+        assert np.array_equal(gptq_awq.dense(scheme, half, N, K // 2), expected[:, K // 2 :].astype(np.float32))
+        wrong = dict(arrays, **{gptq_awq.G_IDX: np.full(K, K // group, np.int32)})
+        with pytest.raises(ValueError, match=r"its g_idx names groups outside 0\.\.7"):
+            gptq_awq.dense(scheme, wrong, N, K)

@@ -108,3 +108,29 @@ def unpack(scheme: Scheme, tensors: dict[str, Array], N: int, K: int) -> tuple[A
         zeros = np.empty((G, N), np.uint8)
         zeros[:, columns] = _nibbles(qzeros)
     return np.ascontiguousarray(codes), np.ascontiguousarray(np.asarray(scales).T), np.ascontiguousarray(zeros.T), order
+
+
+def dense(scheme: Scheme, tensors: dict[str, Array], N: int, K: int) -> Array:
+    """One linear layer's GPTQ or AWQ tensors as float32 values [N, K], ``w[n, k] = (q - zero) *
+    scale`` of k's group. A GPTQ ``g_idx`` may put any inputs in any group, as a tensor-parallel
+    rank's slice of an act-order layer has them (its K inputs, every group's scales and zeros)."""
+    if scheme.method != "gptq":
+        codes, scale, zero, _ = unpack(scheme, tensors, N, K)
+        q = np.stack([codes & 0x0F, codes >> 4], axis=-1).reshape(N, K // scheme.group, scheme.group)
+        values: Array = ((q - zero[..., None].astype(np.float32)) * scale.astype(np.float32)[..., None]).reshape(N, K)
+        return values
+    qweight, qzeros, scales = (np.asarray(tensors[s]) for s in (QWEIGHT, QZEROS, SCALES))
+    G = scales.shape[0]
+    g_idx = tensors.get(G_IDX)
+    g = np.arange(K) // scheme.group if g_idx is None else np.asarray(g_idx, dtype=np.int64).reshape(-1)
+    if qweight.shape != (K // 8, N) or g.shape != (K,) or qzeros.shape != (G, N // 8) or scales.shape != (G, N):
+        raise ValueError(
+            f"GPTQ tensors qweight {list(qweight.shape)}, g_idx {list(g.shape)}, qzeros {list(qzeros.shape)}, "
+            f"scales {list(scales.shape)} do not fit [{N}, {K}]"
+        )
+    if K and (g.min() < 0 or g.max() >= G):
+        raise ValueError(f"its g_idx names groups outside 0..{G - 1}")
+    q = _nibbles(np.ascontiguousarray(qweight.T)).astype(np.float32)  # [N, K]
+    zeros = ((_nibbles(qzeros) + scheme.zero_offset) & 0x0F).astype(np.float32)  # [G, N]
+    result: Array = (q - zeros[g].T) * scales.astype(np.float32)[g].T
+    return result

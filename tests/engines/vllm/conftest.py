@@ -27,7 +27,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
       per channel: attention and experts), and "ct fp8 bf16 experts": its experts in bf16, its
       attention still FP8;
     - gptq, awq: 4-bit, groups of 128, attention and experts packed by AutoGPTQ (sym) and AutoAWQ
-      (GEMM layout, zero points);
+      (GEMM layout, zero points); gptq act-order: desc_act, with zero points (vLLM refuses both);
     - w4a16, w4a16 symmetric: compressed-tensors' pack-quantized INT4 experts in groups of 128,
       with and without zero points;
     - gpt-oss bf16, gpt-oss: a tiny gpt-oss saved by transformers, and its MXFP4 release as OpenAI
@@ -47,6 +47,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     ct_fp8_release(bf16, new("ct fp8"), new("ct fp8 bf16 experts"))
     for kind in ("gptq", "awq"):
         gptq_awq_release(bf16, new(kind), new(f"{kind} dequantized"), kind)
+    gptq_awq_release(bf16, new("gptq act-order"), new("gptq act-order dequantized"), "gptq", desc_act=True)
     for name, symmetric in (("w4a16", False), ("w4a16 symmetric", True)):
         int4_release(bf16, new(name), new(f"{name} dequantized"), group=128, symmetric=symmetric)
     gpt_oss_release(gpt_oss_bf16, new("gpt-oss"))

@@ -88,6 +88,11 @@ def plan() -> dict[str, Run]:
         "gptq served as the avx2 build": Run("gptq", "ktforge avx2 build", serve=()),
         "gptq on vllm without amx": Run("gptq", "vllm without amx", EAGER, fails=True),
         "gptq dequantized on vllm eager": Run("gptq dequantized", "vllm", EAGER),
+        "gptq act-order": Run("gptq act-order", "ktforge"),
+        "gptq act-order ep": Run("gptq act-order", "ktforge", TWO_RANKS | {"enable_expert_parallel": True}),
+        "gptq act-order tp": Run("gptq act-order", "ktforge", TWO_RANKS, fails=True),
+        "gptq act-order on vllm": Run("gptq act-order", "vllm", EAGER, fails=True),
+        "gptq act-order dequantized on vllm eager": Run("gptq act-order dequantized", "vllm", EAGER),
         "awq": Run("awq", "ktforge"),
         "awq tp as the avx2 build": Run("awq", "ktforge avx2 build", TWO_RANKS),
         "awq dequantized on vllm eager": Run("awq dequantized", "vllm", EAGER),
@@ -98,7 +103,7 @@ def plan() -> dict[str, Run]:
         "gpt-oss dequantized on vllm": Run("gpt-oss dequantized", "vllm"),
         "gpt-oss bf16 on vllm eager": Run("gpt-oss bf16", "vllm", EAGER),
         # compressed-tensors W4A16 (zero points; symmetric)
-        "w4a16 tp without amx": Run("w4a16", "ktforge without amx", TWO_RANKS),
+        "w4a16 tp as the avx2 build": Run("w4a16", "ktforge avx2 build", TWO_RANKS),
     }
     for w4a16 in ("w4a16", "w4a16 symmetric"):
         runs[w4a16] = Run(w4a16, "ktforge")

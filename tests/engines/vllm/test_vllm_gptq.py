@@ -42,6 +42,25 @@ def test_gptq_release_over_two_tensor_parallel_ranks(vllm: Runs) -> None:
     close_to(tp, vllm["gptq dequantized on vllm eager"], vllm["bf16 on vllm eager"], within=INT8_ACTIVATIONS_CLOSE)
 
 
+def test_gptq_release_with_act_order_and_zero_points_which_vllm_refuses(vllm: Runs) -> None:
+    with pytest.raises(DriverFailed) as failed:
+        vllm["gptq act-order on vllm"]  # vLLM refuses act-order for every layer, on every platform
+    assert "GPTQ group activation ordering (desc_act=True) is no longer supported" in failed.value.log
+    reference, bf16 = vllm["gptq act-order dequantized on vllm eager"], vllm["bf16 on vllm eager"]
+    ours = vllm["gptq act-order"]  # compiled; each expert's input in its own order
+    on_ktforge(ours, "int4z", group=128)
+    assert "GPTQ linear layers are dequantized to bfloat16 at load" in ours["log"]
+    close_to(ours, reference, bf16, within=INT8_ACTIVATIONS_CLOSE)
+    # two ranks: whole experts a rank (expert parallel), attention split (its o_proj's inputs halved)
+    ep = vllm["gptq act-order ep"]
+    on_ktforge(ep, "int4z")
+    assert "4 experts of 256 x 256" in ep["log"]
+    close_to(ep, reference, bf16, within=INT8_ACTIVATIONS_CLOSE)
+    with pytest.raises(DriverFailed) as failed:
+        vllm["gptq act-order tp"]  # an act-order expert's down projection cannot be split
+    assert "serve it with --enable-expert-parallel" in failed.value.log
+
+
 def test_awq_release_served_as_it_is(vllm: Runs) -> None:
     reference, bf16 = vllm["awq dequantized on vllm eager"], vllm["bf16 on vllm eager"]
     ours = vllm["awq"]  # vLLM's default: compiled, ktforge::moe traced

@@ -24,9 +24,9 @@ def test_w4a16_release_served_as_it_is_compiled(vllm: Runs, release: str) -> Non
 
 
 def test_w4a16_release_over_two_ranks_without_amx(vllm: Runs) -> None:
-    # vLLM's kernels chosen as on a CPU without AMX (its own INT4 MoE has none there); TP=2; the
-    # release with zero points (their slicing)
-    tp = vllm["w4a16 tp without amx"]
+    # vLLM's kernels as its AVX2 build has them (no AMX: its own INT4 MoE has no kernel there); TP=2;
+    # the release with zero points (their slicing)
+    tp = vllm["w4a16 tp as the avx2 build"]
     on_ktforge(tp, "int4z")
     assert "8 experts of 256 x 128" in tp["log"]  # each rank its half of every expert's columns
     close_to(tp, vllm["w4a16 dequantized on vllm eager"], vllm["bf16 on vllm eager"], within=INT8_ACTIVATIONS_CLOSE)

@@ -6,8 +6,10 @@ Claimed today:
 
 - FP8 with block scales (``quant_method: fp8`` with ``weight_block_size``: DeepSeek-V3, the
   Qwen3-*-FP8 releases): :mod:`.fp8`;
-- GPTQ, 4-bit, symmetric, groups along K, without act-order (what vLLM's own GPTQ config takes;
-  it refuses act-order and asymmetric GPTQ for every layer): :mod:`.int4`;
+- GPTQ, 4-bit, groups along K: :mod:`.int4`. Symmetric without act-order, vLLM's own GPTQ config
+  keeps the other layers; act-order (``desc_act``) or asymmetric, which vLLM refuses for every
+  layer ("gptq-vllm-refuses"), ktforge reads every GPTQ layer: the experts with their ``g_idx``,
+  the linear layers dequantized at load;
 - AWQ, 4-bit with zero points, AutoAWQ's GEMM layout: :mod:`.int4`;
 - compressed-tensors ``pack-quantized`` INT4 with groups along K, symmetric or with zero points
   (Kimi-K2-Thinking, llm-compressor's W4A16): :mod:`.int4`, for the experts whose scheme it is;
@@ -36,8 +38,8 @@ from ktforge.engines.vllm.method import say_once
 
 
 def kind_of(config: dict[str, Any] | None) -> str | None:
-    """The kind of checkpoint ktforge serves as it is ("fp8", "gptq", "awq", "ct-int4" or "mxfp4"), from
-    its ``quantization_config``; None: vLLM's as before."""
+    """The kind of checkpoint ktforge serves as it is ("fp8", "gptq", "gptq-vllm-refuses", "awq",
+    "ct-int4", "ct-fp8" or "mxfp4"), from its ``quantization_config``; None: vLLM's as before."""
     if not isinstance(config, dict):
         return None
     method = config.get("quant_method")
@@ -50,8 +52,9 @@ def kind_of(config: dict[str, Any] | None) -> str | None:
             scheme = gptq_awq.scheme_of(config, "quantization_config")
         except ValueError:  # 8-bit, per channel, another layout: vLLM's own, as before
             return None
-        plain = config.get("sym") is True and not config.get("desc_act")
-        return "gptq" if scheme is not None and plain else None
+        if scheme is None:
+            return None
+        return "gptq" if config.get("sym") is True and not config.get("desc_act") else "gptq-vllm-refuses"
     if method == "awq":
         try:
             awq = gptq_awq.scheme_of(config, "quantization_config")
@@ -109,22 +112,29 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         if self.kind == "fp8":
             rows, cols = own.weight_block_size
             self.block = (int(rows), int(cols))
-        elif self.kind in ("gptq", "awq"):
+        elif self.kind in ("gptq", "gptq-vllm-refuses", "awq"):
             scheme = gptq_awq.scheme_of(config, "quantization_config")
             assert scheme is not None  # kind_of said gptq
             self.scheme = scheme
+            self.act_order = bool(config.get("desc_act")) or any(
+                isinstance(rule, dict) and rule.get("desc_act") for rule in (config.get("dynamic") or {}).values()
+            )
 
     @classmethod
     def from_checkpoint(cls, config: dict[str, Any]) -> CheckpointConfig:
-        name = "gpt_oss_mxfp4" if kind_of(config) == "mxfp4" else str(config["quant_method"])
-        own = get_quantization_config(name).from_config(config)
+        kind = kind_of(config)
+        name = "gpt_oss_mxfp4" if kind == "mxfp4" else str(config["quant_method"])
+        # vLLM's GPTQ config refuses act-order and asymmetric groups: built as if neither, it
+        # still names the layers that are quantized (ktforge reads their tensors itself)
+        own_config = _without_act_order(config) if kind == "gptq-vllm-refuses" else config
+        own = get_quantization_config(name).from_config(own_config)
         return cls(own, config)
 
     def __repr__(self) -> str:
         return f"CheckpointConfig(own={self.own!r})"
 
     def __getattr__(self, name: str) -> Any:  # what models and loaders read of vLLM's own config
-        if name in ("own", "kind", "block", "scheme", "declared"):
+        if name in ("own", "kind", "block", "scheme", "act_order", "declared"):
             raise AttributeError(name)
         return getattr(self.own, name)
 
@@ -151,6 +161,10 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         return self.own.get_cache_scale_mapper()
 
     def get_checkpoint_weight_mapper(self) -> Any:
+        if self.kind == "gptq-vllm-refuses":  # its g_idx are read, where vLLM's mapper drops them
+            from vllm.model_executor.models.utils import WeightsMapper
+
+            return WeightsMapper()
         return self.own.get_checkpoint_weight_mapper()
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
@@ -169,12 +183,25 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         fp8_scheme = type(getattr(layer, "scheme", None)).__name__ in CT_FP8_LINEAR_SCHEMES
         if self.kind == "ct-fp8" and isinstance(layer, LinearBase) and fp8_scheme:
             return fp8.DequantizedLinearMethod(method)
+        if self.kind == "gptq-vllm-refuses" and type(method).__name__ == "AutoGPTQLinearMethod":
+            return self._refused_gptq_linear(layer, prefix, method.quant_config)
         own_int4 = ("AutoGPTQLinearMethod", "AutoAWQMarlinLinearMethod")
         if self.kind in ("gptq", "awq") and isinstance(layer, LinearBase) and type(method).__name__ in own_int4:
             return int4.DequantizedInt4LinearMethod(method, self.kind, self.scheme.zero_offset)
         return method
 
+    def _refused_gptq_linear(self, layer: Any, prefix: str, own: Any) -> Any:
+        if not isinstance(layer, LinearBase) or own.weight_bits != 4:
+            what = f"{own.weight_bits}-bit" if isinstance(layer, LinearBase) else "quantized lm_head"
+            raise ValueError(
+                f"ktforge: {prefix} is a {what} GPTQ layer of a checkpoint with act-order or asymmetric groups, "
+                "which vLLM does not serve; ktforge reads 4-bit linear layers of it"
+            )
+        return int4.DequantizedGptqLinearMethod(int(own.group_size), self.scheme.zero_offset)
+
     def _experts(self, layer: Any, prefix: str) -> Any:
+        if self.kind == "gptq-vllm-refuses":
+            return self._refused_gptq_experts(layer, prefix)
         if self.kind == "gptq":
             return self._gptq_experts(layer, prefix)
         if self.kind in ("ct-int4", "ct-fp8"):
@@ -216,6 +243,31 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         if why_not is None:
             return int4.KtforgeGptqAwqMoEMethod(layer.moe_config, scheme)
         return self._fallback(layer, prefix, "GPTQ", why_not)
+
+    def _refused_gptq_experts(self, layer: Any, prefix: str) -> Any:
+        """Experts of a GPTQ checkpoint vLLM refuses: ktforge's, or an error (vLLM has no method)."""
+        import copy
+
+        from vllm.model_executor.layers.quantization.utils.gptq_utils import get_dynamic_override, override_config
+
+        if get_dynamic_override(self.own, layer_name=prefix) is False:
+            return self.own.get_quant_method(layer, prefix)  # unquantized: ktforge's float method
+        own = copy.deepcopy(self.own)
+        override_config(own, prefix=prefix)
+        why_not = int4.why_not_experts(layer.moe_config, int(own.group_size))
+        if own.weight_bits != 4:
+            why_not = f"its experts are {own.weight_bits}-bit (ktforge serves 4-bit)"
+        elif why_not is None and self.act_order and layer.moe_config.tp_size > 1:
+            why_not = (
+                "an act-order expert's down projection takes any of its inputs in any group, so it cannot be "
+                "split over tensor-parallel ranks; serve it with --enable-expert-parallel (whole experts a rank)"
+            )
+        if why_not is not None:
+            raise ValueError(
+                f"ktforge: {prefix}: vLLM serves no GPTQ with act-order or asymmetric groups, and {why_not}"
+            )
+        scheme = gptq_awq.Scheme("gptq", int(own.group_size), self.scheme.zero_offset)
+        return int4.KtforgeGptqAwqMoEMethod(layer.moe_config, scheme, g_idx=True)
 
     def _awq_experts(self, layer: Any, prefix: str) -> Any:
         skipped = self.own.modules_to_not_convert or []
@@ -281,6 +333,16 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
             warning=True,
         )
         return self.own.get_quant_method(layer, prefix)
+
+
+def _without_act_order(config: dict[str, Any]) -> dict[str, Any]:
+    """A GPTQ config as vLLM's own GPTQ config takes it: symmetric, no act-order (nor in its rules)."""
+    rules = config.get("dynamic") or {}
+    dynamic = {
+        pattern: {k: v for k, v in rule.items() if k not in ("desc_act", "sym")} if isinstance(rule, dict) else rule
+        for pattern, rule in rules.items()
+    }
+    return config | {"desc_act": False, "sym": True, "dynamic": dynamic}
 
 
 def _value(field: Any) -> str | None:

@@ -26,13 +26,18 @@ from typing import Any
 import numpy as np
 import torch
 from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
-from vllm.model_executor.layers.linear import LinearMethodBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.linear import (
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+    register_weight_loader_v2_supported_method,
+)
 
 from ktforge import formats
 from ktforge.checkpoints import gptq_awq
 from ktforge.checkpoints import packed as ct_packed
 from ktforge.engines.vllm.method import KtforgeMoEMethod, declare, say_once, why_unsupported
 from ktforge.formats.quantize import Int4Groups, Quantized
+from ktforge.kernels import stored as stored_formats
 
 METHOD = "int4z"  # zero points and float32 scales: the checkpoints' values exactly
 PACK = 8  # 4-bit values an int32 word
@@ -90,15 +95,10 @@ class _Int4Experts(KtforgeMoEMethod):
         # every check ran when the method was chosen (why_not_experts): a failure here is an error
         self._pack(layer)
 
-    def _projection(self, parts: dict[str, torch.Tensor], rows: slice, N: int, K: int) -> Quantized:
-        """One projection of every expert as int4z's portable layout."""
+    def _projection(self, parts: dict[str, torch.Tensor], rows: slice, N: int, K: int) -> list[Quantized]:
+        """One projection of each expert in int4z's portable layout (with its act-order, if any)."""
         experts = next(iter(parts.values())).shape[0]
-        stored = [self.expert({k: v[e] for k, v in parts.items()}, rows, N, K).as_int4z() for e in range(experts)]
-        return Quantized(
-            np.stack([q.weight for q in stored]),
-            np.stack([q.scale for q in stored if q.scale is not None]),
-            np.stack([q.zero for q in stored if q.zero is not None]),  # int4z always has both
-        )
+        return [self.expert({k: v[e] for k, v in parts.items()}, rows, N, K).as_int4z() for e in range(experts)]
 
     def _pack(self, layer: Any) -> None:
         parts = {name: getattr(layer, name).data for name in self.declared if not name.endswith("_shape")}
@@ -110,11 +110,25 @@ class _Int4Experts(KtforgeMoEMethod):
         w13 = {k: v for k, v in parts.items() if k.startswith("w13")}
         w2 = {k: v for k, v in parts.items() if k.startswith("w2")}
         kernels = self.kernels(experts, hidden, inter, METHOD, self.group)
+        projections = {
+            "gate": self._projection(w13, slice(0, inter), inter, hidden),
+            "up": self._projection(w13, slice(inter, 2 * inter), inter, hidden),
+            "down": self._projection(w2, slice(0, hidden), hidden, inter),
+        }
+        arrays = {
+            f"{p}.{part}": np.stack([getattr(q, part) for q in stored])
+            for p, stored in projections.items()
+            for part in ("weight", "scale", "zero")
+        }
+        orders = {
+            (e, p): q.order for p, stored in projections.items() for e, q in enumerate(stored) if q.order is not None
+        }
+        input_order = stored_formats.act_order(arrays, orders, experts, hidden) if orders else None
         kernels.load_quantized(
-            self._projection(w13, slice(0, inter), inter, hidden),
-            self._projection(w13, slice(inter, 2 * inter), inter, hidden),
-            self._projection(w2, slice(0, hidden), hidden, inter),
+            *(Quantized(arrays[f"{p}.weight"], arrays[f"{p}.scale"], arrays[f"{p}.zero"]) for p in projections)
         )
+        if input_order is not None:
+            kernels.load_input_order(input_order)
         for name in self.declared:
             getattr(layer, name).data = torch.empty(0, dtype=getattr(layer, name).dtype)
         # the names vLLM's runner and the tests read, as vLLM's own INT4 methods alias them
@@ -125,18 +139,20 @@ class _Int4Experts(KtforgeMoEMethod):
 class KtforgeGptqAwqMoEMethod(_Int4Experts):
     """A GPTQ or AWQ checkpoint's routed experts, served in their own values. The two differ in
     ``qweight`` alone: GPTQ packs 8 values of K a word (``[K / 8, N]``), AWQ 8 columns in its own
-    order (``[K, N / 8]``); zero points and scales are laid out alike."""
+    order (``[K, N / 8]``); zero points and scales are laid out alike. With ``g_idx`` (a GPTQ
+    checkpoint vLLM refuses: act-order) each expert's ``g_idx`` is read too, and an act-order
+    expert takes its input in its own order (``MoE.load_input_order``)."""
 
     weights = ("w13_qweight", "w2_qweight")
     is_transposed = True
 
-    def __init__(self, moe: Any, scheme: gptq_awq.Scheme) -> None:
+    def __init__(self, moe: Any, scheme: gptq_awq.Scheme, g_idx: bool = False) -> None:
         super().__init__(moe, scheme.group)
-        self.scheme = scheme
+        self.scheme, self.g_idx = scheme, g_idx
 
     def shapes(self, experts: int, hidden: int, inter: int) -> Shapes:
         g, gptq = self.group, self.scheme.method == "gptq"
-        return {
+        shapes: Shapes = {
             "w13_qweight": (
                 (experts, hidden // PACK, 2 * inter) if gptq else (experts, hidden, 2 * inter // PACK),
                 torch.int32,
@@ -147,6 +163,53 @@ class KtforgeGptqAwqMoEMethod(_Int4Experts):
             "w13_qzeros": ((experts, hidden // g, 2 * inter // PACK), torch.int32),
             "w2_qzeros": ((experts, inter // g, hidden // PACK), torch.int32),
         }
+        if self.g_idx:  # gate's and up's (each over H), down's (over this rank's I)
+            shapes |= {"w13_g_idx": ((experts, 2, hidden), torch.int32), "w2_g_idx": ((experts, inter), torch.int32)}
+        return shapes
+
+    def create_weights(
+        self,
+        layer: Any,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        super().create_weights(
+            layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra_weight_attrs
+        )
+        if not self.g_idx:
+            return
+        layer.w13_g_idx.data[:] = (torch.arange(hidden_size) // self.group).to(torch.int32)  # a file without g_idx
+        layer.w2_g_idx.data[:] = (torch.arange(intermediate_size_per_partition) // self.group).to(torch.int32)
+        for name in ("w13_g_idx", "w2_g_idx"):
+            getattr(layer, name).weight_loader = self._g_idx_loader(layer)
+
+    def _g_idx_loader(self, layer: Any) -> Any:
+        """vLLM's loader has no case for a g_idx: this one puts an expert's in place (down's
+        sliced as its rows are, each group counted from this rank's first)."""
+        inter, rank = self.moe.intermediate_size_per_partition, self.moe.tp_rank
+
+        def load(  # vLLM's loaders pass these by name
+            param: Any,
+            loaded_weight: torch.Tensor,
+            weight_name: str,
+            shard_id: str,
+            expert_id: int,
+            return_success: bool = False,
+        ) -> bool | None:
+            local = layer._map_global_expert_id_to_local_expert_id(expert_id)
+            if local == -1:  # another rank's expert
+                return False if return_success else None
+            if shard_id == "w2":
+                first = rank * inter
+                param.data[local].copy_(loaded_weight.narrow(0, first, inter) - first // self.group)
+            else:
+                param.data[local, 0 if shard_id == "w1" else 1].copy_(loaded_weight)
+            return True if return_success else None
+
+        return load
 
     def expert(self, parts: dict[str, torch.Tensor], rows: slice, N: int, K: int) -> Int4Groups:
         prefix = next(iter(parts)).split("_", 1)[0]  # w13 or w2
@@ -157,8 +220,11 @@ class KtforgeGptqAwqMoEMethod(_Int4Experts):
             gptq_awq.QZEROS: qzeros[:, words].numpy(),
             gptq_awq.SCALES: scales[:, rows].numpy(),
         }
-        codes, scale, zero, _ = gptq_awq.unpack(self.scheme, tensors, N, K)
-        return Int4Groups(codes, scale, self.group, K, zero.astype(np.int8) - 8)
+        if self.g_idx:
+            g_idx = parts[f"{prefix}_g_idx"]
+            tensors[gptq_awq.G_IDX] = (g_idx if prefix == "w2" else g_idx[0 if rows.start == 0 else 1]).numpy()
+        codes, scale, zero, order = gptq_awq.unpack(self.scheme, tensors, N, K)
+        return Int4Groups(codes, scale, self.group, K, zero.astype(np.int8) - 8, order)
 
 
 class KtforgeCompressedInt4MoEMethod(_Int4Experts):
@@ -255,19 +321,111 @@ class DequantizedInt4LinearMethod(LinearMethodBase):  # type: ignore[misc]
         K, N = (words * PACK, columns) if self.method == "gptq" else (words, columns * PACK)
         group = self.own.quant_config.group_size
         scheme = gptq_awq.Scheme(self.method, K if group == -1 else int(group), self.zero_offset)
-        tensors = {
-            gptq_awq.QWEIGHT: qweight.numpy(),
-            gptq_awq.QZEROS: layer.qzeros.data.numpy(),
-            gptq_awq.SCALES: layer.scales.data.float().numpy(),
-        }
-        codes, scale, zero, _ = gptq_awq.unpack(scheme, tensors, N, K)
-        dense = Int4Groups(codes, scale, scheme.group, K, zero.astype(np.int8) - 8).to_float32()
-        for name in ("qweight", "qzeros", "scales"):
-            delattr(layer, name)
-        layer.weight = torch.nn.Parameter(torch.from_numpy(dense).to(self.dtype), requires_grad=False)
-        self.dense = UnquantizedLinearMethod()
-        self.dense.process_weights_after_loading(layer)
+        self.dense = dequantized(layer, scheme, N, K, self.dtype)
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out: torch.Tensor = (self.dense or self.own).apply(layer, x, bias)
+        return out
+
+
+def dequantized(layer: Any, scheme: gptq_awq.Scheme, N: int, K: int, dtype: torch.dtype) -> UnquantizedLinearMethod:
+    """The layer's GPTQ or AWQ tensors replaced by its values in ``dtype`` (``layer.weight``), and
+    vLLM's dense method for it."""
+    tensors = {
+        gptq_awq.QWEIGHT: layer.qweight.data.numpy(),
+        gptq_awq.QZEROS: layer.qzeros.data.numpy(),
+        gptq_awq.SCALES: layer.scales.data.float().numpy(),
+    }
+    if hasattr(layer, "g_idx"):
+        tensors[gptq_awq.G_IDX] = layer.g_idx.data.numpy()
+    values = gptq_awq.dense(scheme, tensors, N, K)
+    for name in ("qweight", "qzeros", "scales", "g_idx"):
+        if hasattr(layer, name):
+            delattr(layer, name)
+    layer.weight = torch.nn.Parameter(torch.from_numpy(values).to(dtype), requires_grad=False)
+    dense = UnquantizedLinearMethod()
+    dense.process_weights_after_loading(layer)
+    return dense
+
+
+@register_weight_loader_v2_supported_method  # its parameters load as vLLM's own GPTQ ones (by their class)
+class DequantizedGptqLinearMethod(LinearMethodBase):  # type: ignore[misc]
+    """A linear layer of a GPTQ checkpoint vLLM refuses (act-order, asymmetric): its tensors
+    declared as AutoGPTQ writes them, ``g_idx`` included, and its values dequantized to the model's
+    dtype at load. With act-order a rank's share of a row-parallel layer's inputs may hold any
+    group, so every rank keeps every group's scales and zero points."""
+
+    def __init__(self, group: int, zero_offset: int) -> None:
+        self.group, self.zero_offset = group, zero_offset
+        self.dense: UnquantizedLinearMethod | None = None
+        self.dtype = torch.bfloat16
+
+    def create_weights(
+        self,
+        layer: Any,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        from vllm.distributed import get_tensor_model_parallel_rank
+        from vllm.model_executor.parameter import (
+            ChannelQuantScaleParameter,
+            PackedColumnParameter,
+            PackedvLLMParameter,
+            RowvLLMParameter,
+        )
+
+        self.dtype = params_dtype
+        K, N, loader = input_size_per_partition, sum(output_partition_sizes), extra_weight_attrs["weight_loader"]
+        group = input_size if self.group == -1 else self.group
+        if K % PACK or N % PACK or input_size % group:
+            raise ValueError(
+                f"ktforge: a GPTQ layer of {input_size} inputs ({K} here) x {N} outputs is not 8s and groups of {group}"
+            )
+        rank = get_tensor_model_parallel_rank() if input_size != K else 0
+        first = rank * K  # this rank's first input: a checkpoint without g_idx has k // group
+        parameters = {
+            "qweight": PackedvLLMParameter(
+                data=torch.zeros(K // PACK, N, dtype=torch.int32),
+                input_dim=0,
+                output_dim=1,
+                packed_dim=0,
+                packed_factor=PACK,
+                weight_loader=loader,
+            ),
+            "g_idx": RowvLLMParameter(
+                data=((torch.arange(K) + first) // group).to(torch.int32), input_dim=0, weight_loader=loader
+            ),
+            "qzeros": PackedColumnParameter(
+                data=torch.zeros(input_size // group, N // PACK, dtype=torch.int32),
+                output_dim=1,
+                packed_dim=1,
+                packed_factor=PACK,
+                weight_loader=loader,
+            ),
+            "scales": ChannelQuantScaleParameter(
+                data=torch.zeros(input_size // group, N, dtype=params_dtype), output_dim=1, weight_loader=loader
+            ),
+        }
+        for name, parameter in parameters.items():
+            layer.register_parameter(name, parameter)
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        say_once(
+            "dequantized-gptq-linear",
+            "ktforge: vLLM serves no GPTQ with act-order or asymmetric groups: the checkpoint's GPTQ linear "
+            "layers are dequantized to %s at load; the routed experts stay GPTQ on ktforge",
+            str(self.dtype).removeprefix("torch."),
+            warning=True,
+        )
+        words, N = layer.qweight.data.shape
+        group = words * PACK if self.group == -1 else self.group
+        self.dense = dequantized(layer, gptq_awq.Scheme("gptq", group, self.zero_offset), N, words * PACK, self.dtype)
+
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        assert self.dense is not None, "the layer's weights were not loaded"
+        out: torch.Tensor = self.dense.apply(layer, x, bias)
         return out
