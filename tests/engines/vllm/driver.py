@@ -140,7 +140,7 @@ def batch(listing: str) -> None:
             arguments["distributed_executor_backend"] = "uni"  # the worker in this process too
         llm = None
         try:
-            llm = LLM(model=run["model"], max_model_len=256, max_num_seqs=8, **arguments)
+            llm = LLM(model=run["model"], max_model_len=256, max_num_seqs=8, max_num_batched_tokens=256, **arguments)
             outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS, prompt_logprobs=0))
             # each prompt token's log-probability given the ones before it: the model's numbers, teacher-forced
             prompt_logprobs = [
@@ -174,7 +174,7 @@ def serve(directory: str, *args: str) -> None:
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", directory]
     command += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
-    command += ["--max-model-len", "256", "--max-num-seqs", "8", *args]
+    command += ["--max-model-len", "256", "--max-num-seqs", "8", "--max-num-batched-tokens", "256", *args]
     server = subprocess.Popen(command, stdout=sys.stderr, stderr=subprocess.STDOUT)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120, max_retries=0)
