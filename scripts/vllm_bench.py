@@ -2,12 +2,13 @@
 
 A Qwen3-30B-A3B-shaped model (its layer shapes: hidden 2048, 128 experts of 768, top-8, 32 heads
 of 128 over 4 KV heads; ``--layers`` of them, random weights, a 32k vocabulary) in bf16, and its
-fine-grained FP8 release (128 x 128 block scales, as the Qwen3-*-FP8 releases), served by vLLM's
-offline API in one process a configuration:
+fine-grained FP8 release (128 x 128 block scales, as the Qwen3-*-FP8 releases) and its GPTQ
+release (4-bit, groups of 128, ``sym``, AutoGPTQ's packing), served by vLLM's offline API in one
+process a configuration:
 
-- vLLM's own bf16 MoE, and its own FP8 MoE on the FP8 release (vLLM runs it only with AMX);
-- ktforge bf16 (no flag), the FP8 release as it is, and ktforge's int8, int4 and mxfp4 from the
-  bf16 checkpoint (``--quantization ktforge``).
+- vLLM's own bf16 MoE, and its own FP8 and INT4 MoE on the releases (vLLM runs them only with AMX);
+- ktforge bf16 (no flag), the FP8 and GPTQ releases as they are, and ktforge's int8, int4 and
+  mxfp4 from the bf16 checkpoint (``--quantization ktforge``).
 
 Each round starts every configuration once, in turn; a configuration's figures are the median and
 range over rounds. Decode: tokens/s at batch 1 and 8 (64 new tokens each); prefill: 512-token
@@ -51,6 +52,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "ktforge mxfp4": online("mxfp4", 32),
     "vLLM fp8 release": {"env": {"KTFORGE_VLLM": "0"}, "kwargs": {}, "checkpoint": "fp8"},
     "ktforge fp8 release": {"env": {}, "kwargs": {}, "checkpoint": "fp8"},
+    "vLLM gptq release": {"env": {"KTFORGE_VLLM": "0"}, "kwargs": {}, "checkpoint": "gptq"},
+    "ktforge gptq release": {"env": {}, "kwargs": {}, "checkpoint": "gptq"},
 }
 
 
@@ -145,6 +148,7 @@ def main() -> None:
     args = parser.parse_args()
     from tests.engines.vllm.environment import python
     from tests.fp8_checkpoints import fp8_copy
+    from tests.gptq_awq_checkpoints import gptq_awq_release
 
     py = str(python())
     results: dict[str, list[dict[str, float]]] = {name: [] for name in args.configs.split(",")}
@@ -152,10 +156,13 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoints = {"bf16": Path(tmp) / "bf16", "fp8": Path(tmp) / "fp8"}
+        checkpoints = {"bf16": Path(tmp) / "bf16", "fp8": Path(tmp) / "fp8", "gptq": Path(tmp) / "gptq"}
         subprocess.run([py, __file__, "_model", str(checkpoints["bf16"]), str(args.layers)], check=True)
-        if any(CONFIGS[name].get("checkpoint") == "fp8" for name in results):
+        wanted = {CONFIGS[name].get("checkpoint") for name in results}
+        if "fp8" in wanted:
             fp8_copy(checkpoints["bf16"], checkpoints["fp8"])
+        if "gptq" in wanted:  # 4-bit, groups of 128, sym, AutoGPTQ's packing (most GPTQ releases)
+            gptq_awq_release(checkpoints["bf16"], checkpoints["gptq"], Path(tmp) / "gptq-dequantized", "gptq")
         sizes = {k: sum(p.stat().st_size for p in d.glob("*.safetensors")) / 2**30 for k, d in checkpoints.items()}
         busy = busy_cores() if args.busy else []
         try:
