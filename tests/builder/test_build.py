@@ -214,6 +214,15 @@ def test_amd_blis_wheel_runs_amd_blis_in_a_fresh_venv_without_environment_variab
         assert "aocl_gemm_s8s8s32os32 gives wrong results on this CPU" in int8["error"]
 
 
+def test_the_installed_build_is_kept_for_another_environment() -> None:
+    # ./install.sh (kt build) keeps the wheel it installed, whatever was built since (this module
+    # rebuilds the host's recipe in build/kt-*/): the same build for vLLM's virtualenv
+    kept = sorted((ROOT / "build" / "installed").glob("ktforge-*.whl"))
+    assert len(kept) == 1, kept
+    with zipfile.ZipFile(kept[0]) as archive:
+        assert json.loads(archive.read("ktforge/build_record.json")) == installed_record()
+
+
 def test_failed_build_leaves_the_installed_kernels_working() -> None:
     before = installed_record()
     plan = _plan_for("avx2", KTFORGE_ARCH_FLAGS="-mno-such-isa-flag")

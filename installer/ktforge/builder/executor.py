@@ -147,9 +147,20 @@ def repair_wheel(wheel: Path, dist: Path, log: Path) -> Path:
         shutil.rmtree(out, ignore_errors=True)
 
 
+def keep_installed(wheel: Path, build: Path) -> Path:
+    """A copy of the wheel just installed, in ``build/installed/`` (the only one there): the same
+    build for another environment of this machine (vLLM's, say), which a later build of the same
+    plan cannot replace before it is installed itself."""
+    kept = build / "installed"
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    return Path(shutil.copy2(wheel, kept / wheel.name))
+
+
 def carry_out(plan: Plan, source: Path, step: Callable[[str], None]) -> BuildResult:
-    """Build the plan's wheel under the lock; a host build is verified and installed, a target
-    build is copied to ``dist/``, a portable build is verified (the levels this CPU runs) and
+    """Build the plan's wheel under the lock; a host build is verified, installed and kept
+    (``keep_installed``), a target build is copied to ``dist/``, a portable build is verified
+    (the levels this CPU runs) and
     tagged by auditwheel into ``dist/``."""
     verified: list[Verified] | None = None
     with build_lock(source / "build"):
@@ -164,6 +175,7 @@ def carry_out(plan: Plan, source: Path, step: Callable[[str], None]) -> BuildRes
             verified = verify_wheel(wheel, log)
             step("installing")
             install_wheel(wheel, log)
+            wheel = keep_installed(wheel, source / "build")
         else:
             dist = source / "dist"
             dist.mkdir(exist_ok=True)

@@ -184,7 +184,7 @@ def build(
             f"says which level runs (log: {log})"
         )
     elif target is None:
-        typer.echo(f"installed {wheel.name} (log: {log}); next: kt bench --backend all")
+        typer.echo(f"installed {wheel} (log: {log}); next: kt bench --backend all")
     else:
         typer.echo(f"built {wheel} for {target}: copy it to that machine and pip install it there (log: {log})")
 

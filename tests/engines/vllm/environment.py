@@ -43,19 +43,18 @@ def _record_in(wheel: Path) -> dict[str, object] | None:
 
 
 def installed_wheel() -> Path:
-    """The wheel of the ktforge installed in the test environment (kt build keeps it in build/):
-    the one whose build record is the installed one's, not merely the newest (the suite itself
-    builds other wheels there, a portable one among them)."""
+    """The wheel of the ktforge installed in the test environment: the copy kt build keeps in
+    build/installed/ (the suite's own builds of the same recipe rebuild build/kt-*/ beside it)."""
     import ktforge
 
     installed = ktforge.build_info()["record"]
-    wheels = sorted(ROOT.glob("build/kt-*/dist/ktforge-*.whl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    wheels = sorted(ROOT.glob("build/installed/ktforge-*.whl"))
     for wheel in wheels:
         record = _record_in(wheel)
         if record is not None and all(record.get(k) == installed[k] for k in ("built_at", "built_on", "recipe")):
             return wheel
     raise RuntimeError(
-        f"none of the {len(wheels)} wheel(s) kt build left under {ROOT}/build is the build installed here "
+        f"{ROOT}/build/installed holds no wheel of the build installed here "
         f"(built {installed['built_at']}): run ./install.sh first"
     )
 
