@@ -67,6 +67,7 @@ def plan() -> dict[str, Run]:
         "bf16 on vllm eager": Run("bf16", "vllm", EAGER),
         "bf16 on vllm": Run("bf16", "vllm"),
         "bf16": Run("bf16", "ktforge"),
+        "bf16 tp on vllm": Run("bf16", "vllm", TWO_RANKS),
         "bf16 tp": Run("bf16", "ktforge", TWO_RANKS),
         "bf16 ep": Run("bf16", "ktforge", TWO_RANKS | {"enable_expert_parallel": True}),
         "bf16 as online int4": Run("bf16", "ktforge", EAGER | {"quantization": "ktforge", "hf_overrides": ONLINE_INT4}),

@@ -29,16 +29,24 @@ def test_bf16_checkpoint_compiled_gives_vllm_own_tokens(vllm: Runs) -> None:
 
 
 def test_tensor_and_expert_parallel_over_two_ranks(vllm: Runs) -> None:
-    single = vllm["bf16 on vllm eager"]
+    # vLLM's own MoE over the same two ranks is the reference: two ranks round otherwise than one
+    # (vLLM's all-reduce sums bf16 halves; on a Zen 4 its own TP run's prompt log-probabilities
+    # are 0.30 from its single rank's, and greedy text parts after a near tie)
+    theirs, single = vllm["bf16 tp on vllm"], vllm["bf16 on vllm eager"]
+    on_vllm(theirs)
     tp = vllm["bf16 tp"]
     on_ktforge(tp, "bf16")
     assert "on CPUs 0," in tp["log"] and "on CPUs 1," in tp["log"]  # each rank's pool on its own core
-    assert tp["tokens"] == single["tokens"]
-    # expert parallel: each rank holds half the experts; vLLM's own CPU kernels ignore expert_map
+    assert tp["tokens"] == theirs["tokens"]
+    # expert parallel: each rank holds half the experts; vLLM's own CPU kernels ignore expert_map.
+    # Each token's experts are summed on two ranks, then all-reduced: a rounding of its own, no
+    # further from vLLM's TP than that is from one rank (0.14 against 0.30 on a Zen 4); a wrong
+    # expert on a rank moves log-probabilities by units
     ep = vllm["bf16 ep"]
     on_ktforge(ep, "bf16")
     assert "4 experts of 256 x 256" in ep["log"]
-    assert ep["tokens"] == single["tokens"]
+    assert [t[0] for t in ep["tokens"]] == [t[0] for t in theirs["tokens"]]
+    assert logprob_gap(ep, theirs) < max(logprob_gap(theirs, single), 0.1)
 
 
 def test_online_int4_from_a_bf16_checkpoint(vllm: Runs) -> None:
