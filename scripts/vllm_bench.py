@@ -196,7 +196,11 @@ def run(py: str, name: str, checkpoint: Path) -> dict[str, Any]:
         if name.startswith("vLLM") and name.endswith("release"):
             # vLLM's own FP8 and INT4 MoE need AMX: elsewhere vLLM refuses the release, and that
             # is the figure (ktforge serves it)
-            reason = next((x for x in reversed(done.stderr.splitlines()) if "Error" in x), "no reason printed")
+            output = (done.stdout + done.stderr).splitlines()  # vLLM logs to stdout
+            errors = [x for x in output if "Error: " in x or "Exception: " in x]
+            # the engine process's own error, not the launcher's "Engine core initialization failed"
+            causes = [x for x in errors if "initialization failed" not in x] or errors
+            reason = causes[-1] if causes else "no reason printed"
             print(f"{name}: vLLM refused the checkpoint here ({reason.strip()[:300]})", flush=True)
             return {"refused": reason.strip()[:300]}
         raise SystemExit(f"{name} failed:\n{done.stderr[-4000:]}")
