@@ -160,8 +160,7 @@ def keep_installed(wheel: Path, build: Path) -> Path:
 def carry_out(plan: Plan, source: Path, step: Callable[[str], None]) -> BuildResult:
     """Build the plan's wheel under the lock; a host build is verified, installed and kept
     (``keep_installed``), a target build is copied to ``dist/``, a portable build is verified
-    (the levels this CPU runs) and
-    tagged by auditwheel into ``dist/``."""
+    (the levels this CPU runs) and tagged by auditwheel into ``dist/``."""
     verified: list[Verified] | None = None
     with build_lock(source / "build"):
         wheel, log = build_wheel(plan, source, step)
