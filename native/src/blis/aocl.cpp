@@ -119,7 +119,8 @@ const Aocl& Aocl::load(const std::string& path) {
   if (!handle)
     throw std::invalid_argument("cannot load BLIS library " + path + ": " + error +
                                 " (check it with `kt doctor --check blis.found`)");
-  auto& slot = loaded[path];
+  // Cached only once complete: a library refused here is refused again on the next call, never
+  // handed out as an empty entry.
   auto lib = std::make_unique<Aocl>();
   lib->path_ = path;
   auto sym = [&](const char* name) { return dlsym(handle, name); };
@@ -138,8 +139,7 @@ const Aocl& Aocl::load(const std::string& path) {
   // One owner of the cores: ktforge's pool runs the experts in parallel, each AOCL call
   // on one thread, so BLIS's own OpenMP threads never compete with the pool.
   if (auto set_threads = reinterpret_cast<void (*)(int64_t)>(sym("bli_thread_set_num_threads"))) set_threads(1);
-  slot = std::move(lib);
-  return *slot;
+  return *(loaded[path] = std::move(lib));
 }
 
 namespace {
