@@ -4,8 +4,9 @@ session: driver.py in vLLM's own environment, with ktforge's plugin on (as a use
 
 A vLLM process costs far more to start (imports, an engine process, a worker process) than a
 tiny model costs to load, compile and run. So the offline runs of one setting and one rank count
-share one process, one after another, the single-rank ones with vLLM's engine in that process;
-the OpenAI servers are processes of their own, as users start them. Single-rank processes run
+share one process, one after another, with vLLM's engine in that process (and the worker too at
+one rank: two ranks spawn theirs); the OpenAI servers are processes of their own, as users
+start them. Single-rank processes run
 side by side, each pinned to a CPU of its own; the two-rank ones (tensor and expert parallel)
 run after them, alone."""
 
@@ -79,7 +80,7 @@ def plan() -> dict[str, Run]:
         "fp8 on vllm without amx": Run("fp8", "vllm without amx", EAGER, fails=True),
         "fp8 dequantized on vllm eager": Run("fp8 dequantized", "vllm", EAGER),
         # compressed-tensors FP8_DYNAMIC
-        "ct fp8 served without amx": Run("ct fp8", "ktforge without amx", serve=()),
+        "ct fp8 without amx": Run("ct fp8", "ktforge without amx"),
         "ct fp8 on vllm without amx": Run("ct fp8", "vllm without amx", EAGER, fails=True),
         "ct fp8 bf16 experts on vllm without amx eager": Run("ct fp8 bf16 experts", "vllm without amx", EAGER),
         "ct fp8 bf16 experts on vllm without amx": Run("ct fp8 bf16 experts", "vllm without amx"),
@@ -155,8 +156,7 @@ def execute(runs: Mapping[str, Run], checkpoints: Mapping[str, str]) -> Runs:
         listing.write_text(
             json.dumps([{"name": n, "model": checkpoints[runs[n].model], "llm": dict(runs[n].llm)} for n in ordered])
         )
-        if first.ranks == 1:
-            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in the driver's process
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in the driver's process (a rank too, at TP=1)
         return drive_batch(str(listing), env=env, timeout=300 + 150 * len(names))
 
     groups: dict[tuple[str, int], list[str]] = {}

@@ -35,11 +35,11 @@ def test_fp8_release_where_vllm_has_no_cpu_kernel_for_it(vllm: Runs) -> None:
 
 
 def test_compressed_tensors_fp8_release_where_vllm_has_no_cpu_kernel_for_it(vllm: Runs) -> None:
-    # llm-compressor's FP8_DYNAMIC: a scale per channel, attention and experts; vllm serve without AMX
+    # llm-compressor's FP8_DYNAMIC: a scale per channel, attention and experts; without AMX
     with pytest.raises(DriverFailed) as failed:
         vllm["ct fp8 on vllm without amx"]  # vLLM alone cannot build the model
     assert "Unsupported FP8 MoE backend" in failed.value.log
-    ours = vllm["ct fp8 served without amx"]  # its linear layers on vLLM's own channel-wise FP8 kernel
+    ours = vllm["ct fp8 without amx"]  # compiled; its linear layers on vLLM's own channel-wise FP8 kernel
     on_ktforge(ours, "fp8")
     # held to the reference compiled too: vLLM's compiled W8A8 attention alone moves this model
     # by more than FP8 moved it (its fused norm and FP8 quantization)
