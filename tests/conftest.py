@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,29 @@ def pytest_configure(config: pytest.Config) -> None:
     if "KTFORGE_CACHE_DIR" not in os.environ:
         os.environ["KTFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ktforge-test-cache-")
     os.environ.pop("NO_COLOR", None)
+
+
+VLLM_TESTS = Path(__file__).parent / "engines" / "vllm"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The vLLM tests last (a stable sort: each part keeps its order): their runs take minutes,
+    # mostly in processes that start, compile and wait on each other; begun when collection
+    # ends (below), they run beside the rest of the suite, not before their tests.
+    items.sort(key=lambda item: item.path.is_relative_to(VLLM_TESTS))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any("vllm" in getattr(item, "fixturenames", ()) for item in session.items):
+        from tests.engines.vllm import session as vllm_session
+
+        vllm_session.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    vllm_session = sys.modules.get("tests.engines.vllm.session")  # loaded only where collected
+    if vllm_session is not None:
+        vllm_session.finish()
 
 
 def read_proc_cpuinfo_flags() -> set[str]:

