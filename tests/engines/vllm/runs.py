@@ -6,17 +6,17 @@ A vLLM process costs far more to start (imports, an engine process, a worker pro
 tiny model costs to load, compile and run. So the offline runs of one setting and one rank count
 share one process, one after another, with vLLM's engine in that process (and the worker too at
 one rank: two ranks spawn theirs); the OpenAI servers are processes of their own, as users
-start them. The jobs run one more at a time than there are CPUs, the costliest first, each
-rank pinned to the least-loaded CPU (a vLLM process spends much of its time starting or waiting
-on another, which another job's process uses)."""
+start them. Single-rank processes run
+side by side, each pinned to a CPU of its own; the two-rank ones (tensor and expert parallel)
+run after them, alone."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
 import os
+import queue
 import tempfile
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,30 +167,24 @@ def execute(runs: Mapping[str, Run], checkpoints: Mapping[str, str]) -> Runs:
         else:
             groups.setdefault((run.setting, run.ranks), []).append(name)
     jobs = [*groups.values(), *servers]
-    load = dict.fromkeys(cpus, 0)  # jobs pinned to each CPU now
-    placing = threading.Lock()
+    single = [names for names in jobs if runs[names[0]].ranks == 1]
+    several = [names for names in jobs if runs[names[0]].ranks > 1]
+    free: queue.Queue[int] = queue.Queue()
+    for cpu in cpus:
+        free.put(cpu)
 
-    def placed(names: list[str]) -> dict[str, dict[str, Any] | DriverFailed]:
-        ranks = runs[names[0]].ranks
-        with placing:  # the least-loaded CPUs, one a rank (vLLM's auto binding would reserve one)
-            chosen = sorted(sorted(cpus, key=lambda cpu: load[cpu])[:ranks])
-            for cpu in chosen:
-                load[cpu] += 1
+    def pinned(names: list[str]) -> dict[str, dict[str, Any] | DriverFailed]:
+        cpu = free.get()
         try:
-            return job(names, "|".join(str(cpu) for cpu in chosen))
+            return job(names, str(cpu))
         finally:
-            with placing:
-                for cpu in chosen:
-                    load[cpu] -= 1
+            free.put(cpu)
 
-    def cost(names: list[str]) -> int:  # in single-rank offline runs, roughly
-        return sum(runs[name].ranks * (5 if runs[name].serve is not None else 1) for name in names)
-
-    # one job more than CPUs: a vLLM process spends much of its time starting or waiting on
-    # another (a server on its client, a rank on the other), time another job's process uses
-    with concurrent.futures.ThreadPoolExecutor(len(cpus) + 1) as pool:
-        for done in pool.map(placed, sorted(jobs, key=cost, reverse=True)):
+    with concurrent.futures.ThreadPoolExecutor(len(cpus)) as pool:
+        for done in pool.map(pinned, sorted(single, key=len, reverse=True)):
             results |= done
+    for names in several:  # one core a rank (vLLM's auto binding would reserve one)
+        results |= job(names, "|".join(str(cpu) for cpu in cpus[: runs[names[0]].ranks]))
     return Runs(results)
 
 
