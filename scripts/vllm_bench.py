@@ -8,7 +8,10 @@ process a configuration:
 
 - vLLM's own bf16 MoE, and its own FP8 and INT4 MoE on the releases (vLLM runs them only with AMX);
 - ktforge bf16 (no flag), the FP8 and GPTQ releases as they are, and ktforge's int8, int4 and
-  mxfp4 from the bf16 checkpoint (``--quantization ktforge``).
+  mxfp4 from the bf16 checkpoint (``--quantization ktforge``);
+- a gpt-oss-20b-shaped model (``--layers`` of its layers) in bf16 and its MXFP4 release in
+  OpenAI's layout, on vLLM's own MoE and on ktforge's; these rows are compared with vLLM's bf16
+  gpt-oss.
 
 Each round starts every configuration once, in turn; a configuration's figures are the median and
 range over rounds. Decode: tokens/s at batch 1 and 8 (64 new tokens each); prefill: 512-token
@@ -54,7 +57,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "ktforge fp8 release": {"env": {}, "kwargs": {}, "checkpoint": "fp8"},
     "vLLM gptq release": {"env": {"KTFORGE_VLLM": "0"}, "kwargs": {}, "checkpoint": "gptq"},
     "ktforge gptq release": {"env": {}, "kwargs": {}, "checkpoint": "gptq"},
+    # gpt-oss-20b's shapes, its rows held to vLLM's own bf16 gpt-oss
+    "vLLM gpt-oss bf16": {"env": {"KTFORGE_VLLM": "0"}, "kwargs": {}, "checkpoint": "gpt-oss bf16"},
+    "ktforge gpt-oss bf16": {"env": {}, "kwargs": {}, "checkpoint": "gpt-oss bf16"},
+    "vLLM gpt-oss mxfp4 release": {"env": {"KTFORGE_VLLM": "0"}, "kwargs": {}, "checkpoint": "gpt-oss"},
+    "ktforge gpt-oss mxfp4 release": {"env": {}, "kwargs": {}, "checkpoint": "gpt-oss"},
 }
+
+
+def baseline(name: str) -> str:
+    """The configuration a row's decode is compared with: vLLM's own bf16 of the same model."""
+    return "vLLM gpt-oss bf16" if "gpt-oss" in name else "vLLM bf16"
 
 
 def make_model(directory: str, layers: int) -> None:  # runs in vLLM's environment
@@ -84,6 +97,39 @@ def make_model(directory: str, layers: int) -> None:  # runs in vLLM's environme
     with torch.device("cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
     model.save_pretrained(directory)
+
+
+def make_gpt_oss(directory: str, layers: int) -> None:  # runs in vLLM's environment
+    """gpt-oss-20b's shapes (hidden 2880, 32 experts of 2880, top-4, 64 heads of 64 over 8 KV
+    heads, sliding and full attention in turn), ``layers`` of them, random weights at a trained
+    model's scales, a 32k vocabulary; one safetensors file (the release is made from it)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "gpt_oss",
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=layers,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=32000,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2),
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".mlp.experts." in name:
+                p.copy_(torch.randn_like(p) / (p.shape[1] ** 0.5 if "bias" not in name else 4.0))
+    model.save_pretrained(directory, max_shard_size="1000GB")
 
 
 def measure(directory: str, kwargs: str) -> None:  # runs in vLLM's environment
@@ -149,6 +195,7 @@ def main() -> None:
     from tests.engines.vllm.environment import python
     from tests.fp8_checkpoints import fp8_copy
     from tests.gptq_awq_checkpoints import gptq_awq_release
+    from tests.mxfp4_checkpoints import gpt_oss_release
 
     py = str(python())
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in args.configs.split(",")}
@@ -156,9 +203,15 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoints = {"bf16": Path(tmp) / "bf16", "fp8": Path(tmp) / "fp8", "gptq": Path(tmp) / "gptq"}
-        subprocess.run([py, __file__, "_model", str(checkpoints["bf16"]), str(args.layers)], check=True)
-        wanted = {CONFIGS[name].get("checkpoint") for name in results}
+        names = ("bf16", "fp8", "gptq", "gpt-oss bf16", "gpt-oss")
+        checkpoints = {name: Path(tmp) / name.replace(" ", "-") for name in names}
+        wanted = {CONFIGS[name].get("checkpoint", "bf16") for name in results}
+        if wanted & {"bf16", "fp8", "gptq"}:
+            subprocess.run([py, __file__, "_model", str(checkpoints["bf16"]), str(args.layers)], check=True)
+        if wanted & {"gpt-oss bf16", "gpt-oss"}:
+            subprocess.run([py, __file__, "_gpt_oss", str(checkpoints["gpt-oss bf16"]), str(args.layers)], check=True)
+        if "gpt-oss" in wanted:  # OpenAI's release layout: fused MXFP4 blocks and E8M0 scales, biases
+            gpt_oss_release(checkpoints["gpt-oss bf16"], checkpoints["gpt-oss"])
         if "fp8" in wanted:
             fp8_copy(checkpoints["bf16"], checkpoints["fp8"])
         if "gptq" in wanted:  # 4-bit, groups of 128, sym, AutoGPTQ's packing (most GPTQ releases)
@@ -212,11 +265,9 @@ def report(results: dict[str, list[dict[str, Any]]], sizes: dict[str, float], ar
     sizes_text = ", ".join(f"{k} {v:.2f} GiB" for k, v in sizes.items() if v)
     where = "beside one niced busy process a core" if args.busy else "quiet"
     print(f"\ncheckpoints {sizes_text}; {where}; median (min-max) of {args.rounds} rounds;")
-    print("| configuration | decode b=1 tok/s | decode b=8 tok/s | prefill 512 tok/s | RSS GiB | b=1 vs vLLM bf16 |")
+    print("| configuration | decode b=1 tok/s | decode b=8 tok/s | prefill 512 tok/s | RSS GiB | b=1 vs vLLM's bf16 |")
     print("|---|---:|---:|---:|---:|---:|")
     measured = {name: runs for name, runs in results.items() if not any("refused" in r for r in runs)}
-    first = measured.get("vLLM bf16", next(iter(measured.values()), []))
-    base = statistics.median(r["decode1"] for r in first) if first else float("nan")
     for name, runs in results.items():
         if name not in measured:
             print(f"| {name} | refused by vLLM on this CPU: {runs[0]['refused']} | | | | |")
@@ -225,8 +276,10 @@ def report(results: dict[str, list[dict[str, Any]]], sizes: dict[str, float], ar
         for key in ("decode1", "decode8", "prefill512", "rss_gib"):
             values = [r[key] for r in runs]
             cells.append(f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
-        ratio = statistics.median(r["decode1"] for r in runs) / base
-        print(f"| {name} | {' | '.join(cells)} | {ratio:.2f}x |")
+        base = measured.get(baseline(name))
+        decode1 = statistics.median(r["decode1"] for r in runs)
+        ratio = f"{decode1 / statistics.median(r['decode1'] for r in base):.2f}x" if base else "n/a"
+        print(f"| {name} | {' | '.join(cells)} | {ratio} |")
     print("\nthe experts' share of each cell's time (ktforge's operator, timed inside the worker; median):")
     print("| configuration | decode b=1 | decode b=8 | prefill 512 |")
     print("|---|---:|---:|---:|")
@@ -239,6 +292,8 @@ def report(results: dict[str, list[dict[str, Any]]], sizes: dict[str, float], ar
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_model":
         make_model(sys.argv[2], int(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_gpt_oss":
+        make_gpt_oss(sys.argv[2], int(sys.argv[3]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_measure":
         measure(sys.argv[2], sys.argv[3])
     else:
