@@ -120,9 +120,9 @@ def save_tokenizer(out: Path) -> int:
 def batch(listing: str) -> None:
     """The offline runs a JSON file lists (name, model, LLM arguments), one after another in this
     process: each begins with RUN_MARKER and its name, and ends with its RESULT (its name under
-    "run") or, after its traceback, with none. Single-rank runs keep vLLM's engine in this process
-    (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller), so a run costs a model's load and
-    compilation, not three processes' start."""
+    "run") or, after its traceback, with none. The runs keep vLLM's engine in this process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller; at one rank its worker too), so a run
+    costs a model's load and compilation, not three processes' start."""
     import gc
     import os
     import traceback

@@ -6,9 +6,8 @@ A vLLM process costs far more to start (imports, an engine process, a worker pro
 tiny model costs to load, compile and run. So the offline runs of one setting and one rank count
 share one process, one after another, with vLLM's engine in that process (and the worker too at
 one rank: two ranks spawn theirs); the OpenAI servers are processes of their own, as users
-start them. Single-rank processes run
-side by side, each pinned to a CPU of its own; the two-rank ones (tensor and expert parallel)
-run after them, alone."""
+start them. Single-rank processes run side by side, each pinned to a CPU of its own; the
+two-rank ones (tensor and expert parallel) run after them, alone."""
 
 from __future__ import annotations
 
