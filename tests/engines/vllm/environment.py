@@ -5,6 +5,7 @@ same build."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -65,23 +66,36 @@ def installed_wheel() -> Path:
 
 
 def python() -> Path:
-    """The vLLM environment's Python, built once (and kept in build/vllm-env between runs)."""
+    """The vLLM environment's Python with this checkout's ktforge (vLLM itself is kept in
+    build/vllm-env between runs)."""
     with _building:
         return _python()
 
 
+ENVIRONMENT = ROOT / "build" / "vllm-env"
+
+
+def build_base() -> Path:
+    """vLLM's environment without ktforge: built once, under a lock that another process building
+    it holds too (./install.sh test starts it beside the test tools' installation)."""
+    py = ENVIRONMENT / "bin" / "python"
+    marker = ENVIRONMENT / "vllm-ready"
+    ENVIRONMENT.parent.mkdir(parents=True, exist_ok=True)
+    with (ENVIRONMENT.parent / "vllm-env.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (py.exists() and marker.exists() and marker.read_text() == VLLM):
+            subprocess.run(["rm", "-rf", str(ENVIRONMENT)], check=True)
+            _run([sys.executable, "-m", "venv", str(ENVIRONMENT)], "creating vLLM's virtualenv")
+            pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+            _run([*pip, VLLM], f"pip install {VLLM}")
+            _run([str(py), "-m", "pip", "uninstall", "-q", "-y", *BROKEN_BESIDE_CPU_TORCH], "removing torchvision")
+            marker.write_text(VLLM)
+    return py
+
+
 @functools.cache
 def _python() -> Path:
-    env = ROOT / "build" / "vllm-env"
-    py = env / "bin" / "python"
-    marker = env / "vllm-ready"
-    if not (py.exists() and marker.exists() and marker.read_text() == VLLM):
-        subprocess.run(["rm", "-rf", str(env)], check=True)
-        _run([sys.executable, "-m", "venv", str(env)], "creating vLLM's virtualenv")
-        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        _run([*pip, VLLM], f"pip install {VLLM}")
-        _run([str(py), "-m", "pip", "uninstall", "-q", "-y", *BROKEN_BESIDE_CPU_TORCH], "removing torchvision")
-        marker.write_text(VLLM)
+    py = build_base()
     wheel = installed_wheel()
     pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     _run([*pip, "--force-reinstall", "--no-deps", str(wheel)], f"pip install {wheel.name}")
@@ -162,3 +176,7 @@ def drive_batch(listing: str, env: dict[str, str] | None = None, timeout: float 
         else:  # the process ended before this run began
             results[name] = DriverFailed(f"driver.py batch ended ({code}) before {name!r}:\n{output[-8000:]}", output)
     return results
+
+
+if __name__ == "__main__":  # ./install.sh test: vLLM itself, while the test tools install
+    print(f"vLLM's environment is ready: {build_base()}")

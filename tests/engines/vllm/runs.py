@@ -6,16 +6,18 @@ A vLLM process costs far more to start (imports, an engine process, a worker pro
 tiny model costs to load, compile and run. So the offline runs of one setting and one rank count
 share one process, one after another, with vLLM's engine in that process (and the worker too at
 one rank: two ranks spawn theirs); the OpenAI servers are processes of their own, as users
-start them. Single-rank processes run side by side, each pinned to a CPU of its own; the
-two-rank ones (tensor and expert parallel) run after them, alone."""
+start them. Each process is pinned to a core a rank, and as many run at once as there are
+cores for them: the two-rank ones (tensor and expert parallel) first, then the single-rank ones,
+longest first. Where vLLM finds no AMX anyway, the runs that hide it from vLLM share the plain
+runs' process (``sharing``)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
 import os
-import queue
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,9 +109,11 @@ def plan() -> dict[str, Run]:
         "w4a16 tp as the avx2 build": Run("w4a16", "ktforge avx2 build", TWO_RANKS),
     }
     for w4a16 in ("w4a16", "w4a16 symmetric"):
-        runs[w4a16] = Run(w4a16, "ktforge")
         runs[f"{w4a16} dequantized on vllm eager"] = Run(f"{w4a16} dequantized", "vllm", EAGER)
-        runs[f"{w4a16} dequantized on vllm"] = Run(f"{w4a16} dequantized", "vllm")
+    runs["w4a16"] = Run("w4a16", "ktforge")
+    runs["w4a16 dequantized on vllm"] = Run("w4a16 dequantized", "vllm")
+    # the same layer, method and apply without zero points: compiled once is enough (above)
+    runs["w4a16 symmetric eager"] = Run("w4a16 symmetric", "ktforge", EAGER)
     if host.has("amx_tile"):  # vLLM's own FP8 MoE kernels run here: the same checkpoint on them
         runs["fp8 on vllm eager"] = Run("fp8", "vllm", EAGER)
     return runs
@@ -135,21 +139,31 @@ class Runs(Mapping[str, dict[str, Any]]):
         return len(self._results)
 
 
+def sharing(setting: str) -> str:
+    """The setting whose process a run of ``setting`` joins: hiding AMX from vLLM changes nothing
+    where torch (vLLM's own test) finds none, so there the "without amx" runs join the plain ones."""
+    import torch
+
+    plain = setting.removesuffix(" without amx")
+    return plain if plain in SETTINGS and not torch.cpu._is_amx_tile_supported() else setting
+
+
 def execute(runs: Mapping[str, Run], checkpoints: Mapping[str, str]) -> Runs:
     """Every run, the processes as the module's text says."""
     cpus = sorted(os.sched_getaffinity(0))
     results: dict[str, dict[str, Any] | DriverFailed] = {}
     scratch = Path(tempfile.mkdtemp(prefix="ktforge-vllm-runs-"))
 
-    def job(names: list[str], cpu: str) -> dict[str, dict[str, Any] | DriverFailed]:
+    def job(names: list[str], bound: list[int]) -> dict[str, dict[str, Any] | DriverFailed]:
         first = runs[names[0]]
-        env = SETTINGS[first.setting] | {"VLLM_CPU_OMP_THREADS_BIND": cpu}
+        # one core a rank (vLLM's auto binding would reserve one)
+        env = SETTINGS[sharing(first.setting)] | {"VLLM_CPU_OMP_THREADS_BIND": "|".join(map(str, bound))}
         if first.serve is not None:
             try:
                 return {names[0]: served(checkpoints[first.model], env, *first.serve)}
             except DriverFailed as failed:
                 return {names[0]: failed}
-        listing = scratch / f"{first.setting} {first.ranks}.json"
+        listing = scratch / f"{sharing(first.setting)} {first.ranks}.json"
         # expected failures last: a model vLLM refused may leave its process unfit for another
         ordered = sorted(names, key=lambda name: runs[name].fails)
         listing.write_text(
@@ -159,31 +173,46 @@ def execute(runs: Mapping[str, Run], checkpoints: Mapping[str, str]) -> Runs:
         return drive_batch(str(listing), env=env, timeout=300 + 150 * len(names))
 
     groups: dict[tuple[str, int], list[str]] = {}
-    servers: list[list[str]] = []
+    jobs: list[list[str]] = []
     for name, run in runs.items():
         if run.serve is not None:
-            servers.append([name])
+            jobs.append([name])
         else:
-            groups.setdefault((run.setting, run.ranks), []).append(name)
-    jobs = [*groups.values(), *servers]
-    single = [names for names in jobs if runs[names[0]].ranks == 1]
-    several = [names for names in jobs if runs[names[0]].ranks > 1]
-    free: queue.Queue[int] = queue.Queue()
-    for cpu in cpus:
-        free.put(cpu)
+            groups.setdefault((sharing(run.setting), run.ranks), []).append(name)
+    jobs += groups.values()
+    if any(runs[names[0]].ranks > len(cpus) for names in jobs):
+        raise RuntimeError(f"the two-rank runs need two CPUs; this process may use {cpus}")
 
-    def pinned(names: list[str]) -> dict[str, dict[str, Any] | DriverFailed]:
-        cpu = free.get()
+    def cost(names: list[str]) -> float:  # seconds, as measured on a Zen 4: a process, then its runs
+        first = runs[names[0]]
+        if first.serve is not None:
+            return 60.0
+        return 30 + sum(13 if first.ranks > 1 else 4 if runs[n].llm.get("enforce_eager") else 12 for n in names)
+
+    # the two-rank jobs first (each holds every core of a 2-core machine), then the longest first;
+    # each job waits for a core a rank, and none starts before the jobs ahead of it
+    order = sorted(jobs, key=lambda names: (runs[names[0]].ranks, cost(names)), reverse=True)
+    free, turn = list(cpus), [0]
+    ready = threading.Condition()
+
+    def pinned(index: int) -> dict[str, dict[str, Any] | DriverFailed]:
+        names = order[index]
+        with ready:
+            ready.wait_for(lambda: turn[0] == index and len(free) >= runs[names[0]].ranks)
+            bound = [free.pop(0) for _ in range(runs[names[0]].ranks)]
+            turn[0] += 1
+            ready.notify_all()
         try:
-            return job(names, str(cpu))
+            return job(names, bound)
         finally:
-            free.put(cpu)
+            with ready:
+                free.extend(bound)
+                free.sort()
+                ready.notify_all()
 
     with concurrent.futures.ThreadPoolExecutor(len(cpus)) as pool:
-        for done in pool.map(pinned, sorted(single, key=len, reverse=True)):
+        for done in pool.map(pinned, range(len(order))):
             results |= done
-    for names in several:  # one core a rank (vLLM's auto binding would reserve one)
-        results |= job(names, "|".join(str(cpu) for cpu in cpus[: runs[names[0]].ranks]))
     return Runs(results)
 
 
