@@ -113,8 +113,13 @@ install_packages() {
 
 # What the test suite needs beyond ktforge itself: upstream BLIS (no aocl_gemm add-on), the
 # negative case of the BLIS probe; AOCL-BLAS (the aoclda wheel) comes with tests/requirements.txt.
+# And ccache, optional: the suite compiles the extension for several recipes and levels, and the
+# build compiles through ccache where it is installed, so another checkout's builds are cached.
 test_system_deps() {
   local py=$1
+  if ! command -v ccache >/dev/null; then
+    ( install_packages "$py" ccache ) || say "no ccache: the suite's builds compile everything"
+  fi
   if { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libblis\.so'; then return; fi
   install_packages "$py" blis_upstream
 }
