@@ -14,6 +14,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+import ktforge.formats
+
 F32 = np.float32
 Array = np.ndarray[Any, Any]
 
@@ -35,6 +37,41 @@ def quantize_rows(a: Array, qmax: int) -> tuple[Array, Array]:
     inv = (F32(1) / scale).astype(F32)
     q = np.clip(np.rint(a * inv[..., None]), -qmax, qmax).astype(np.int64)
     return q, scale
+
+
+def quantize_blocks(a: Array, block: int, kp: int | None = None) -> tuple[Array, Array]:
+    """int8 activations as the kernels take them: [M, K] zero-padded to kp (a multiple of block;
+    default K rounded up to it), a symmetric scale per ``block`` values of K -> q [M, kp], scale
+    [M, kp / block]."""
+    a = np.asarray(a, dtype=F32)
+    m, k = a.shape
+    kp = kp or -(-k // block) * block
+    padded = np.zeros((m, kp), dtype=F32)
+    padded[:, :k] = a
+    q, scale = quantize_rows(padded.reshape(m, kp // block, block), 127)
+    return q.reshape(m, kp), scale
+
+
+def dequantize_blocks(a: Array, block: int) -> Array:
+    """float64 [M, K] of ``a`` as int8 activations per ``block`` values of K (``quantize_blocks``)."""
+    q, scale = quantize_blocks(a, block)
+    m, k = np.shape(a)
+    values = q.reshape(m, -1, block).astype(np.float64) * scale[..., None].astype(np.float64)
+    return values.reshape(m, -1)[:, :k]  # type: ignore[no-any-return]
+
+
+def blocks_of(moe: Any) -> tuple[int, int]:
+    """A grouped-format layer's activation blocks: gate/up's input, down's (``activation_block``)."""
+    return (
+        activation_block(moe.method, moe._group, moe.hidden_size),
+        activation_block(moe.down_method, moe._down_group, moe.intermediate_size),
+    )
+
+
+def activation_block(method: str, group: int, kp: int) -> int:
+    """Values of K an int8 activation scale covers for a format (formats.json's activation_block)."""
+    f = ktforge.formats.by_name(method)
+    return f.activation_values(ktforge.formats.group_for(method, group), kp)
 
 
 def quantize_groups(w: Array, group: int) -> tuple[Array, Array]:
@@ -287,67 +324,98 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
     if method == "fp8":  # exact fp32 activations
         wd = dequantize_fp8_blocks(*quantize_fp8_blocks(w, group), 16, group)
         return (np.asarray(x, np.float64) @ wd.T).astype(F32)
-    xq, sx = quantize_rows(x, 127)
-    if method == "mxfp4":  # int8 activations, the weights' values exact
-        wd = dequantize_mxfp4(*quantize_mxfp4(w))[:, : x.shape[1]]
-        return ((xq.astype(np.float64) @ wd.T) * sx[:, None]).astype(F32)
-    if method == "int4z":  # exact int32 group sums of (q - zero) * x, scaled per group
-        wq, sw, zw = quantize_int4z(w, group)
-        kp = wq.shape[1]
-        xp = np.zeros((x.shape[0], kp), dtype=np.int64)
-        xp[:, : x.shape[1]] = xq
-        groups = kp // group
-        centred = wq.reshape(-1, groups, group) - zw[..., None]
-        acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, groups, group), centred).astype(F32)
-        return ((acc * sw[None, :, :]).sum(axis=-1) * sx[:, None]).astype(F32)
-    if method in ("q4_k", "q5_k", "q2_k"):  # exact int32 group sums of q * x, scaled, less min * the group's sum of x
-        size = 16 if method == "q2_k" else 32
-        wq, sw, mw = quantize_q4k(w, *({"q5_k": (31,), "q2_k": (3, 16, 15)}.get(method, (15,))))
-        kp = wq.shape[1]
-        xp = np.zeros((x.shape[0], kp), dtype=np.int64)
-        xp[:, : x.shape[1]] = xq
-        xg = xp.reshape(-1, kp // size, size)
-        acc = np.einsum("mgk,ngk->mng", xg, wq.reshape(-1, kp // size, size)).astype(np.float64)
-        sums = (acc * sw[None]).sum(axis=-1) - xg.sum(axis=-1).astype(np.float64) @ mw.T.astype(np.float64)
-        return (sums * sx[:, None]).astype(F32)
-    if method in ("q6_k", "q3_k"):  # exact int32 group sums of (q - offset) * x, scaled per group of 16
-        offset = 32 if method == "q6_k" else 4
-        wq, sw = quantize_q6k(w) if method == "q6_k" else quantize_q6k(w, 3, 4, 31)
-        kp = wq.shape[1]
-        xp = np.zeros((x.shape[0], kp), dtype=np.int64)
-        xp[:, : x.shape[1]] = xq
-        acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, kp // 16, 16), (wq - offset).reshape(-1, kp // 16, 16))
-        return (((acc.astype(F32) * sw[None]).sum(axis=-1)) * sx[:, None]).astype(F32)
-    if method in ("q4_0", "q4_1", "q5_0", "q5_1"):  # exact int32 group sums of (q - offset) * x, times d, + m * sum x
-        wq, d, m, offset = quantize_legacy(w, method)
-        kp = wq.shape[1]
-        xp = np.zeros((x.shape[0], kp), dtype=np.int64)
-        xp[:, : x.shape[1]] = xq
-        xg = xp.reshape(-1, kp // 32, 32)
-        acc = np.einsum("mgk,ngk->mng", xg, (wq - offset).reshape(-1, kp // 32, 32)).astype(np.float64)
-        sums = (acc * d[None]).sum(axis=-1) + xg.sum(axis=-1).astype(np.float64) @ m.T.astype(np.float64)
-        return (sums * sx[:, None]).astype(F32)
-    if method in ("iq4_nl", "iq4_xs"):  # exact int32 group sums of grid values * x, scaled per group
-        wq, sw = quantize_iq4(w, method == "iq4_xs")
-        kp = wq.shape[1]
-        xp = np.zeros((x.shape[0], kp), dtype=np.int64)
-        xp[:, : x.shape[1]] = xq
-        acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, kp // 32, 32), wq.reshape(-1, kp // 32, 32))
-        return (((acc.astype(F32) * sw[None]).sum(axis=-1)) * sx[:, None]).astype(F32)
-    if method == "int8":
+    if method == "int8":  # a scale a token
+        xq, sx = quantize_rows(x, 127)
         wq, sw = quantize_rows(w, 127)
         acc = (xq @ wq.T).astype(F32)
         return (acc * (sw[None, :] * sx[:, None])).astype(F32)
+
+    # The grouped formats: each group's exact int32 sums [M, N, G] (``sums``), scaled by the
+    # weights' group scales (and less their mins), times the token's activation scale of the
+    # group's block, summed over the groups.
+    def per_group(kp: int, size: int) -> tuple[Array, Array]:
+        """The int8 activations [M, G, size] and each group's activation scale [M, 1, G]."""
+        block = activation_block(method, group, kp)
+        xq, sx = quantize_blocks(x, block, kp)
+        return xq.reshape(x.shape[0], kp // size, size), np.repeat(sx, block // size, axis=1)[:, None, :]
+
+    if method == "mxfp4":  # the weights' values exact
+        wd = dequantize_mxfp4(*quantize_mxfp4(w))
+        xg, sxg = per_group(wd.shape[1], 32)
+        acc = np.einsum("mgk,ngk->mng", xg.astype(np.float64), wd.reshape(wd.shape[0], -1, 32))
+        return (acc * sxg).sum(axis=-1).astype(F32)
+    if method == "int4z":  # exact int32 group sums of (q - zero) * x, scaled per group
+        wq, sw, zw = quantize_int4z(w, group)
+        xg, sxg = per_group(wq.shape[1], group)
+        centred = wq.reshape(wq.shape[0], -1, group) - zw[..., None]
+        acc = np.einsum("mgk,ngk->mng", xg, centred).astype(F32)
+        return (acc * sw[None] * sxg).sum(axis=-1).astype(F32)
+    if method in ("q4_k", "q5_k", "q2_k"):  # exact int32 group sums of q * x, scaled, less min * the group's sum of x
+        size = 16 if method == "q2_k" else 32
+        wq, sw, mw = quantize_q4k(w, *({"q5_k": (31,), "q2_k": (3, 16, 15)}.get(method, (15,))))
+        xg, sxg = per_group(wq.shape[1], size)
+        acc = np.einsum("mgk,ngk->mng", xg, wq.reshape(wq.shape[0], -1, size)).astype(np.float64)
+        sums = acc * sw[None] - xg.sum(axis=-1).astype(np.float64)[:, None, :] * mw[None].astype(np.float64)
+        return (sums * sxg).sum(axis=-1).astype(F32)
+    if method in ("q6_k", "q3_k"):  # exact int32 group sums of (q - offset) * x, scaled per group of 16
+        offset = 32 if method == "q6_k" else 4
+        wq, sw = quantize_q6k(w) if method == "q6_k" else quantize_q6k(w, 3, 4, 31)
+        xg, sxg = per_group(wq.shape[1], 16)
+        acc = np.einsum("mgk,ngk->mng", xg, (wq - offset).reshape(wq.shape[0], -1, 16))
+        return (acc.astype(F32) * sw[None] * sxg).sum(axis=-1).astype(F32)
+    if method in ("q4_0", "q4_1", "q5_0", "q5_1"):  # exact int32 group sums of (q - offset) * x, times d, + m * sum x
+        wq, d, m, offset = quantize_legacy(w, method)
+        xg, sxg = per_group(wq.shape[1], 32)
+        acc = np.einsum("mgk,ngk->mng", xg, (wq - offset).reshape(wq.shape[0], -1, 32)).astype(np.float64)
+        sums = acc * d[None] + xg.sum(axis=-1).astype(np.float64)[:, None, :] * m[None].astype(np.float64)
+        return (sums * sxg).sum(axis=-1).astype(F32)
+    if method in ("iq4_nl", "iq4_xs"):  # exact int32 group sums of grid values * x, scaled per group
+        wq, sw = quantize_iq4(w, method == "iq4_xs")
+        xg, sxg = per_group(wq.shape[1], 32)
+        acc = np.einsum("mgk,ngk->mng", xg, wq.reshape(wq.shape[0], -1, 32))
+        return (acc.astype(F32) * sw[None] * sxg).sum(axis=-1).astype(F32)
     if method == "q8_0":
         wq, sw = quantize_q8_0(w)
+        size = 32
     else:
         wq, sw = quantize_int8_groups(w, group) if method == "int8g" else quantize_groups(w, group)
-    kp = wq.shape[1]
-    xp = np.zeros((x.shape[0], kp), dtype=np.int64)
-    xp[:, : x.shape[1]] = xq
-    groups = kp // group
-    acc = np.einsum("mgk,ngk->mng", xp.reshape(-1, groups, group), wq.reshape(-1, groups, group)).astype(F32)
-    return ((acc * sw[None, :, :]).sum(axis=-1) * sx[:, None]).astype(F32)
+        size = group
+    xg, sxg = per_group(wq.shape[1], size)
+    acc = np.einsum("mgk,ngk->mng", xg, wq.reshape(wq.shape[0], -1, size)).astype(F32)
+    return (acc * sw[None] * sxg).sum(axis=-1).astype(F32)
+
+
+def dequantized(w: Array, method: str, group: int) -> Array:
+    """float64 [N, K] of the weights MoE.load_weights packs float32 ``w`` [N, K] into, in a grouped
+    int8-activation format (this module's mirrors of its quantizers)."""
+    n, k = w.shape
+
+    def grouped(values: Array, scale: Array, size: int, minimum: Array | None = None) -> Array:
+        out = values.reshape(n, -1, size).astype(np.float64) * scale[..., None].astype(np.float64)
+        if minimum is not None:
+            out = out + minimum[..., None].astype(np.float64)
+        return out.reshape(n, -1)[:, :k]  # type: ignore[no-any-return]
+
+    if method == "mxfp4":
+        return dequantize_mxfp4(*quantize_mxfp4(w))[:, :k]
+    if method == "int4z":
+        q, scale, zero = quantize_int4z(w, group)
+        return grouped(q.reshape(n, -1, group) - zero[..., None], scale, group)
+    if method in ("q4_k", "q5_k", "q2_k"):
+        q, scale, minimum = quantize_q4k(w, *({"q5_k": (31,), "q2_k": (3, 16, 15)}.get(method, (15,))))
+        return grouped(q, scale, 16 if method == "q2_k" else 32, -minimum)
+    if method in ("q6_k", "q3_k"):
+        q, scale = quantize_q6k(w) if method == "q6_k" else quantize_q6k(w, 3, 4, 31)
+        return grouped(q - (32 if method == "q6_k" else 4), scale, 16)
+    if method in ("q4_0", "q4_1", "q5_0", "q5_1"):
+        q, d, m, offset = quantize_legacy(w, method)
+        return grouped(q - offset, d, 32, m)
+    if method in ("iq4_nl", "iq4_xs"):
+        return grouped(*quantize_iq4(w, method == "iq4_xs"), 32)
+    if method == "q8_0":
+        return grouped(*quantize_q8_0(w), 32)
+    q, scale = quantize_int8_groups(w, group) if method == "int8g" else quantize_groups(w, group)
+    return grouped(q, scale, group)
 
 
 def expected(
@@ -411,27 +479,36 @@ def int8_activations_reference(
     up: Array,
     down: Array,
     *,
+    block: int | tuple[int, int],
+    orders: tuple[Array, Array] | None = None,
     biases: tuple[Array, Array, Array] | None = None,
     activation: dict[str, Any] | None = None,
 ) -> Array:
     """The layer over given dense weights (float64, any values: a checkpoint's own dequantization)
-    with each projection's input as int8-activation kernels take it, quantized per token
-    (``quantize_rows``, the intermediate activation computed in float32 first); optional
+    with each projection's input as int8-activation kernels take it, a scale per ``block`` values
+    of K (gate/up's input, down's; one int: both; ``quantize_blocks``, the intermediate activation
+    computed in float32 first), in each expert's input orders where given (``orders``: gate/up's
+    [E, H], down's [E, I]; GPTQ's act-order: the blocks are of the inputs permuted so); optional
     per-expert biases (gate, up, down) and gated activation settings (``gated``)."""
+    blocks = (block, block) if isinstance(block, int) else block
 
-    def matmul(a: Array, w: Array) -> Array:
-        q, scale = quantize_rows(a, 127)
-        return (q.astype(np.float64) @ w.astype(np.float64).T) * scale[:, None]
+    def matmul(a: Array, w: Array, size: int) -> Array:
+        return dequantize_blocks(a, size) @ w.astype(np.float64).T  # type: ignore[no-any-return]
 
     x = np.asarray(x, dtype=F32)
     out = np.zeros((x.shape[0], down.shape[1]), dtype=np.float64)
     for e in np.unique(ids):
         tokens, slots = np.nonzero(ids == e)
-        g, u = matmul(x[tokens], gate[e]), matmul(x[tokens], up[e])
+        order = np.arange(x.shape[1]) if orders is None else orders[0][e]
+        g, u = (
+            matmul(x[tokens][:, order], gate[e][:, order], blocks[0]),
+            matmul(x[tokens][:, order], up[e][:, order], blocks[0]),
+        )
         if biases is not None:
             g, u = g + biases[0][e], u + biases[1][e]
         a = (gated(g, u, **(activation or {}))).astype(F32)
-        d = matmul(a, down[e]) + (biases[2][e] if biases is not None else 0.0)
+        inner = np.arange(a.shape[1]) if orders is None else orders[1][e]
+        d = matmul(a[:, inner], down[e][:, inner], blocks[1]) + (biases[2][e] if biases is not None else 0.0)
         out[tokens] += weights[tokens, slots][:, None].astype(np.float64) * d
     return out.astype(F32)
 

@@ -45,6 +45,15 @@ bool blis_gemm_selftest();
 
 namespace {
 
+// What a projection's input becomes (info): int8 with a scale per block of K (activation_block),
+// or the float the kernels take.
+std::string activation_scheme(Method m, int group) {
+  const Element e = element_of(m);
+  if (!int8_activations(e)) return e == Element::bf16 ? "bf16" : "fp32";
+  const int block = kActivationBlocks[static_cast<int>(e)];
+  return block < 0 ? "int8, a scale per token" : "int8, a scale per " + std::to_string(block == 0 ? group : block) + " values of K";
+}
+
 py::dict backend_info(const KernelTable& t) {
   py::dict d;
   d["name"] = t.name;
@@ -339,6 +348,8 @@ class PyMoE {
     d["method"] = method_name(layer_.config().method);
     d["down_method"] = method_name(layer_.config().down_method);
     d["kernel"] = describe_providers(min_rows);
+    d["activations"] = py::dict(py::arg("gate_up") = activation_scheme(layer_.config().method, layer_.config().group),
+                                py::arg("down") = activation_scheme(layer_.config().down_method, layer_.config().down_group));
     if (const LibraryBackend* lib = layer_.library()) {
       d["name"] = lib->name;
       const auto& providers = layer_.providers();

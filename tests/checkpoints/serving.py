@@ -11,7 +11,7 @@ import numpy as np
 import ktforge
 
 from .. import host
-from ..moe_reference import int8_activations_reference, int8_layer_error, routing
+from ..moe_reference import blocks_of, int8_activations_reference, int8_layer_error, routing
 
 BOUND = 1e-4  # fp32 sums against float64 over the same weights and int8 activations
 
@@ -31,4 +31,7 @@ def assert_every_backend_serves(path: Path, dense: list[Any], E: int, k: int, H:
         for T in (2, 70):
             x, ids, w = inputs(T, E, k, H)
             got = moe.forward(x, ids, w)
-            assert int8_layer_error(got, int8_activations_reference(x, ids, w, *dense)) < BOUND, (backend, T)
+            assert int8_layer_error(got, int8_activations_reference(x, ids, w, *dense, block=blocks_of(moe))) < BOUND, (
+                backend,
+                T,
+            )

@@ -26,7 +26,7 @@ from ktforge.formats.quantize import dequantize
 from ktforge.resources import data_path
 
 from .. import host
-from ..moe_reference import bf16_round, int8_activations_reference, int8_layer_error
+from ..moe_reference import activation_block, bf16_round, blocks_of, int8_activations_reference, int8_layer_error
 from .serving import inputs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
@@ -150,7 +150,10 @@ def test_each_served_type_runs_within_the_rounding_of_its_activations(name: str,
             reference = bf16_activations_reference(x, ids, w, *dense, taken=taken)
             assert np.abs(y - reference).max() / np.abs(reference).max() < 1e-5, (backend, T)
         else:
-            assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense)) < 1e-4, (backend, T)
+            assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense, block=blocks_of(moe))) < 1e-4, (
+                backend,
+                T,
+            )
 
 
 @pytest.mark.parametrize("name", SERVED)
@@ -188,26 +191,26 @@ def test_a_type_without_a_kernel_is_refused_naming_the_type_and_tensor(name: str
         ktforge.MoE.from_pretrained(tmp_path / "lattice.gguf", 0)
 
 
-def activations_reference(x: Any, ids: Any, w: Any, dense: list[Any], int8: tuple[bool, bool]) -> Any:
+def activations_reference(x: Any, ids: Any, w: Any, dense: list[Any], blocks: tuple[int | None, int | None]) -> Any:
     """The layer in float64 over ``dense`` with each projection's input as its kernels take it:
-    quantized to int8 per token (``int8`` True: gate/up, down) or rounded to bfloat16."""
-    from ..moe_reference import quantize_rows
+    int8 with a scale per ``blocks`` values of K (gate/up's, down's) or, where None, rounded to
+    bfloat16."""
+    from ..moe_reference import dequantize_blocks
 
-    def taken(a: Any, as_int8: bool) -> Any:
-        if not as_int8:
+    def taken(a: Any, block: int | None) -> Any:
+        if block is None:
             return bf16_round(np.asarray(a, np.float32)).astype(np.float64)
-        q, scale = quantize_rows(np.asarray(a, np.float32)[None], 127)
-        return q[0].astype(np.float64) * scale[0]
+        return dequantize_blocks(np.asarray(a, np.float32)[None], block)[0]
 
     gate, up, down = dense
     out = np.zeros((x.shape[0], down.shape[1]))
     for t in range(x.shape[0]):
-        xt = taken(x[t], int8[0])
+        xt = taken(x[t], blocks[0])
         for j in range(ids.shape[1]):
             e = ids[t, j]
             g, u = gate[e] @ xt, up[e] @ xt
             a = (g / (1 + np.exp(-g)) * u).astype(np.float32)
-            out[t] += w[t, j] * (down[e] @ taken(a, int8[1]))
+            out[t] += w[t, j] * (down[e] @ taken(a, blocks[1]))
     return out
 
 
@@ -237,7 +240,11 @@ def test_a_layer_whose_down_has_its_own_type_runs_each_in_its_format(name: str, 
         assert moe.info["packed_bytes"] == pytest.approx(sum(i.nbytes * GROWTH[i.type.name] for i in infos))
     for T in (2, 70):
         x, ids, w = inputs(T, E, K_TOP, H)
-        reference = activations_reference(x, ids, w, dense, (True, down != "bf16"))
+        blocks = (
+            activation_block(method, 32, H),
+            None if down == "bf16" else activation_block(down, 32, moe.intermediate_size),
+        )
+        reference = activations_reference(x, ids, w, dense, blocks)
         y = moe.forward(x, ids, w)
         assert int8_layer_error(y, reference) < 1e-4, (backend, T)
 

@@ -36,7 +36,7 @@ def test_the_tools_checkpoint_runs_on_its_own_values(tmp_path: Path, method: str
     for T in (1, 3, 40):
         x, ids, w = inputs(T, E, k, H)
         y = moe.forward(x, ids, w)
-        assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, T
+        assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense.values(), block=group)) < BOUND, T
     with Checkpoint(tmp_path) as checkpoint:
         file_bytes = sum(checkpoint.source_bytes(1, e, p) for e in range(E) for p in PROJECTIONS)
     # a float32 scale and a byte of zero point a group against float16 and half a byte (and g_idx)
@@ -59,16 +59,27 @@ def test_act_order_runs_exactly_on_every_backend(tmp_path: Path, group: int) -> 
         stored = checkpoint.expert(1, 0, "gate")
         assert stored.order is not None and not np.array_equal(stored.order, np.arange(H))
         assert np.array_equal(stored.to_float32(), dense["gate"][0].astype(np.float32))  # in input order
+        # each expert's input orders, gate/up's and down's (x's own where it has none)
+        orders = tuple(
+            np.stack(
+                [
+                    checkpoint.expert(1, e, p).order if checkpoint.expert(1, e, p).order is not None else np.arange(n)
+                    for e in range(E)
+                ]
+            )
+            for p, n in (("gate", H), ("down", I))
+        )
     for backend in host.runnable_backends():
         moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend=backend)
         assert moe.method == "int4z"
         for T in (2, 70):
             x, ids, w = inputs(T, E, k, H)
             got = moe.forward(x, ids, w)
-            assert int8_layer_error(got, int8_activations_reference(x, ids, w, *dense.values())) < BOUND, (backend, T)
+            want = int8_activations_reference(x, ids, w, *dense.values(), block=group, orders=orders)
+            assert int8_layer_error(got, want) < BOUND, (backend, T)
     moe.load_input_order()  # x's own order: no longer the layer the file holds
     x, ids, w = inputs(9, E, k, H)
-    assert rel_err(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values())) > 0.1
+    assert rel_err(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values(), block=group)) > 0.1
     nan = x.copy()
     nan[4, 7] = np.nan
     moe = ktforge.MoE.from_pretrained(tmp_path, layer=1)

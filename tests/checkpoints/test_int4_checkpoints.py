@@ -23,7 +23,7 @@ from ktforge.formats.quantize import quantize
 
 from .. import host
 from ..int4_checkpoints import write_int4_checkpoint
-from ..moe_reference import float_reference, int8_activations_reference, int8_layer_error, rel_err
+from ..moe_reference import blocks_of, float_reference, int8_activations_reference, int8_layer_error, rel_err
 from .serving import assert_every_backend_serves, inputs
 
 BOUND = 1e-4  # fp32 sums against float64 over the same weights and int8 activations
@@ -41,7 +41,7 @@ def test_int4_checkpoint_runs_on_its_own_values(tmp_path: Path, arch: str, group
     for T in (1, 3, 40):
         x, ids, w = inputs(T, E, k, H)
         y = moe.forward(x, ids, w)
-        assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense)) < BOUND, T
+        assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense, block=blocks_of(moe))) < BOUND, T
         assert rel_err(y, float_reference(x, ids, w, *dense)) < ACTIVATION_ROUNDING, T
     # the file's bytes and no more: codes as stored, bf16 scales as stored (the file adds its shapes)
     with Checkpoint(tmp_path) as checkpoint:
@@ -87,9 +87,12 @@ def test_what_int4_cannot_hold_runs_as_int4z(tmp_path: Path, scale_dtype: str, s
         assert moe.method == "int4z" and moe._group == 32
         for T in (2, 70):
             x, ids, w = inputs(T, E, k, H)
-            assert int8_layer_error(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense)) < BOUND, (
-                backend
-            )
+            assert (
+                int8_layer_error(
+                    moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense, block=blocks_of(moe))
+                )
+                < BOUND
+            ), backend
     with Checkpoint(tmp_path) as checkpoint:
         file_bytes = sum(checkpoint.source_bytes(1, e, p) for e in range(E) for p in PROJECTIONS)
     # float32 scales and a byte a zero point: 5 bytes a group of 32 against the file's 2 or 4 (+ 0.5)

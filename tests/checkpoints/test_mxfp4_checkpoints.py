@@ -50,7 +50,10 @@ def test_compressed_tensors_mxfp4_runs_on_its_own_values(tmp_path: Path, arch: s
     assert moe.method == "mxfp4" and moe.info["method"] == "mxfp4"
     for T in (1, 3, 40):
         x, ids, w = inputs(T, E, k, H)
-        assert int8_layer_error(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values())) < BOUND
+        assert (
+            int8_layer_error(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values(), block=32))
+            < BOUND
+        )
     assert moe.info["packed_bytes"] == _file_bytes(tmp_path, 1, E)  # the file's codes and scales, no more
 
 
@@ -89,10 +92,12 @@ def test_gpt_oss_release_runs_with_its_activation_and_biases(gpt_oss: Path, laye
     biases = _biases(release, layer)
     for T in (1, 5, 40):
         x, ids, w = inputs(T, E, k, H)
-        want = int8_activations_reference(x, ids, w, *dense.values(), biases=biases, activation=GPT_OSS_ACTIVATION)
+        want = int8_activations_reference(
+            x, ids, w, *dense.values(), block=32, biases=biases, activation=GPT_OSS_ACTIVATION
+        )
         assert int8_layer_error(moe.forward(x, ids, w), want) < BOUND, T
         # the plain SwiGLU without biases is something else: the file's gating is what ran
-        assert rel_err(int8_activations_reference(x, ids, w, *dense.values()), want) > 0.05
+        assert rel_err(int8_activations_reference(x, ids, w, *dense.values(), block=32), want) > 0.05
     assert moe.info["packed_bytes"] == _file_bytes(release, layer, E)
 
 
@@ -125,9 +130,9 @@ def test_deepseek_v4_flash_fp4_experts_run_as_released(tmp_path: Path) -> None:
     for T in (1, 40):
         x, ids, w = inputs(T, E, k, H)
         x *= 8  # gate values past the limit
-        want = int8_activations_reference(x, ids, w, *dense.values(), activation={"swiglu_limit": 10.0})
+        want = int8_activations_reference(x, ids, w, *dense.values(), block=32, activation={"swiglu_limit": 10.0})
         assert int8_layer_error(moe.forward(x, ids, w), want) < BOUND, T
-        assert rel_err(int8_activations_reference(x, ids, w, *dense.values()), want) > 0.05  # the clamp acted
+        assert rel_err(int8_activations_reference(x, ids, w, *dense.values(), block=32), want) > 0.05  # the clamp acted
     assert moe.info["packed_bytes"] == _file_bytes(tmp_path, 1, E)
     assert_every_backend_serves(tmp_path, list(dense.values()), E, k, H, "mxfp4")
 

@@ -45,7 +45,7 @@ def test_every_backend_computes_the_zero_points(group: int, T: int) -> None:
     dense = [dequantize(q, "int4z", K) for q, K in zip(layer, (H, H, I), strict=True)]
     ids, w = routing(T, E, k, seed=T)
     x = np.random.default_rng(T).standard_normal((T, H)).astype(np.float32)
-    reference = int8_activations_reference(x, ids, w, *dense)
+    reference = int8_activations_reference(x, ids, w, *dense, block=group)
     for backend in ALL_BACKENDS:
         moe = ktforge.MoE(E, k, H, I, method="int4z", group_size=group, backend=backend, threads=2)
         moe.load_quantized(*layer)
@@ -60,7 +60,7 @@ def test_the_largest_products_sum_exactly(sign: float) -> None:
     dense = [dequantize(q, "int4z", K) for q, K in zip(layer, (H, H, I), strict=True)]
     x = np.full((T, H), sign, np.float32)
     ids, w = np.arange(T).reshape(T, 1) % E, np.ones((T, 1), np.float32)
-    reference = int8_activations_reference(x, ids, w, *dense)
+    reference = int8_activations_reference(x, ids, w, *dense, block=128)
     for backend in ALL_BACKENDS:
         moe = ktforge.MoE(E, k, H, I, method="int4z", group_size=128, backend=backend)
         moe.load_quantized(*layer)

@@ -79,7 +79,7 @@ def test_every_backend_computes_the_files_values(T: int) -> None:
     dense = [_dense(q, K) for q, K in zip(layer, (H, H, I), strict=True)]
     ids, w = routing(T, E, k, seed=T)
     x = np.random.default_rng(T).standard_normal((T, H)).astype(np.float32)
-    reference = int8_activations_reference(x, ids, w, *dense)
+    reference = int8_activations_reference(x, ids, w, *dense, block=32)
     for backend in ALL_BACKENDS:
         moe = ktforge.MoE(E, k, H, I, method="mxfp4", group_size=32, backend=backend, threads=2)
         moe.load_quantized(*layer)
@@ -98,7 +98,7 @@ def test_the_largest_products_sum_exactly(sign: float) -> None:
     dense = [_dense(q, K) for q, K in zip(layer, (H, H, I), strict=True)]
     x = np.full((T, H), sign, np.float32)
     ids, w = np.arange(T).reshape(T, 1) % E, np.ones((T, 1), np.float32)
-    reference = int8_activations_reference(x, ids, w, *dense)
+    reference = int8_activations_reference(x, ids, w, *dense, block=32)
     for backend in ALL_BACKENDS:
         moe = ktforge.MoE(E, k, H, I, method="mxfp4", group_size=32, backend=backend)
         moe.load_quantized(*layer)
@@ -122,7 +122,7 @@ def test_scale_codes_from_end_to_end_are_exact(scales: tuple[int, ...], x_scale:
     assert np.isfinite(dense[0]).all() and (np.abs(dense[0][dense[0] != 0]) < 2.0**-120).any() == (scales[0] == 0)
     x = (rng.standard_normal((T, H)) * x_scale).astype(np.float32)
     ids, w = np.zeros((T, 1), np.int64), np.ones((T, 1), np.float32)
-    reference = int8_activations_reference(x, ids, w, *dense)
+    reference = int8_activations_reference(x, ids, w, *dense, block=32)
     assert np.isfinite(reference).all() and np.abs(reference).max() > 0
     for backend in ALL_BACKENDS:
         moe = ktforge.MoE(E, k, H, I, method="mxfp4", group_size=32, backend=backend)

@@ -74,6 +74,17 @@ class Format:
     providers: dict[str, str]  # provider -> what it runs, preferred first
     checkpoint: CheckpointNames
     super_block: SuperBlock | None = None
+    activation_block: str | None = None  # int8 activations: "group", "super_block" or "row"
+
+    def activation_values(self, group_size: int, kp: int) -> int:
+        """Values of K one int8 activation scale covers, at a group size and a padded K."""
+        if self.activation_block == "group":
+            return group_size
+        if self.activation_block == "super_block" and self.super_block is not None:
+            return self.super_block.values
+        if self.activation_block == "row":
+            return kp
+        raise ValueError(f"format {self.name!r} has no int8 activations")
 
     @property
     def grouped(self) -> bool:
@@ -111,6 +122,10 @@ def _format(row: dict[str, object]) -> Format:
         raise ValueError(f"format {made.name!r}: element {made.element!r} is none of {', '.join(ELEMENTS)}")
     if len(made.group_sizes) > 4 or len(made.providers) > 4:
         raise ValueError(f"format {made.name!r}: at most 4 group sizes and 4 providers (formats.gen.hpp's arrays)")
+    if made.activation_block not in (None, "group", "super_block", "row") or (
+        made.activation_block == "super_block" and made.super_block is None
+    ):
+        raise ValueError(f"format {made.name!r}: activation_block {made.activation_block!r} is not one it can have")
     if made.k_step == 0 and not made.group_sizes:
         raise ValueError(f"format {made.name!r}: k_step 0 (the group size) needs group_sizes")
     return made
@@ -205,6 +220,10 @@ def cpp_text() -> str:
         "}",
         f"constexpr int kFormatCount = {len(rows)};",
         "",
+        "// Values of K one int8 activation scale covers, by element family (formats.json's activation_block):",
+        "// 0 the weights' group, -1 the whole row, else that many (a super-block).",
+        f"constexpr int kActivationBlocks[] = {{{', '.join(map(str, _activation_blocks()))}}};",
+        "",
         "inline Element element_of(Method m) { return format_info(m).element; }",
         "inline const char* method_name(Method m) { return format_info(m).name; }",
         "inline Method parse_method(const std::string& name) {",
@@ -234,6 +253,19 @@ def cpp_text() -> str:
         "}  // namespace kt",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _activation_blocks() -> list[int]:
+    """Each element family's activation block for C++ (0: group, -1: row, else values), the same in
+    every format of a family."""
+    codes: dict[str, int] = {}
+    for f in table():
+        if f.activation_block is None:
+            continue
+        code = {"group": 0, "row": -1}.get(f.activation_block, f.super_block.values if f.super_block else 0)
+        if codes.setdefault(f.element, code) != code:
+            raise ValueError(f"format {f.name!r}: element {f.element!r} has two activation blocks")
+    return [codes.get(e, -1) for e in ELEMENTS]
 
 
 def providers_text() -> str:

@@ -532,7 +532,8 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
   } else {
     if (act.q.size() < total) act.q.resize(total);
     if (act.q_u8.size() < total) act.q_u8.resize(total);
-    if (act.scale.size() < static_cast<std::size_t>(rows)) act.scale.resize(rows);
+    act.block = activation_block(method, group, Kp), act.blocks = Kp / act.block;
+    act.scale.resize(std::max(act.scale.size(), static_cast<std::size_t>(rows) * act.blocks));
     if (group_sums(method)) {
       std::size_t g = static_cast<std::size_t>(rows) * (Kp / group);
       if (act.gsum.size() < g) act.gsum.resize(g);
@@ -581,8 +582,8 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
       if (widen) widen_row(r);
     } else {
       int32_t* gsum = group_sums(method) ? act.gsum.data() + r * (Kp / group) : nullptr;
-      finite = ops.quantize_row(row, K, Kp, group, act.q.data() + r * Kp, act.q_u8.data() + r * Kp,
-                                act.scale.data() + r, gsum);
+      finite = ops.quantize_row(row, K, Kp, group, act.block, act.q.data() + r * Kp, act.q_u8.data() + r * Kp,
+                                act.scale.data() + r * act.blocks, gsum);
     }
     if (!finite) bad_row = r;
   };

@@ -23,25 +23,26 @@ inline void group_sums(const int8_t* q, int Kp, int group, int32_t* gsum) {
   }
 }
 
-// Returns false when the row holds NaN or infinity (nothing useful can be quantized).
-bool quantize_row_generic(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* q_u8, float* scale,
+// A scale per `block` values of K (a multiple of 16 dividing Kp); false when the row holds NaN or
+// infinity (nothing useful can be quantized).
+bool quantize_row_generic(const float* x, int K, int Kp, int group, int block, int8_t* q, uint8_t* q_u8, float* scale,
                           int32_t* gsum) {
-  float max_abs = 0.f;
   bool finite = true;
-  for (int k = 0; k < K; ++k) {
-    float a = std::fabs(x[k]);
-    max_abs = a > max_abs ? a : max_abs;
-    finite &= a <= 3.4028235e38f;  // false for NaN and inf
-  }
+  for (int k = 0; k < K; ++k) finite &= std::fabs(x[k]) <= 3.4028235e38f;  // false for NaN and inf
   if (!finite) return false;
-  const float s = symmetric_scale(max_abs, 127), inv = 1.f / s;
-  *scale = s;
-  for (int k = 0; k < K; ++k) {
-    float v = std::nearbyint(x[k] * inv);
-    v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
-    q[k] = static_cast<int8_t>(v);
+  for (int b0 = 0; b0 < Kp; b0 += block) {
+    const int end = std::min(K, b0 + block);
+    float max_abs = 0.f;
+    for (int k = b0; k < end; ++k) max_abs = std::max(max_abs, std::fabs(x[k]));
+    const float s = symmetric_scale(max_abs, 127), inv = 1.f / s;
+    scale[b0 / block] = s;
+    for (int k = b0; k < end; ++k) {
+      float v = std::nearbyint(x[k] * inv);
+      v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
+      q[k] = static_cast<int8_t>(v);
+    }
   }
-  std::fill(q + K, q + Kp, int8_t{0});
+  std::fill(q + std::min(K, Kp), q + Kp, int8_t{0});
   for (int k = 0; k < Kp; ++k) q_u8[k] = static_cast<uint8_t>(q[k] + 128);
   if (gsum) group_sums(q, Kp, group, gsum);
   return true;

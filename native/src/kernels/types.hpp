@@ -95,6 +95,17 @@ constexpr int kIq4xsSuperBytes = 16 * 2 + kQ4kGroupsPerSuper * 16, kIq4xsSubScal
 // iq4xs's portable row record, one a super-block (ktforge.formats.quantize): d (float16), sc[8] (ls - 32).
 constexpr int kIq4xsRowRecordBytes = 2 + kQ4kGroupsPerSuper;
 
+// Values of K one activation scale covers (int8 activations): the weights' group, whose int32
+// sums every kernel scales anyway (one multiply more a group); a super-block of 256 where the
+// kernels fold its groups' sums in int32 before scaling (q3k, q2k: llama.cpp's Q8_K blocks);
+// the whole row for per-row int8, whose kernels keep one int32 sum over K. An outlier channel
+// so sets the scale of its block only, not of the whole token.
+// formats.json's activation_block says which (kActivationBlocks, generated from it).
+inline int activation_block(Element m, int group, int Kp) {
+  const int block = kActivationBlocks[static_cast<int>(m)];
+  return block == 0 ? group : block < 0 ? Kp : block;
+}
+
 // Nibble elements: int4's panel layout, two values a byte.
 inline bool nibbles(Element m) {
   return m == Element::int4 || m == Element::fp4 || m == Element::int4z || m == Element::q4k || iq4(m);
@@ -403,7 +414,10 @@ struct Activations {
   int64_t f32_ld = 0;
   aligned_vector<int8_t> q;       // [rows][Kp], values in [-127, 127]
   aligned_vector<uint8_t> q_u8;   // [rows][Kp], q + 128 (for u8 x s8 dot products)
-  aligned_vector<float> scale;    // [rows]: x ~= q * scale
+  int block = 0;                  // values of K a scale covers (activation_block), blocks = Kp / block
+  int blocks = 1;
+  aligned_vector<float> scale;    // [rows][blocks]: x[k] ~= q[k] * scale[k / block]
+  const float* scales(int64_t row) const { return scale.data() + row * blocks; }
   aligned_vector<int32_t> gsum;   // grouped elements: [rows][Kp/group] sums of q per group
 };
 
@@ -426,8 +440,9 @@ struct KernelTable {
   void (*gemm)(const GemmArgs&);
   // out[i] = silu(gate[i]) * up[i]
   void (*silu_mul)(const float* gate, const float* up, float* out, int n);
-  // Symmetric int8 row quantization (see Activations); false if the row is not finite.
-  bool (*quantize_row)(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* q_u8, float* scale,
+  // Symmetric int8 row quantization, a scale per `block` values (see Activations); false if the
+  // row is not finite.
+  bool (*quantize_row)(const float* x, int K, int Kp, int group, int block, int8_t* q, uint8_t* q_u8, float* scale,
                        int32_t* gsum);
   bool (*to_bf16_row)(const float* x, int K, int Kp, uint16_t* out);
   void (*combine)(const float* const* rows, const float* weights, int k, int n, float* out);

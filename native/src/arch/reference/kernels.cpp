@@ -45,8 +45,9 @@ void gemm_int8(const GemmArgs& a) {
   }
 }
 
-// The grouped elements: each group's sum is exact in int32 and scaled at the group's end, as
-// every backend does. code(block, c, k) reads value k of column c of a block's panel; scale(block, g, c) is
+// The grouped elements: each group's sum is exact in int32 and scaled at the group's end, times
+// the row's activation scale of its block (activation_block: the group, or the super-block that
+// holds it), as every backend does. code(block, c, k) reads value k of column c of a block's panel; scale(block, g, c) is
 // column c of the block's scale for group g (bf16 unless given), zero(block, g, c) what each of
 // its values is offset by (int4z's zero point; none unless given).
 using GroupValue = float (*)(const PackedMatrix&, int, int, int);
@@ -63,10 +64,11 @@ template <typename Code>
 void gemm_grouped(const GemmArgs& a, Code code, GroupValue scale = bf16_group_scale, float final_scale = 1.f,
                   GroupValue zero = no_zero, GroupValue minimum = no_zero) {
   const PackedMatrix& w = *a.w;
-  const int G = w.groups(), group = w.group;
+  const int G = w.groups(), group = w.group, block_of = a.act->block;
   for (int i = 0; i < a.m; ++i) {
     const int64_t r = a.rows[i];
     const int8_t* x = a.act->q.data() + r * a.act->Kp;
+    const float* xs = a.act->scales(r);
     for (int n = a.n0; n < a.n1; ++n) {
       const uint8_t* block = w.block(n / 16);
       float acc = 0.f;
@@ -74,10 +76,11 @@ void gemm_grouped(const GemmArgs& a, Code code, GroupValue scale = bf16_group_sc
         int32_t s = 0;
         for (int k = g * group; k < (g + 1) * group; ++k) s += code(block, n % 16, k) * x[k];
         s -= static_cast<int32_t>(zero(w, n / 16, g, n % 16)) * a.act->gsum[r * G + g];
-        acc += static_cast<float>(s) * scale(w, n / 16, g, n % 16);
-        acc -= static_cast<float>(a.act->gsum[r * G + g]) * minimum(w, n / 16, g, n % 16);
+        const float sums = static_cast<float>(s) * scale(w, n / 16, g, n % 16) -
+                           static_cast<float>(a.act->gsum[r * G + g]) * minimum(w, n / 16, g, n % 16);
+        acc += sums * xs[g * group / block_of];
       }
-      a.out[i * a.ld_out + (n - a.n0)] = acc * (a.act->scale[r] * final_scale);
+      a.out[i * a.ld_out + (n - a.n0)] = acc * final_scale;
     }
   }
 }

@@ -19,37 +19,28 @@ namespace {
 
 // One group's sums of a row against 16 columns, less what unsigned weights carry (offsets[n] *
 // x_sum: int8g's 128, int4z's zero points; none for int4's signed ones), times the group's
-// scales into acc, fused (one rounding, as vfmadd): the AVX-512 kernels' order, so the model,
-// the hardware and they are bit-identical.
-inline void flush_group(const int32_t* c, const uint8_t* offsets, int32_t x_sum, const float* ws, float* acc) {
+// scales, times the row's activation scale of the group (xs) into acc, each fused (one rounding,
+// as vfmadd): the AVX-512 kernels' order, so the model, the hardware and they are bit-identical.
+inline void flush_group(const int32_t* c, const uint8_t* offsets, int32_t x_sum, const float* ws, float xs, float* acc) {
 #ifndef KTFORGE_AMX_MODEL
   __m512i sums = _mm512_loadu_si512(c);
   if (offsets)
     sums = _mm512_sub_epi32(sums, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets))),
                                                      _mm512_set1_epi32(x_sum)));
-  _mm512_storeu_ps(acc, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_loadu_ps(ws), _mm512_loadu_ps(acc)));
+  const __m512 scaled = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_loadu_ps(ws), _mm512_setzero_ps());
+  _mm512_storeu_ps(acc, _mm512_fmadd_ps(scaled, _mm512_set1_ps(xs), _mm512_loadu_ps(acc)));
 #else
   for (int n = 0; n < 16; ++n)
-    acc[n] = std::fma(static_cast<float>(c[n] - (offsets ? offsets[n] * x_sum : 0)), ws[n], acc[n]);
+    acc[n] = std::fma(std::fma(static_cast<float>(c[n] - (offsets ? offsets[n] * x_sum : 0)), ws[n], 0.f), xs, acc[n]);
 #endif
 }
 
-// out[16] = acc[16] * xs
-inline void scale_out(const float* acc, float xs, float* out) {
-#ifndef KTFORGE_AMX_MODEL
-  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_loadu_ps(acc), _mm512_set1_ps(xs)));
-#else
-  for (int n = 0; n < 16; ++n) out[n] = acc[n] * xs;
-#endif
-}
-
-// A 32-row block's float accumulators (acc[32][32], `halves` column blocks from blk) times each
-// token's activation scale, into the task's output rows.
+// A 32-row block's float accumulators (acc[32][32], `halves` column blocks from blk), already
+// scaled by each token's activation scales, into the task's output rows.
 inline void store_rows(const GemmArgs& g, int i0, int rows, int blk, int halves, const float* acc) {
   for (int i = 0; i < rows; ++i) {
-    const float xs = g.act->scale[g.rows[i0 + i]];
     float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
-    for (int h = 0; h < halves; ++h) scale_out(acc + i * 32 + h * 16, xs, out + h * 16);
+    for (int h = 0; h < halves; ++h) std::memcpy(out + h * 16, acc + i * 32 + h * 16, 16 * sizeof(float));
   }
 }
 
@@ -167,9 +158,11 @@ void amx_grouped(const GemmArgs& g) {
           group_sums<GroupDot::signed_weights>(ai, row_bytes, b_blocks, pair, grp * steps, steps, kbytes, c);
         for (int h = 0; h < halves; ++h) {
           const uint8_t* offsets = int8g ? kInt8gOffsets : int4z ? w.block_meta(blk + h) + grp * kInt4zGroupBytes + 64 : nullptr;
-          for (int i = 0; i < rows; ++i)
-            flush_group(c + i * 32 + h * 16, offsets, act.gsum[static_cast<int64_t>(g.rows[i0 + i]) * G + grp],
-                        scales[h] + grp * 16, acc + i * 32 + h * 16);
+          for (int i = 0; i < rows; ++i) {
+            const int64_t r = g.rows[i0 + i];
+            flush_group(c + i * 32 + h * 16, offsets, act.gsum[r * G + grp], scales[h] + grp * 16, act.scales(r)[grp],
+                        acc + i * 32 + h * 16);
+          }
         }
       }
       store_rows(g, i0, rows, blk, halves, acc);
@@ -191,14 +184,16 @@ inline void widen_f16(const uint8_t* bits, float* out) {
 #endif
 }
 
-// acc[16] += float(sums[16]) * d[16], then -= float(mins[16]) * dmin[16], each fused: q2k's
+// acc[16] += (float(sums[16]) * d[16] - float(mins[16]) * dmin[16]) * xs, each step fused: q2k's
 // super-block flush in the AVX-512 kernel's order.
-inline void flush_q2k(const int32_t* sums, const int32_t* mins, const float* d, const float* dmin, float* acc) {
+inline void flush_q2k(const int32_t* sums, const int32_t* mins, const float* d, const float* dmin, float xs, float* acc) {
 #ifndef KTFORGE_AMX_MODEL
-  const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(sums)), _mm512_loadu_ps(d), _mm512_loadu_ps(acc));
-  _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(mins)), _mm512_loadu_ps(dmin), a));
+  const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(sums)), _mm512_loadu_ps(d), _mm512_setzero_ps());
+  const __m512 scaled = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(mins)), _mm512_loadu_ps(dmin), a);
+  _mm512_storeu_ps(acc, _mm512_fmadd_ps(scaled, _mm512_set1_ps(xs), _mm512_loadu_ps(acc)));
 #else
-  for (int n = 0; n < 16; ++n) acc[n] = std::fma(-static_cast<float>(mins[n]), dmin[n], std::fma(static_cast<float>(sums[n]), d[n], acc[n]));
+  for (int n = 0; n < 16; ++n)
+    acc[n] = std::fma(std::fma(-static_cast<float>(mins[n]), dmin[n], std::fma(static_cast<float>(sums[n]), d[n], 0.f)), xs, acc[n]);
 #endif
 }
 
@@ -262,13 +257,14 @@ void amx_folded(const GemmArgs& g) {
       for (int s = 0; s < supers; ++s) {
         group_sums<GroupDot::unsigned_weights>(ai, row_bytes, b_blocks, q2k || halves == 2, s * 4, 4, 64, c);
         for (int i = 0; i < rows; ++i) {
+          const float xs = act.scales(g.rows[i0 + i])[s];  // a scale a super-block (activation_block)
           if (q2k) {
-            flush_q2k(c + i * 32, c + i * 32 + 16, d[0] + s * 16, d[1] + s * 16, acc + i * 32);
+            flush_q2k(c + i * 32, c + i * 32 + 16, d[0] + s * 16, d[1] + s * 16, xs, acc + i * 32);
             continue;
           }
           const int32_t x_sum = x_super[static_cast<std::size_t>(i0 + i) * supers + s];
           for (int h = 0; h < halves; ++h)
-            flush_group(c + i * 32 + h * 16, kQ3kFoldOffsets, x_sum, d[h] + s * 16, acc + i * 32 + h * 16);
+            flush_group(c + i * 32 + h * 16, kQ3kFoldOffsets, x_sum, d[h] + s * 16, xs, acc + i * 32 + h * 16);
         }
       }
       store_rows(g, i0, rows, blk, halves, acc);

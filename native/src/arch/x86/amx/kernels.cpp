@@ -376,8 +376,8 @@ std::vector<std::string> features() { return compiled_features(); }
 // Row operations and bandwidth are the SIMD backend's (looked up when called, not at
 // static initialisation, whose order across files is unspecified).
 void silu_mul(const float* g, const float* u, float* o, int n) { simd().silu_mul(g, u, o, n); }
-bool quantize_row(const float* x, int K, int Kp, int group, int8_t* q, uint8_t* u8, float* s, int32_t* gs) {
-  return simd().quantize_row(x, K, Kp, group, q, u8, s, gs);
+bool quantize_row(const float* x, int K, int Kp, int group, int block, int8_t* q, uint8_t* u8, float* s, int32_t* gs) {
+  return simd().quantize_row(x, K, Kp, group, block, q, u8, s, gs);
 }
 bool to_bf16_row(const float* x, int K, int Kp, uint16_t* out) { return simd().to_bf16_row(x, K, Kp, out); }
 void combine(const float* const* rows, const float* w, int k, int n, float* out) {

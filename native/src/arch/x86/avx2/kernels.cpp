@@ -170,7 +170,7 @@ template <bool Half>
 struct Int8gTiles {
  template <int M, int NB>
  struct Tile {
-  static void run(const int8_t* const* x, const float* xs, const uint8_t* panel, const uint16_t* g_scale, int groups,
+  static void run(const int8_t* const* x, const float* const* xs, const uint8_t* panel, const uint16_t* g_scale, int groups,
                   int group, float* out, int64_t ld) {
     __m256 accf[M][2];
     for (int i = 0; i < M; ++i) accf[i][0] = accf[i][1] = _mm256_setzero_ps();
@@ -186,16 +186,17 @@ struct Int8gTiles {
             _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + 32)), offset)};
         signed_bytes_step<M>(b, x, p, acc);
       }
-      for (int i = 0; i < M; ++i)
-        for (int h = 0; h < 2; ++h)
-          accf[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][h]),
-                                       Half ? load_f16_scales(g_scale + g * 16 + h * 8)
-                                            : load_scales(g_scale + g * 16 + h * 8),
-                                       accf[i][h]);
+      for (int i = 0; i < M; ++i)  // the group's scaled sums times the row's activation scale of the group
+        for (int h = 0; h < 2; ++h) {
+          const __m256 sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][h]),
+                                              Half ? load_f16_scales(g_scale + g * 16 + h * 8)
+                                                   : load_scales(g_scale + g * 16 + h * 8),
+                                              _mm256_setzero_ps());
+          accf[i][h] = _mm256_fmadd_ps(sums, _mm256_set1_ps(xs[i][g]), accf[i][h]);
+        }
     }
     for (int i = 0; i < M; ++i)
-      for (int h = 0; h < 2; ++h)
-        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(accf[i][h], _mm256_set1_ps(xs[i])));
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * ld + h * 8, accf[i][h]);
   }
  };
 };
@@ -260,12 +261,12 @@ void gemm_fp8_block(const GemmArgs& a, int blk) {
 
 // A nibble element's (or q5k's, q6k's) rows against block blk, its codes chosen by element.
 template <class Codes>
-void nibble_rows_of(int m, const int8_t* const* rows, const int32_t* const* sums, const float* xs, const PackedMatrix& w,
+void nibble_rows_of(int m, const int8_t* const* rows, const int32_t* const* sums, const float* const* xs, const PackedMatrix& w,
                     int blk, float* out, int64_t ld) {
   dispatch<kRows, 1, NibbleTile<Codes>::template Tile>(m, 1, rows, sums, xs, w.block(blk), Codes::scales_of(w, blk),
                                                        w.groups(), w.group, out, ld);
 }
-void nibble_rows(Element e, int m, const int8_t* const* rows, const int32_t* const* sums, const float* xs,
+void nibble_rows(Element e, int m, const int8_t* const* rows, const int32_t* const* sums, const float* const* xs,
                  const PackedMatrix& w, int blk, float* out, int64_t ld) {
   const auto run = e == Element::int4z   ? nibble_rows_of<Int4zCodes>
                    : e == Element::q4k   ? nibble_rows_of<Q4kCodes>
@@ -304,13 +305,15 @@ void gemm(const GemmArgs& a) {
     for (int i0 = 0; i0 < a.m; i0 += kRows) {
       const int m = std::min(kRows, a.m - i0);
       float* out = a.out + i0 * a.ld_out + (blk * 16 - a.n0);
-      float xs[kRows];
+      float xs[kRows];          // int8: a scale a row
+      const float* bxs[kRows];  // the grouped elements: a row's scale per block (activation_block)
       const int32_t* sums[kRows];
       const int8_t* rows[kRows];
       for (int i = 0; i < m; ++i) {
         int64_t r = a.rows[i0 + i];
         rows[i] = act.q.data() + r * act.Kp;
-        xs[i] = act.scale[r];
+        xs[i] = act.scale[r * act.blocks];
+        bxs[i] = act.scales(r);
         if (group_sums(w.element)) sums[i] = act.gsum.data() + r * G;
       }
       if (w.element == Element::int8)
@@ -319,15 +322,15 @@ void gemm(const GemmArgs& a) {
                                      w.Kp / 4, out, a.ld_out);
       else if (w.element == Element::int8g)
         dispatch<kRows, 1, Int8gTiles<false>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                    static_cast<const float*>(xs), w.block(blk), w.block_scales(blk),
+                                                    static_cast<const float* const*>(bxs), w.block(blk), w.block_scales(blk),
                                                     G, w.group, out, a.ld_out);
       else if (w.element == Element::int8h)
         dispatch<kRows, 1, Int8gTiles<true>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
-                                                   static_cast<const float*>(xs), w.block(blk), w.block_scales(blk),
+                                                   static_cast<const float* const*>(bxs), w.block(blk), w.block_scales(blk),
                                                    G, w.group, out, a.ld_out);
       else
         nibble_rows(w.element, m, static_cast<const int8_t* const*>(rows), static_cast<const int32_t* const*>(sums),
-                    static_cast<const float*>(xs), w, blk, out, a.ld_out);
+                    static_cast<const float* const*>(bxs), w, blk, out, a.ld_out);
     }
   }
 }

@@ -295,14 +295,16 @@ struct Folding {};
 template <class Codes, int M>
 struct Folding<Codes, M, true> {
   typename Codes::Folded sums[M][2] = {};
+  // x_scale: each row's activation scales, one a super-block (activation_block)
   void add(const typename Codes::Scale* g_scale, int g, const __m256i (&acc)[M][2], const int32_t* const* gsum,
-           __m256 (&accf)[M][2]) {
+           const float* const* x_scale, __m256 (&accf)[M][2]) {
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h) Codes::fold(g_scale, g, h, acc[i][h], gsum[i][g], sums[i][h]);
     if ((g + 1) % Codes::kFoldGroups != 0) return;
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h) {
-        accf[i][h] = Codes::flush(g_scale, g / Codes::kFoldGroups, h, sums[i][h], accf[i][h]);
+        accf[i][h] = _mm256_fmadd_ps(Codes::flush(g_scale, g / Codes::kFoldGroups, h, sums[i][h], _mm256_setzero_ps()),
+                                     _mm256_set1_ps(x_scale[i][g / Codes::kFoldGroups]), accf[i][h]);
         sums[i][h] = typename Codes::Folded();
       }
   }
@@ -312,7 +314,7 @@ template <class Codes>
 struct NibbleTile {
  template <int M, int NB>
  struct Tile {
-  static void run(const int8_t* const* x, const int32_t* const* gsum, const float* xs, const uint8_t* panel,
+  static void run(const int8_t* const* x, const int32_t* const* gsum, const float* const* xs, const uint8_t* panel,
                   const typename Codes::Scale* g_scale, int groups, int group, float* out, int64_t ld) {
     constexpr int kSteps16 = Codes::kSteps16;
     __m256 accf[M][2];
@@ -369,15 +371,18 @@ struct NibbleTile {
             for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(acc16[i][h], ones));
       }
       if constexpr (FoldsScales<Codes>::value) {
-        folding.add(g_scale, g, acc, gsum, accf);
-      } else {
+        folding.add(g_scale, g, acc, gsum, xs, accf);
+      } else {  // the group's scaled sums times the row's activation scale of the group
         for (int i = 0; i < M; ++i)
-          for (int h = 0; h < 2; ++h) accf[i][h] = Codes::accumulate(g_scale, g, h, acc[i][h], gsum[i][g], accf[i][h]);
+          for (int h = 0; h < 2; ++h)
+            accf[i][h] = _mm256_fmadd_ps(Codes::accumulate(g_scale, g, h, acc[i][h], gsum[i][g], _mm256_setzero_ps()),
+                                         _mm256_set1_ps(xs[i][g]), accf[i][h]);
       }
     }
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h)
-        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(accf[i][h], _mm256_set1_ps(xs[i] * Codes::kFinal)));
+        _mm256_storeu_ps(out + i * ld + h * 8,
+                         Codes::kFinal == 1.f ? accf[i][h] : _mm256_mul_ps(accf[i][h], _mm256_set1_ps(Codes::kFinal)));
   }
  };
 };

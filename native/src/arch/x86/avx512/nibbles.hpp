@@ -37,6 +37,7 @@ struct OffsetThenScale {
 // sums are scaled (accumulate). int4: the nibbles themselves, w + 8, bf16 group scales.
 struct Int4Codes : OffsetThenScale<Int4Codes> {
   using Scale = uint16_t;
+  static constexpr int kOffset = 8;
   static constexpr float kFinal = 1.f;
   static __m512i table() { return _mm512_setzero_si512(); }
   static __m512i decode(__m512i nibbles, __m512i) { return nibbles; }
@@ -66,6 +67,7 @@ struct Int4zCodes : OffsetThenScale<Int4zCodes> {
 // scales built as float bits (kernels/types.hpp), the doubling halved at the end.
 struct Fp4Codes : OffsetThenScale<Fp4Codes> {
   using Scale = uint8_t;
+  static constexpr int kOffset = kFp4Offset;
   static constexpr float kFinal = 0.5f;
   static __m512i table() {
     alignas(16) int8_t t[16];
@@ -153,6 +155,7 @@ struct Iq4Lookup {
 template <int Offset>
 struct HalfScales : OffsetThenScale<HalfScales<Offset>> {
   using Scale = uint16_t;
+  static constexpr int kOffset = Offset;
   static const Scale* group(const Scale* block, int g) { return block + g * 16; }
   static __m512 scales(const Scale* s) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s))); }
   static __m512i offset(const Scale*, int32_t x_sum) { return _mm512_set1_epi32(Offset * x_sum); }
@@ -263,6 +266,13 @@ inline void add_planes(const uint8_t* line, __m512i& lo, __m512i& hi) {
   if constexpr (L::kOneBit >= 0) add_one_bit<1 << L::kOneBitAt>(line + L::kOneBit, lo, hi);
 }
 
+// Codes whose sums carry one offset in every column (kOffset times the group's activation sum):
+// the tile starts each group's sums at minus that, so no column subtracts it (int8g's way).
+template <class Codes, class = void>
+struct ConstantOffset : std::integral_constant<int, 0> {};
+template <class Codes>
+struct ConstantOffset<Codes, std::void_t<decltype(Codes::kOffset)>> : std::integral_constant<int, Codes::kOffset> {};
+
 // A tile's folded sums (FoldsScales): each group's sums folded in, flushed into the float
 // accumulators at each super-block's last group.
 template <class Codes, int M, int NB, bool = FoldsScales<Codes>::value>
@@ -270,25 +280,30 @@ struct Folding {};
 template <class Codes, int M, int NB>
 struct Folding<Codes, M, NB, true> {
   typename Codes::Folded sums[M][NB] = {};
+  // x_scale: each row's activation scales, one a super-block (activation_block)
   void add(const typename Codes::Scale* const* g_scale, int g, const __m512i (&acc)[M][NB],
-           const int32_t* const* gsum, __m512 (&accf)[M][NB]) {
+           const int32_t* const* gsum, const float* const* x_scale, __m512 (&accf)[M][NB]) {
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < NB; ++j) Codes::fold(g_scale[j], g, acc[i][j], gsum[i][g], sums[i][j]);
     if ((g + 1) % Codes::kFoldGroups != 0) return;
-    for (int i = 0; i < M; ++i)
+    const int super = g / Codes::kFoldGroups;
+    for (int i = 0; i < M; ++i) {
+      const __m512 xs = _mm512_set1_ps(x_scale[i][super]);
       for (int j = 0; j < NB; ++j) {
-        accf[i][j] = Codes::flush(g_scale[j], g / Codes::kFoldGroups, sums[i][j], accf[i][j]);
+        accf[i][j] = _mm512_fmadd_ps(Codes::flush(g_scale[j], super, sums[i][j], _mm512_setzero_ps()), xs, accf[i][j]);
         sums[i][j] = typename Codes::Folded();
       }
+    }
   }
 };
 
 // Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12, int4z's q), activations
 // signed: the sum over a group carries offset * sum_k x (int4z: zero * sum_k x, by column), removed
-// per group before scaling.
+// per group before scaling. Each group's scaled sums (a super-block's, where they fold) times the
+// row's activation scale of that block (x_scale[i][b]), fused into the accumulators.
 template <class Codes, int M, int NB>
 // noinline: register allocation in isolation keeps every accumulator in a register
-__attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t* const* gsum, const float* x_scale,
+__attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t* const* gsum, const float* const* x_scale,
                                            const uint8_t* const* panel, const typename Codes::Scale* const* g_scale,
                                            int groups, int group, float* out, int64_t ld) {
   __m512 accf[M][NB];
@@ -298,9 +313,12 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
   const int steps = (folded_group<Codes>() ? folded_group<Codes>() : group) / 8;
   [[maybe_unused]] Folding<Codes, M, NB> folding;
   for (int g = 0; g < groups; ++g) {
+    constexpr int kOffset = ConstantOffset<Codes>::value;
     __m512i acc[M][NB];
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_si512();
+    for (int i = 0; i < M; ++i) {
+      const __m512i start = _mm512_set1_epi32(-kOffset * gsum[i][g]);
+      for (int j = 0; j < NB; ++j) acc[i][j] = start;
+    }
     for (int s = 0; s < steps; ++s) {
       const int p = g * steps + s;
       __m512i lo[NB], hi[NB];
@@ -330,15 +348,20 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
       }
     }
     if constexpr (FoldsScales<Codes>::value) {
-      folding.add(g_scale, g, acc, gsum, accf);
+      folding.add(g_scale, g, acc, gsum, x_scale, accf);
     } else {
-      for (int i = 0; i < M; ++i)
-        for (int j = 0; j < NB; ++j) accf[i][j] = Codes::accumulate(g_scale[j], g, acc[i][j], gsum[i][g], accf[i][j]);
+      for (int i = 0; i < M; ++i) {
+        const __m512 xs = _mm512_set1_ps(x_scale[i][g]);
+        for (int j = 0; j < NB; ++j)
+          accf[i][j] = _mm512_fmadd_ps(
+              Codes::accumulate(g_scale[j], g, acc[i][j], kOffset ? 0 : gsum[i][g], _mm512_setzero_ps()), xs, accf[i][j]);
+      }
     }
   }
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j)
-      _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(accf[i][j], _mm512_set1_ps(x_scale[i] * Codes::kFinal)));
+      _mm512_storeu_ps(out + i * ld + j * 16,
+                       Codes::kFinal == 1.f ? accf[i][j] : _mm512_mul_ps(accf[i][j], _mm512_set1_ps(Codes::kFinal)));
 }
 
 // nibble_tile as the grouped elements' driver takes a tile (kernels.cpp)
