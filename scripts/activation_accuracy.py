@@ -18,8 +18,8 @@ The error is the largest |difference| over the largest |exact output|, the media
 
 Caveats: the fixtures' hidden and intermediate sizes are 256 (tiny files), so a per-256 block is a
 whole token's row there; at Qwen3-30B-A3B's 2048 a token's scale spans 8 times more values than
-per-256 and 64 times more than per-32. llama.cpp's own layer output (its eval callback's
-ffn_moe_out) is not compared here, only its scheme.
+per-256 and 64 times more than per-32. scripts/llama_cpp_accuracy.py compares llama.cpp's own
+layer output (its eval callback's ffn_moe_out) at those shapes.
 """
 
 from __future__ import annotations
