@@ -47,11 +47,11 @@ namespace {
 
 // What a projection's input becomes (info): int8 with a scale per block of K (activation_block),
 // or the float the kernels take.
-std::string activation_scheme(Method m, int group) {
+std::string activation_scheme(Method m, int group, bool token_scales) {
   const Element e = element_of(m);
   if (!int8_activations(e)) return e == Element::bf16 ? "bf16" : "fp32";
   const int block = kActivationBlocks[static_cast<int>(e)];
-  return block < 0 ? "int8, a scale per token" : "int8, a scale per " + std::to_string(block == 0 ? group : block) + " values of K";
+  return block < 0 || token_scales ? "int8, a scale per token" : "int8, a scale per " + std::to_string(block == 0 ? group : block) + " values of K";
 }
 
 py::dict backend_info(const KernelTable& t) {
@@ -80,6 +80,13 @@ class PyMoE {
                          parse_method(down_method.empty() ? method : down_method),
                          down_method.empty() ? group : down_group},
                backend, threads) {}
+
+  // int8 activations with one scale a token, or a scale per block of K (activation_block)
+  void set_token_scales(bool on) {
+    py::gil_scoped_release release;
+    auto lock = layer_.lock_calls();
+    layer_.set_token_scales(on);
+  }
 
   // int32 [E, H], each row a permutation of [0, H) (checked here: an index out of range would read
   // outside x); None: x's own order
@@ -348,8 +355,9 @@ class PyMoE {
     d["method"] = method_name(layer_.config().method);
     d["down_method"] = method_name(layer_.config().down_method);
     d["kernel"] = describe_providers(min_rows);
-    d["activations"] = py::dict(py::arg("gate_up") = activation_scheme(layer_.config().method, layer_.config().group),
-                                py::arg("down") = activation_scheme(layer_.config().down_method, layer_.config().down_group));
+    const MoeConfig& c = layer_.config();
+    d["activations"] = py::dict(py::arg("gate_up") = activation_scheme(c.method, c.group, c.token_scales),
+                                py::arg("down") = activation_scheme(c.down_method, c.down_group, c.token_scales));
     if (const LibraryBackend* lib = layer_.library()) {
       d["name"] = lib->name;
       const auto& providers = layer_.providers();
@@ -557,6 +565,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("down_group_size") = 128)
       .def("load_biases", &PyMoE::load_biases, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("load_input_order", &PyMoE::load_input_order, py::arg("order"))
+      .def("set_token_scales", &PyMoE::set_token_scales, py::arg("on"))
       .def("load_weights", &PyMoE::load, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("load_quantized", &PyMoE::load_quantized, py::arg("gate"), py::arg("gate_scale"), py::arg("up"),
            py::arg("up_scale"), py::arg("down"), py::arg("down_scale"), py::arg("gate_zero") = py::none(),

@@ -172,6 +172,16 @@ def test_a_decode_call_is_led_in_for_the_lead_in_time() -> None:
     assert len(calls) == 3  # prefill: the warm-up and one call a round, no lead-in
 
 
+def test_cli_bench_runs_the_activations_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench.model, "models", lambda: {"tiny": TINY})
+    args = ["--model", "tiny", "--tokens", "1", "--method", "int4", "--repeats", "1", "--threads", "1", "--no-peer"]
+    result = CliRunner().invoke(cli.app, ["bench", *args, "--group-size", "32", "--activations", "per-token", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["activations"] == "per-token"
+    result = CliRunner().invoke(cli.app, ["bench", "--model", "tiny", "--method", "int4", "--activations", "per-row"])
+    assert result.exit_code == 2 and "--activations: 'per-row'; choose from per-block, per-token" in result.stderr
+
+
 def test_cli_bench_rejects_unknown_models() -> None:
     result = CliRunner().invoke(cli.app, ["bench", "--model", "gpt-5"])
     assert result.exit_code == 2 and "unknown model" in result.stderr

@@ -15,6 +15,7 @@ import ktforge
 from ktforge import formats
 
 from .. import host
+from ..conftest import FIXTURES
 from ..moe_reference import (
     blocks_of,
     dequantized,
@@ -79,3 +80,40 @@ def test_outlier_channels_cost_only_their_own_blocks(method: str, group: int, ba
         # scheme is llama.cpp's Q8_K, and scripts/activation_accuracy.py compares at Qwen3's shapes)
         if block <= 32:
             assert rel_err(per_token, exact) > 1.5 * rel_err(y, exact), T
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("method", BLOCKED)
+def test_a_scale_per_token_on_request(method: str, backend: str) -> None:
+    """MoE(activations="per-token"): one scale a token on every backend (the AVX-512 prefill tiles
+    scale once at the end), the scheme computed, and at outlier channels worse than per block."""
+    group = formats.by_name(method).group_sizes[0]
+    floats, x_all = outlier_layer(100.0, seed=len(method))
+    dense = [np.stack([dequantized(w, method, group) for w in projection]) for projection in floats]
+    moe = ktforge.MoE(E, K_TOP, H, I, method=method, group_size=group, backend=backend, activations="per-token")
+    moe.load_weights(*floats)
+    assert moe.activations == "per-token"
+    assert moe.info["activations"] == {"gate_up": "int8, a scale per token", "down": "int8, a scale per token"}
+    for T in (2, 70):
+        x = x_all[:T]
+        ids, w = routing(T, E, K_TOP, seed=T)
+        y = moe.forward(x, ids, w)
+        # 3e-4: a token's step is set by its outlier, so a value a hair from a rounding boundary moves
+        # an output further than per block (the schemes differ by over 1e-2 here)
+        assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense, block=(H, I))) < 3e-4, T
+        exact = float_reference(x, ids, w, *dense)
+        blocked = int8_activations_reference(x, ids, w, *dense, block=blocks_of(moe))
+        if group <= 32:
+            assert rel_err(y, exact) > 1.5 * rel_err(blocked, exact), T
+
+
+def test_activations_choice_is_checked() -> None:
+    with pytest.raises(ValueError, match="activations must be one of per-block, per-token, got 'per-row'"):
+        ktforge.MoE(2, 1, 256, 256, method="q4_0", group_size=32, activations="per-row")
+    with pytest.raises(ValueError, match="activations='per-token' is for int8 activations; method 'bf16'"):
+        ktforge.MoE(2, 1, 256, 256, method="bf16", activations="per-token")
+    gguf = FIXTURES / "gguf" / "qwen3moe-Q4_K.gguf"
+    moe = ktforge.MoE.from_pretrained(gguf, 0, activations="per-token")
+    assert moe.info["activations"]["down"] == "int8, a scale per token"
+    with pytest.raises(ValueError, match="activations must be one of"):
+        ktforge.MoE.from_pretrained(gguf, 0, activations="token")

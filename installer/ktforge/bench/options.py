@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ktforge import formats
 from ktforge.bench import model as catalog
 from ktforge.bench.model import activation_bytes_per_token, available_memory, experts_that_fit
-from ktforge.kernels import MAX_THREADS
+from ktforge.kernels import ACTIVATIONS, MAX_THREADS
 
 DEFAULT_TOKENS = (1, 4, 16, 64, 128, 512, 2048)
 
@@ -37,6 +37,7 @@ class BenchOptions:
     peer: bool
     budget_gib: float | None
     group_size: int = 128  # of the grouped methods (int8g, int4)
+    activations: str = "per-block"  # MoE(activations=...) of the methods with int8 activations
 
 
 def check_options(
@@ -49,6 +50,7 @@ def check_options(
     budget_gib: float | None,
     peer: bool = True,
     group_size: int = 128,
+    activations: str = "per-block",
 ) -> BenchOptions:
     """Every option value checked before anything is measured (the backends are the CLI's to
     choose, from what this build runs). Raises ValueError naming the option, the value and what
@@ -58,6 +60,8 @@ def check_options(
         raise ValueError(f"--method: {', '.join(bad) or 'none given'}; choose from {', '.join(METHODS)}")
     for m in methods:
         formats.check_group(m, formats.group_for(m, group_size), "--group-size")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"--activations: {activations!r}; choose from {', '.join(ACTIVATIONS)}")
     bad = [r for r in routings if r not in ROUTINGS]
     if bad or not routings:
         raise ValueError(f"--routing: {', '.join(bad) or 'none given'}; choose from {', '.join(ROUTINGS)}")
@@ -87,6 +91,7 @@ def check_options(
         peer,
         budget_gib,
         group_size,
+        activations,
     )
 
 

@@ -123,6 +123,7 @@ class Header:
     fixed_cost_us: dict[str, dict[str, float]]
     budget_bytes: int
     group_size: int  # of the grouped methods
+    activations: str  # the int8 activations' scales: per-block or per-token
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,16 @@ def _header(state: _Run, budget: int) -> Header:
     for backend in state.options.backends:
         state.say(f"fixed cost per call of {backend}")
         fixed[backend] = {str(t): fixed_cost_us(backend, t) for t in threads}
-    return Header(threads, peaks_json(state.peaks), peak_method(max(threads)), fixed, budget, state.options.group_size)
+    options = state.options
+    return Header(
+        threads,
+        peaks_json(state.peaks),
+        peak_method(max(threads)),
+        fixed,
+        budget,
+        options.group_size,
+        options.activations,
+    )
 
 
 def _contenders(
@@ -212,6 +222,7 @@ def _contenders(
             backend=backend,
             threads=threads,
             group_size=formats.group_for(method, state.options.group_size),
+            activations=state.options.activations if formats.by_name(method).activation_block else "per-block",
         )
         moe.load_weights(*weights)
         contenders.append(Contender(backend, moe.forward, moe))

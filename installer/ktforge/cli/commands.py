@@ -219,6 +219,10 @@ def bench(
     group_size: Annotated[
         int, typer.Option("--group-size", help="int8g, int4, int4z and fp8 group size: 32, 64 or 128 (mxfp4: 32).")
     ] = 128,
+    activations: Annotated[
+        str,
+        typer.Option(help="int8 activations' scales: per-block (a scale per block of K) or per-token."),
+    ] = "per-block",
     json_output: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
 ) -> None:
     """Measure one MoE layer of real models against this machine's roofline (peaks measured in the same run)."""
@@ -244,6 +248,7 @@ def bench(
             max_weight_gib,
             peer,
             group_size,
+            activations,
         )
         info = ktforge.build_info()  # the import guard: a bad KTFORGE_BACKEND or build record stops here
     except (ValueError, RuntimeError, ImportError) as exc:

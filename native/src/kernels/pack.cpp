@@ -25,12 +25,9 @@ float load(const void* src, DType dtype, int64_t index) {
 }
 
 void shape(PackedMatrix& out, Element method, int group, int N, int K) {
-  out.element = method;
-  out.group = grouped(method) ? group : 0;
-  out.N = N;
-  out.K = K;
-  out.Np = static_cast<int>(round_up(N, 16));
-  out.Kp = static_cast<int>(round_up(K, k_step(method, group)));
+  out.element = method, out.group = grouped(method) ? group : 0;
+  out.N = N, out.K = K;
+  out.Np = static_cast<int>(round_up(N, 16)), out.Kp = static_cast<int>(round_up(K, k_step(method, group)));
   if (out.values == nullptr || out.values == out.owned.data()) {
     out.owned.assign(out.value_bytes(), 0);
     out.values = out.owned.data();
@@ -512,7 +509,8 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
 }
 
 void prepare_activations(const KernelTable& ops, Activations& act, Element method, int group, int Kp, const void* x,
-                         DType dtype, int64_t rows, int K, int64_t ld, ThreadPool* pool, const char* what) {
+                         DType dtype, int64_t rows, int K, int64_t ld, ThreadPool* pool, const char* what,
+                         bool token_scales) {
   static std::atomic<uint64_t> versions{0};
   act.version = ++versions;
   act.element = method;
@@ -532,7 +530,7 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
   } else {
     if (act.q.size() < total) act.q.resize(total);
     if (act.q_u8.size() < total) act.q_u8.resize(total);
-    act.block = activation_block(method, group, Kp), act.blocks = Kp / act.block;
+    act.block = activation_block(method, group, Kp), act.blocks = Kp / act.block, act.token_scales = token_scales;
     act.scale.resize(std::max(act.scale.size(), static_cast<std::size_t>(rows) * act.blocks));
     if (group_sums(method)) {
       std::size_t g = static_cast<std::size_t>(rows) * (Kp / group);
@@ -582,8 +580,10 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
       if (widen) widen_row(r);
     } else {
       int32_t* gsum = group_sums(method) ? act.gsum.data() + r * (Kp / group) : nullptr;
-      finite = ops.quantize_row(row, K, Kp, group, act.block, act.q.data() + r * Kp, act.q_u8.data() + r * Kp,
-                                act.scale.data() + r * act.blocks, gsum);
+      float* scales = act.scale.data() + r * act.blocks;
+      finite = ops.quantize_row(row, K, Kp, group, token_scales ? Kp : act.block, act.q.data() + r * Kp,
+                                act.q_u8.data() + r * Kp, scales, gsum);
+      if (token_scales) std::fill(scales + 1, scales + act.blocks, scales[0]);
     }
     if (!finite) bad_row = r;
   };

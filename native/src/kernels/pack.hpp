@@ -51,6 +51,7 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
 // Converts rows of x (row-major, ld elements apart) for a method, with the backend's row
 // operations. Throws std::invalid_argument naming the first row holding NaN or infinity.
 void prepare_activations(const KernelTable& ops, Activations& act, Element method, int group, int Kp, const void* x,
-                         DType dtype, int64_t rows, int K, int64_t ld, ThreadPool* pool, const char* what);
+                         DType dtype, int64_t rows, int K, int64_t ld, ThreadPool* pool, const char* what,
+                         bool token_scales = false);
 
 }  // namespace kt

@@ -418,6 +418,9 @@ struct Activations {
   int blocks = 1;
   aligned_vector<float> scale;    // [rows][blocks]: x[k] ~= q[k] * scale[k / block]
   const float* scales(int64_t row) const { return scale.data() + row * blocks; }
+  // one scale a row, in each of its blocks' slots (so every kernel reads it as blocks): a
+  // kernel may scale its sums once at the end instead of a block at a time
+  bool token_scales = false;
   aligned_vector<int32_t> gsum;   // grouped elements: [rows][Kp/group] sums of q per group
 };
 

@@ -347,10 +347,10 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
     std::iota(positions.begin(), positions.end(), 0);
     gate_up_rows = positions.data();
     prepare_activations(*kernels_, act_x_, element_of(config_.method), config_.group, kp_hidden, x_ordered_.data(),
-                        DType::f32, routed, H, H, &pool(), "x");
+                        DType::f32, routed, H, H, &pool(), "x", config_.token_scales);
   } else {
     prepare_activations(*kernels_, act_x_, element_of(config_.method), config_.group, kp_hidden, x, x_dtype, tokens, H,
-                        H, &pool(), "x");
+                        H, &pool(), "x", config_.token_scales);
   }
   lap("prepare_x_ms");
   a_buf_.resize(static_cast<std::size_t>(routed) * inter_padded_);
@@ -359,7 +359,7 @@ void MoeLayer::forward(const void* x, DType x_dtype, int64_t tokens, const int64
   run_gate_up(offsets, gate_up_rows);
   lap("gate_up_ms");
   prepare_activations(*kernels_, act_a_, element_of(config_.down_method), config_.down_group, kp_inter, a_buf_.data(), DType::f32, routed,
-                      I, inter_padded_, &pool(), "the expert intermediate activation");
+                      I, inter_padded_, &pool(), "the expert intermediate activation", config_.token_scales);
   lap("prepare_a_ms");
   run_down(offsets);
   lap("down_ms");

@@ -62,6 +62,7 @@ class MoeLayer {
   std::unique_lock<std::mutex> lock_calls();
 
   const MoeConfig& config() const { return config_; }
+  void set_token_scales(bool on) { config_.token_scales = on; }
   const KernelTable& kernels() const { return *kernels_; }
   // A library backend (amd-blis), or null: the backend table's entry this layer was made with.
   const LibraryBackend* library() const { return library_; }

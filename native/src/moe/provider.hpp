@@ -35,6 +35,10 @@ struct MoeConfig {
   // down's own format where a checkpoint stores it in another (a GGUF's Q4_K gate/up, Q8_0 down)
   Method down_method = Method::bf16;
   int down_group = 128;
+  // int8 activations with one scale a token instead of a block of K (MoE(activations="per-token")):
+  // the prefill tiles of the group-32 formats scale once at the end, for speed, where per-block
+  // scales cost a multiply a group and row (README, "Activations")
+  bool token_scales = false;
   bool mixed() const { return down_method != method || down_group != group; }
   Method method_of(bool down) const { return down ? down_method : method; }
   int group_of(bool down) const { return down ? down_group : group; }

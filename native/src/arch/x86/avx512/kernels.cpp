@@ -177,7 +177,7 @@ template <int M, int NB, bool Half>
 // noinline: register allocation in isolation keeps every accumulator in a register
 __attribute__((noinline)) void int8g_tile(const int8_t* const* x, const int32_t* const* gsum, const float* const* x_scale,
                                           const uint8_t* const* panel, const uint16_t* const* g_scale, int groups,
-                                          int group, float* out, int64_t ld) {
+                                          int group, float* out, int64_t ld, bool /*token_scales: as per block*/) {
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(out + i * ld + j * 16, _mm512_setzero_ps());
   const int steps = group / 4;
@@ -386,13 +386,13 @@ void gemm_grouped(const GemmArgs& a) {
         dispatch<kDecodeRows, DecodeBlocks, Tile>(
             m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
             static_cast<const float* const*>(xs), static_cast<const uint8_t* const*>(panel),
-            static_cast<const Scale* const*>(gs), G, w.group, out, a.ld_out);
+            static_cast<const Scale* const*>(gs), G, w.group, out, a.ld_out, a.act->token_scales);
         continue;
       }
       dispatch<Rows, Blocks, Tile>(
           m, nb, static_cast<const int8_t* const*>(x), static_cast<const int32_t* const*>(sums),
           static_cast<const float* const*>(xs), static_cast<const uint8_t* const*>(panel), static_cast<const Scale* const*>(gs),
-          G, w.group, out, a.ld_out);
+          G, w.group, out, a.ld_out, a.act->token_scales);
     }
   }
 }

@@ -300,12 +300,14 @@ struct Folding<Codes, M, NB, true> {
 // Weights are unsigned codes (the u8 operand: int4's w + 8, fp4's 2w + 12, int4z's q), activations
 // signed: the sum over a group carries offset * sum_k x (int4z: zero * sum_k x, by column), removed
 // per group before scaling. Each group's scaled sums (a super-block's, where they fold) times the
-// row's activation scale of that block (x_scale[i][b]), fused into the accumulators.
+// row's activation scale of that block (x_scale[i][b]), fused into the accumulators; with one
+// scale a row (token_scales: each block's slot holds it), the scaled sums accumulate and that
+// scale is applied once at the end, a multiply a group and row fewer.
 template <class Codes, int M, int NB>
 // noinline: register allocation in isolation keeps every accumulator in a register
 __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t* const* gsum, const float* const* x_scale,
                                            const uint8_t* const* panel, const typename Codes::Scale* const* g_scale,
-                                           int groups, int group, float* out, int64_t ld) {
+                                           int groups, int group, float* out, int64_t ld, bool token_scales) {
   __m512 accf[M][NB];
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
@@ -349,6 +351,10 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
     }
     if constexpr (FoldsScales<Codes>::value) {
       folding.add(g_scale, g, acc, gsum, x_scale, accf);
+    } else if (token_scales) {
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < NB; ++j)
+          accf[i][j] = Codes::accumulate(g_scale[j], g, acc[i][j], kOffset ? 0 : gsum[i][g], accf[i][j]);
     } else {
       for (int i = 0; i < M; ++i) {
         const __m512 xs = _mm512_set1_ps(x_scale[i][g]);
@@ -358,10 +364,13 @@ __attribute__((noinline)) void nibble_tile(const int8_t* const* x, const int32_t
       }
     }
   }
-  for (int i = 0; i < M; ++i)
+  for (int i = 0; i < M; ++i) {
+    const bool once = !FoldsScales<Codes>::value && token_scales;
+    const __m512 final_scale = _mm512_set1_ps(Codes::kFinal * (once ? x_scale[i][0] : 1.f));
     for (int j = 0; j < NB; ++j)
       _mm512_storeu_ps(out + i * ld + j * 16,
-                       Codes::kFinal == 1.f ? accf[i][j] : _mm512_mul_ps(accf[i][j], _mm512_set1_ps(Codes::kFinal)));
+                       Codes::kFinal == 1.f && !once ? accf[i][j] : _mm512_mul_ps(accf[i][j], final_scale));
+  }
 }
 
 // nibble_tile as the grouped elements' driver takes a tile (kernels.cpp)
