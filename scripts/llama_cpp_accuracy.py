@@ -39,35 +39,20 @@ from typing import Any
 import llama_cpp_compare as compare
 import numpy as np
 
-HIDDEN, INTER, TOP_K = 2048, 768, 8  # Qwen3-30B-A3B's routed experts
-HEADS, KV_HEADS, HEAD_DIM = 16, 4, 128
+HIDDEN, INTER = compare.HIDDEN, compare.INTER  # Qwen3-30B-A3B's routed experts
+HEADS, KV_HEADS, HEAD_DIM = compare.HEADS, compare.KV_HEADS, compare.HEAD_DIM
 INPUTS = ("gaussian", "4 channels x20", "4 channels x100", "student-t 3")
-# llama.cpp's file types (llama_ftype), each quantized pure
-FTYPES = {name.upper(): value for name, value in compare.LLAMA_FTYPES.items() if name not in ("bf16", "f16", "f32")}
-FTYPES["MXFP4"] = 38  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
 TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 F32 = 0  # ggml_type
 CAPTURED = ("ffn_norm-0", "ffn_moe_topk-0", "ffn_moe_weights_norm-0", "ffn_moe_out-0")
 
 
-def hidden_states(kind: str, tokens: int, rng: np.random.Generator) -> Any:
-    if kind == "student-t 3":
-        return rng.standard_t(3, (tokens, HIDDEN)).astype(np.float32)
-    x = rng.standard_normal((tokens, HIDDEN)).astype(np.float32)
-    if kind != "gaussian":
-        x[:, rng.choice(HIDDEN, 4, replace=False)] *= np.float32(float(kind.rsplit("x", 1)[1]))
-    return x
-
-
 def inputs(tokens: int, seeds: int) -> Any:
     """Every (input, seed) set's tokens, in that order: the model's token embeddings."""
-    return np.concatenate(
-        [
-            hidden_states(kind, tokens, np.random.default_rng(1000 * s + i))
-            for i, kind in enumerate(INPUTS)
-            for s in range(seeds)
-        ]
-    )
+    from activation_accuracy import hidden_states
+
+    sets = [(kind, np.random.default_rng(1000 * s + i)) for i, kind in enumerate(INPUTS) for s in range(seeds)]
+    return np.concatenate([hidden_states(kind, tokens, HIDDEN, rng) for kind, rng in sets])
 
 
 # ---- llama.cpp's side (runs in its virtualenv) ---------------------------------------------
@@ -75,25 +60,7 @@ def inputs(tokens: int, seeds: int) -> Any:
 
 def write_source(path: Path, experts: int, embeddings: Any) -> None:
     """The float32 model every type is quantized from."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "qwen3moe")
-    writer.add_block_count(1)
-    writer.add_context_length(4096)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(6144)
-    writer.add_expert_feed_forward_length(INTER)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
-    writer.add_rope_freq_base(1e6)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_expert_count(experts)
-    writer.add_expert_used_count(TOP_K)
-    writer.add_tokenizer_model("none")  # token ids go in directly
-    writer.add_vocab_size(len(embeddings))
-    writer.add_file_type(compare.LLAMA_FTYPES["f32"])
+    writer = compare.qwen3moe_writer(path, 1, INTER, experts, len(embeddings), "f32")
     rng = np.random.default_rng(7)
 
     def normal(*shape: int, scale: float) -> Any:
@@ -127,18 +94,6 @@ def write_source(path: Path, experts: int, embeddings: Any) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-
-
-def quantize(source: Path, target: Path, name: str) -> None:
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FTYPES[name]
-    params.pure = True
-    params.token_embedding_type = F32  # the inputs as written
-    params.nthread = os.cpu_count() or 1
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params) != 0:
-        raise SystemExit(f"llama_model_quantize failed for {target}")
 
 
 class GgmlTensor(ctypes.Structure):
@@ -211,14 +166,14 @@ def run_llama(model: Path, count: int, out: Path) -> None:
 
 def worker(args: list[str]) -> None:
     if args[0] == "build":
-        work, experts, tokens, seeds = Path(args[1]), int(args[2]), int(args[3]), int(args[4])
+        work, experts = Path(args[1]), int(args[2])
         source = work / "source-f32.gguf"
         if not source.is_file():
-            write_source(source, experts, inputs(tokens, seeds))
-        for name in args[5].split(","):
+            write_source(source, experts, np.load(work / "inputs.npy"))
+        for name in args[3].split(","):
             target = work / f"model-{name}.gguf"
             if not target.is_file():
-                quantize(source, target, name)
+                compare.quantize_gguf(source, target, name.lower(), embeddings=F32)  # the inputs as written
     else:
         run_llama(Path(args[1]), int(args[2]), Path(args[3]))
 
@@ -270,15 +225,17 @@ def main() -> int:
     options = parser.parse_args()
     import ktforge
 
-    work = Path(options.work) / f"e{options.experts}-t{options.tokens}-s{options.seeds}"
+    work = Path(options.work) / f"v2-e{options.experts}-t{options.tokens}-s{options.seeds}"
     work.mkdir(parents=True, exist_ok=True)
     python = compare.ensure_venv(Path(options.venv))
     names = options.types.split(",")
     me = [str(python), __file__, "--worker"]
     print(f"==> writing and quantizing the models in {work} (gguf-py, llama_model_quantize)", flush=True)
-    sizes = [str(options.experts), str(options.tokens), str(options.seeds)]
+    if not (work / "inputs.npy").is_file():
+        np.save(work / "inputs.npy", inputs(options.tokens, options.seeds))
     with (work / "llama.log").open("a") as log:
-        subprocess.run([*me, "build", str(work), *sizes, ",".join(names)], check=True, stdout=log, stderr=log)
+        command = [*me, "build", str(work), str(options.experts), ",".join(names)]
+        subprocess.run(command, check=True, stdout=log, stderr=log)
     count = len(INPUTS) * options.seeds * options.tokens
     print(
         f"{'':<24} {'largest |difference| / largest |exact|':^50} {'RMS difference / RMS exact':^40}\n"

@@ -63,6 +63,7 @@ LLAMA_FTYPES = {
     "q2_k": 10,
     "iq4_nl": 25,
     "iq4_xs": 30,
+    "mxfp4": 38,  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
 }
 DECODE_CONTEXT = 16
 MODEL_VERSION = 3  # of the GGUF models written (2: attention output zero; 3: pure); in their file names
@@ -108,11 +109,11 @@ def load_layer(weights: Path, layer: int) -> tuple[Any, Any, Any]:
 # ---- llama.cpp's side (runs in its virtualenv) ---------------------------------------------
 
 
-def write_gguf(weights: Path, layers: int, path: Path, narrow: bool) -> None:
-    """A qwen3moe GGUF of these experts (or of 16-wide ones) with small random attention."""
+def qwen3moe_writer(path: Path, layers: int, inter: int, experts: int, vocab: int, file_type: str) -> Any:
+    """gguf-py's writer of a qwen3moe GGUF at Qwen3-30B-A3B's hidden size and attention, its
+    hyperparameters written."""
     import gguf
 
-    inter = NARROW if narrow else INTER
     writer = gguf.GGUFWriter(str(path), "qwen3moe")
     writer.add_block_count(layers)
     writer.add_context_length(4096)
@@ -125,11 +126,19 @@ def write_gguf(weights: Path, layers: int, path: Path, narrow: bool) -> None:
     writer.add_value_length(HEAD_DIM)
     writer.add_rope_freq_base(1e6)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_expert_count(EXPERTS)
+    writer.add_expert_count(experts)
     writer.add_expert_used_count(TOP_K)
     writer.add_tokenizer_model("none")  # token ids go in directly: no vocabulary needed
-    writer.add_vocab_size(VOCAB)
-    writer.add_file_type(LLAMA_FTYPES["bf16"])
+    writer.add_vocab_size(vocab)
+    writer.add_file_type(LLAMA_FTYPES[file_type])
+    return writer
+
+
+def write_gguf(weights: Path, layers: int, path: Path, narrow: bool) -> None:
+    """A qwen3moe GGUF of these experts (or of 16-wide ones) with small random attention."""
+    import gguf
+
+    writer = qwen3moe_writer(path, layers, NARROW if narrow else INTER, EXPERTS, VOCAB, "bf16")
     rng = np.random.default_rng(1)
 
     def f32(*shape: int, scale: float = 0.02) -> Any:
@@ -167,12 +176,15 @@ def write_gguf(weights: Path, layers: int, path: Path, narrow: bool) -> None:
     writer.close()
 
 
-def quantize_gguf(source: Path, target: Path, quant: str) -> None:
+def quantize_gguf(source: Path, target: Path, quant: str, embeddings: int | None = None) -> None:
+    """llama.cpp's quantizer, pure; ``embeddings``: the token embeddings' ggml type, else ``quant``."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = LLAMA_FTYPES[quant]
     params.pure = True
+    if embeddings is not None:
+        params.token_embedding_type = embeddings
     params.nthread = os.cpu_count() or 1
     if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params) != 0:
         raise SystemExit(f"llama_model_quantize failed for {target}")
