@@ -19,7 +19,7 @@ Inputs (--tokens each, --seeds sets): Gaussian hidden states, with 4 channels at
 projection's input is whatever the layer makes of them. The error is the largest |difference|
 over the largest |exact output| of a set's tokens, the median over the sets. Columns: ktforge,
 llama.cpp's actual output, their ratio, and a scale per token over the same file (emulated in
-NumPy: ktforge's scheme before per-block scales, kt-kernel's).
+NumPy by activation_accuracy.py's layer: ktforge's scheme before per-block scales, kt-kernel's).
 
     python scripts/llama_cpp_accuracy.py
     python scripts/llama_cpp_accuracy.py --types Q8_0,Q4_K --experts 16 --seeds 3
@@ -181,36 +181,6 @@ def worker(args: list[str]) -> None:
 # ---- the comparison (runs with ktforge) ----------------------------------------------------
 
 
-def dense(path: Path) -> list[Any]:
-    import gguf
-    from gguf.quants import dequantize
-
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
-    named = [tensors[f"blk.0.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")]
-    return [dequantize(t.data, t.tensor_type).astype(np.float64) for t in named]
-
-
-def per_token(a: Any) -> Any:
-    """Rows of ``a`` as int8 with one symmetric scale a row (float32 arithmetic), dequantized."""
-    a = np.asarray(a, np.float32)
-    scale = np.abs(a).max(axis=1, keepdims=True) / np.float32(127)
-    scale = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
-    return np.clip(np.rint(a * (np.float32(1) / scale)), -127, 127) * scale.astype(np.float64)
-
-
-def layer(x: Any, ids: Any, w: Any, weights: list[Any], token_scales: bool) -> Any:
-    """The layer in float64, its activations exact or (token_scales) int8 per token."""
-    gate, up, down = weights
-    take = per_token if token_scales else (lambda a: np.asarray(a, np.float64))
-    out = np.zeros((x.shape[0], down.shape[1]))
-    xq = take(x)
-    for e in np.unique(ids):
-        tokens, slots = np.nonzero(ids == e)
-        g, u = xq[tokens] @ gate[e].T, xq[tokens] @ up[e].T
-        out[tokens] += w[tokens, slots][:, None] * (take((g / (1 + np.exp(-g)) * u).astype(np.float32)) @ down[e].T)
-    return out
-
-
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2:])
@@ -223,6 +193,8 @@ def main() -> int:
     parser.add_argument("--work", default=str(compare.CACHE / "llama-cpp-accuracy"))
     parser.add_argument("--venv", default=str(compare.CACHE / "llama-cpp-noamx"), help="llama-cpp-python's virtualenv")
     options = parser.parse_args()
+    import activation_accuracy as schemes  # imports ktforge: not in llama.cpp's virtualenv
+
     import ktforge
 
     work = Path(options.work) / f"v2-e{options.experts}-t{options.tokens}-s{options.seeds}"
@@ -247,7 +219,7 @@ def main() -> int:
         with (work / "llama.log").open("a") as log:
             subprocess.run([*me, "run", str(model), str(count), str(tensors)], check=True, stderr=log)
         llama = np.load(tensors)
-        weights = dense(model)
+        weights = schemes.dense(model)
         moe = ktforge.MoE.from_pretrained(model, 0)
         x, ids, w = llama["ffn_norm"], llama["ffn_moe_topk"], llama["ffn_moe_weights_norm"]
         for i, kind in enumerate(INPUTS):
@@ -255,11 +227,11 @@ def main() -> int:
             rms: dict[str, list[float]] = {"ktforge": [], "llama.cpp": [], "per token": []}
             for s in range(options.seeds):
                 rows = slice((i * options.seeds + s) * options.tokens, (i * options.seeds + s + 1) * options.tokens)
-                exact = layer(x[rows], ids[rows], w[rows], weights, False)
+                exact = schemes.layer(x[rows], ids[rows], w[rows], weights, None, None)
                 outputs = {
                     "ktforge": np.asarray(moe.forward(x[rows], ids[rows], w[rows]), np.float64),
                     "llama.cpp": llama["ffn_moe_out"][rows],
-                    "per token": layer(x[rows], ids[rows], w[rows], weights, True),
+                    "per token": schemes.layer(x[rows], ids[rows], w[rows], weights, HIDDEN, INTER),
                 }
                 for key, y in outputs.items():
                     errors[key].append(float(np.abs(y - exact).max() / np.abs(exact).max()))
