@@ -15,6 +15,12 @@ The error is the largest |difference| over the largest |exact output|, the media
 
     python scripts/activation_accuracy.py                 # every type of the fixtures
     python scripts/activation_accuracy.py --types Q8_0,Q4_K --tokens 64
+    python scripts/activation_accuracy.py --int8     # ktforge's own per-row int8 instead
+
+--int8: per-row int8 (ktforge's own format, no GGUF type) at Qwen3-30B-A3B's expert shapes (2048 x
+768, 16 experts, top 8; Gaussian weights, std 1/sqrt(K)), its kernels with a scale per 128 values
+of K against a scale per token (MoE(activations=...)), both against the float64 layer over the
+int8 weights with exact activations; the error as above, and the RMS error over the RMS output.
 
 Caveats: the fixtures' hidden and intermediate sizes are 256 (tiny files), so a per-256 block is a
 whole token's row there; at Qwen3-30B-A3B's 2048 a token's scale spans 8 times more values than
@@ -88,12 +94,51 @@ def hidden_states(kind: str, tokens: int, hidden: int, rng: np.random.Generator)
     return x
 
 
+def own_int8(tokens: int, seeds: int) -> None:
+    """Per-row int8 per block against per token on ktforge's kernels (the module docstring's --int8)."""
+    from ktforge.formats.quantize import dequantize, quantize
+
+    experts, top_k, hidden, inner = 16, 8, 2048, 768
+    rng = np.random.default_rng(0)
+    floats = [
+        (rng.standard_normal((experts, n, k)) / np.sqrt(k)).astype(np.float32)
+        for n, k in ((inner, hidden), (inner, hidden), (hidden, inner))
+    ]
+    weights = [dequantize(quantize(f, "int8"), "int8", f.shape[-1]).astype(np.float64) for f in floats]
+    layers = {}
+    for activations in ("per-block", "per-token"):
+        layers[activations] = ktforge.MoE(experts, top_k, hidden, inner, method="int8", activations=activations)
+        layers[activations].load_weights(*floats)
+    columns = f"{'per block':>10} {'per token':>10} {'ratio':>6}"
+    print(f"{'activations':<16} {columns}   RMS: {columns}")
+    for kind in INPUTS:
+        errors: dict[str, list[float]] = {f"{m} {a}": [] for m in ("max", "rms") for a in layers}
+        for seed in range(seeds):
+            rng = np.random.default_rng(seed)
+            x = hidden_states(kind, tokens, hidden, rng)
+            ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])
+            w = rng.random((tokens, top_k)).astype(np.float32)
+            exact = layer(x, ids, w, weights, None, None)
+            for name, moe in layers.items():
+                diff = np.asarray(moe.forward(x, ids, w), np.float64) - exact
+                errors[f"max {name}"].append(float(np.abs(diff).max() / np.abs(exact).max()))
+                errors[f"rms {name}"].append(float(np.sqrt((diff**2).mean() / (exact**2).mean())))
+        e = {key: statistics.median(v) for key, v in errors.items()}
+        pairs = [(e[m + " per-block"], e[m + " per-token"]) for m in ("max", "rms")]
+        cells = [f"{block:>10.2e} {token:>10.2e} {block / token:>6.2f}" for block, token in pairs]
+        print(f"{kind:<16} {cells[0]}   RMS: {cells[1]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--types", default=",".join(TYPES))
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--int8", action="store_true", help="ktforge's own per-row int8 instead (see above)")
     options = parser.parse_args()
+    if options.int8:
+        own_int8(options.tokens, options.seeds)
+        return 0
     print(
         f"{'type':<7} {'activations':<16} {'ktforge':>9} {'llama.cpp':>10} {'per token':>10} "
         f"{'ktforge/llama.cpp':>18}  ktforge's scheme"

@@ -61,7 +61,7 @@ def dequantize_blocks(a: Array, block: int) -> Array:
 
 
 def blocks_of(moe: Any) -> tuple[int, int]:
-    """A grouped-format layer's activation blocks: gate/up's input, down's (``activation_block``)."""
+    """An int8-activation layer's activation blocks: gate/up's input, down's (``activation_block``)."""
     return (
         activation_block(moe.method, moe._group, moe.hidden_size),
         activation_block(moe.down_method, moe._down_group, moe.intermediate_size),
@@ -314,6 +314,18 @@ def dequantize_mxfp4(codes: Array, e8m0: Array) -> Array:
     return (values.reshape(*e8m0.shape, -1) * scale[..., None]).reshape(codes.shape)
 
 
+def int8_matmul(a: Array, q: Array, scale: Array) -> Array:
+    """int8 weights q [N, K] with a scale a row against activations a [M, K] as the kernels take
+    them: exact int32 sums per activation block of K (activation_block), each times the block's
+    activation scale, summed, times the row's scale."""
+    kp = -(-q.shape[1] // 64) * 64
+    block = activation_block("int8", 0, kp)
+    aq, sa = quantize_blocks(a, block, kp)
+    qp = np.pad(np.asarray(q, np.int64), ((0, 0), (0, kp - q.shape[1])))
+    acc = np.einsum("mbk,nbk->mnb", aq.reshape(len(aq), -1, block), qp.reshape(len(qp), -1, block)).astype(F32)
+    return ((acc * sa[:, None, :]).sum(axis=-1) * scale[None, :]).astype(F32)  # type: ignore[no-any-return]
+
+
 def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
     """x [M, K] float32 activations, w [N, K] float32 weights -> [M, N] float32."""
     if method == "bf16":
@@ -324,11 +336,8 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
     if method == "fp8":  # exact fp32 activations
         wd = dequantize_fp8_blocks(*quantize_fp8_blocks(w, group), 16, group)
         return (np.asarray(x, np.float64) @ wd.T).astype(F32)
-    if method == "int8":  # a scale a token
-        xq, sx = quantize_rows(x, 127)
-        wq, sw = quantize_rows(w, 127)
-        acc = (xq @ wq.T).astype(F32)
-        return (acc * (sw[None, :] * sx[:, None])).astype(F32)
+    if method == "int8":
+        return int8_matmul(x, *quantize_rows(w, 127))
 
     # The grouped formats: each group's exact int32 sums [M, N, G] (``sums``), scaled by the
     # weights' group scales (and less their mins), times the token's activation scale of the
@@ -396,6 +405,9 @@ def dequantized(w: Array, method: str, group: int) -> Array:
             out = out + minimum[..., None].astype(np.float64)
         return out.reshape(n, -1)[:, :k]  # type: ignore[no-any-return]
 
+    if method == "int8":  # a scale a row
+        q, scale = quantize_rows(w, 127)
+        return q.astype(np.float64) * scale[:, None].astype(np.float64)  # type: ignore[no-any-return]
     if method == "mxfp4":
         return dequantize_mxfp4(*quantize_mxfp4(w))[:, :k]
     if method == "int4z":
@@ -445,11 +457,7 @@ def expected_int8(x: Array, ids: Array, weights: Array, layer: dict[str, tuple[A
     """``expected`` for int8 weights given already quantized: ``layer[p] = (q [E, N, K], scale [E, N])``
     for p in gate, up, down (any int8 values, -128 included, as third-party quantizers write)."""
 
-    def matmul(a: Array, q: Array, scale: Array) -> Array:
-        aq, sa = quantize_rows(a, 127)
-        acc = (aq @ q.astype(np.int64).T).astype(F32)
-        return (acc * (scale[None, :] * sa[:, None])).astype(F32)
-
+    matmul = int8_matmul
     x = np.asarray(x, dtype=F32)
     out = np.zeros((x.shape[0], layer["down"][0].shape[1]), dtype=np.float64)
     for e in np.unique(ids):

@@ -47,11 +47,11 @@ namespace {
 
 // What a projection's input becomes (info): int8 with a scale per block of K (activation_block),
 // or the float the kernels take.
-std::string activation_scheme(Method m, int group, bool token_scales) {
+std::string activation_scheme(Method m, int group, int K, bool token_scales) {
   const Element e = element_of(m);
   if (!int8_activations(e)) return e == Element::bf16 ? "bf16" : "fp32";
-  const int block = kActivationBlocks[static_cast<int>(e)];
-  return block < 0 || token_scales ? "int8, a scale per token" : "int8, a scale per " + std::to_string(block == 0 ? group : block) + " values of K";
+  const int Kp = static_cast<int>(round_up(K, k_step(e, group))), block = activation_block(e, group, Kp);
+  return kActivationBlocks[static_cast<int>(e)] < 0 || token_scales ? "int8, a scale per token" : "int8, a scale per " + std::to_string(block) + " values of K";
 }
 
 py::dict backend_info(const KernelTable& t) {
@@ -356,8 +356,9 @@ class PyMoE {
     d["down_method"] = method_name(layer_.config().down_method);
     d["kernel"] = describe_providers(min_rows);
     const MoeConfig& c = layer_.config();
-    d["activations"] = py::dict(py::arg("gate_up") = activation_scheme(c.method, c.group, c.token_scales),
-                                py::arg("down") = activation_scheme(c.down_method, c.down_group, c.token_scales));
+    d["activations"] = py::dict(py::arg("gate_up") = activation_scheme(c.method, c.group, c.hidden, c.token_scales),
+                                py::arg("down") = activation_scheme(c.down_method, c.down_group, c.intermediate,
+                                                                    c.token_scales));
     if (const LibraryBackend* lib = layer_.library()) {
       d["name"] = lib->name;
       const auto& providers = layer_.providers();

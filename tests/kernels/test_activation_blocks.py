@@ -27,9 +27,10 @@ from ..moe_reference import (
 )
 
 ALL_BACKENDS = tuple(reversed(host.runnable_backends()))  # reference first
-BLOCKED = [f.name for f in formats.table() if f.activation_block in ("group", "super_block")]
-# each format at its smallest group; those with several also at 128 (the AMX tiles' groups)
-CASES = [(name, formats.by_name(name).group_sizes[0]) for name in BLOCKED] + [
+BLOCKED = [f.name for f in formats.table() if f.activation_block not in (None, "row")]
+# each format at its smallest group (per-row int8: any, 128 given); those with several also at 128
+# (the AMX tiles' groups)
+CASES = [(name, (formats.by_name(name).group_sizes or (128,))[0]) for name in BLOCKED] + [
     (name, 128) for name in BLOCKED if 128 in formats.by_name(name).group_sizes[1:]
 ]
 E, K_TOP, H, I = 2, 1, 1024, 512  # whole super-blocks; x's row is 32 blocks of 32
@@ -60,7 +61,8 @@ def test_outlier_channels_cost_only_their_own_blocks(method: str, group: int, ba
     moe = ktforge.MoE(E, K_TOP, H, I, method=method, group_size=group, backend=backend)
     moe.load_weights(*floats)
     block, down_block = blocks_of(moe)
-    assert block == {"group": group, "super_block": 256}[str(f.activation_block)]  # at most llama.cpp's (Q8_K: 256)
+    # at most llama.cpp's (Q8_K: 256); per-row int8 at most 128 (its H and I are multiples of 128 here)
+    assert block == {"group": group, "super_block": 256}.get(str(f.activation_block), f.activation_block)
     assert moe.info["activations"] == {
         "gate_up": f"int8, a scale per {block} values of K",
         "down": f"int8, a scale per {down_block} values of K",
@@ -89,7 +91,7 @@ PER_TOKEN_CASES = [
     (method, backend)
     for backend in ALL_BACKENDS
     for method in BLOCKED
-    if backend in ("reference", "avx512") or method in ("int8g", "q4_0", "q2_k")
+    if backend in ("reference", "avx512") or method in ("int8", "int8g", "q4_0", "q2_k")
 ]
 
 
@@ -97,7 +99,7 @@ PER_TOKEN_CASES = [
 def test_a_scale_per_token_on_request(method: str, backend: str) -> None:
     """MoE(activations="per-token"): one scale a token, the scheme computed, and at outlier
     channels worse than per block."""
-    group = formats.by_name(method).group_sizes[0]
+    group = (formats.by_name(method).group_sizes or (128,))[0]
     floats, x_all = outlier_layer(100.0, seed=len(method))
     dense = [np.stack([dequantized(w, method, group) for w in projection]) for projection in floats]
     moe = ktforge.MoE(E, K_TOP, H, I, method=method, group_size=group, backend=backend, activations="per-token")

@@ -127,7 +127,7 @@ def _outputs_per_backend(method: str, shape: tuple[int, ...], seed: int, group: 
         assert moe.info["name"] == backend
         if backend != simd_peer():
             assert {
-                "int8": "tdpbusd",
+                "int8": "tdpbssd, a tile flush per activation block",
                 "int8g": "tdpbsud",
                 "int4": "tdpbssd",
                 "int4z": "tdpbsud",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,10 +75,13 @@ class Format:
     providers: dict[str, str]  # provider -> what it runs, preferred first
     checkpoint: CheckpointNames
     super_block: SuperBlock | None = None
-    activation_block: str | None = None  # int8 activations: "group", "super_block" or "row"
+    activation_block: str | int | None = None  # int8 activations: "group", "super_block", "row" or values
 
     def activation_values(self, group_size: int, kp: int) -> int:
-        """Values of K one int8 activation scale covers, at a group size and a padded K."""
+        """Values of K one int8 activation scale covers, at a group size and a K (padded here)."""
+        if isinstance(self.activation_block, int):  # the largest divisor of the padded K up to it
+            step = self.k_step or group_size
+            return math.gcd(self.activation_block, -(-kp // step) * step)
         if self.activation_block == "group":
             return group_size
         if self.activation_block == "super_block" and self.super_block is not None:
@@ -122,7 +126,8 @@ def _format(row: dict[str, object]) -> Format:
         raise ValueError(f"format {made.name!r}: element {made.element!r} is none of {', '.join(ELEMENTS)}")
     if len(made.group_sizes) > 4 or len(made.providers) > 4:
         raise ValueError(f"format {made.name!r}: at most 4 group sizes and 4 providers (formats.gen.hpp's arrays)")
-    if made.activation_block not in (None, "group", "super_block", "row") or (
+    numeric = type(made.activation_block) is int and made.activation_block > 0 and made.activation_block % 4 == 0
+    if (made.activation_block not in (None, "group", "super_block", "row") and not numeric) or (
         made.activation_block == "super_block" and made.super_block is None
     ):
         raise ValueError(f"format {made.name!r}: activation_block {made.activation_block!r} is not one it can have")
@@ -221,7 +226,7 @@ def cpp_text() -> str:
         f"constexpr int kFormatCount = {len(rows)};",
         "",
         "// Values of K one int8 activation scale covers, by element family (formats.json's activation_block):",
-        "// 0 the weights' group, -1 the whole row, else that many (a super-block).",
+        "// 0 the weights' group, -1 the whole row, else that many or fewer (types.hpp's activation_block).",
         f"constexpr int kActivationBlocks[] = {{{', '.join(map(str, _activation_blocks()))}}};",
         "",
         "inline Element element_of(Method m) { return format_info(m).element; }",
@@ -262,7 +267,11 @@ def _activation_blocks() -> list[int]:
     for f in table():
         if f.activation_block is None:
             continue
-        code = {"group": 0, "row": -1}.get(f.activation_block, f.super_block.values if f.super_block else 0)
+        code = (
+            f.activation_block
+            if isinstance(f.activation_block, int)
+            else {"group": 0, "row": -1}.get(f.activation_block, f.super_block.values if f.super_block else 0)
+        )
         if codes.setdefault(f.element, code) != code:
             raise ValueError(f"format {f.name!r}: element {f.element!r} has two activation blocks")
     return [codes.get(e, -1) for e in ELEMENTS]

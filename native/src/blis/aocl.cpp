@@ -164,8 +164,12 @@ aligned_vector<uint8_t> Aocl::reorder(const PackedMatrix& w) const {
   const int N = w.Np, K = w.Kp;
   if (w.element == Element::int8) {
     const std::vector<int8_t> b = unpack_transposed<int8_t, 4>(w);
-    aligned_vector<uint8_t> out(size_s8_('r', 'n', 'B', K, N));
-    reorder_s8_('r', 'n', 'B', b.data(), reinterpret_cast<int8_t*>(out.data()), K, N, N);
+    const int blocks = w.colsum_blocks(), rows = K / blocks;
+    const std::size_t bytes = size_s8_('r', 'n', 'B', rows, N);
+    aligned_vector<uint8_t> out(bytes * blocks);
+    for (int kb = 0; kb < blocks; ++kb)
+      reorder_s8_('r', 'n', 'B', b.data() + static_cast<std::size_t>(kb) * rows * N,
+                  reinterpret_cast<int8_t*>(out.data() + kb * bytes), rows, N, N);
     return out;
   }
   if (w.element == Element::bf16 && gemm_bf16_) {

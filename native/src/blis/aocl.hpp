@@ -28,7 +28,8 @@ class Aocl {
   const std::string& version() const { return version_; }
   bool has_bf16() const { return gemm_bf16_ != nullptr; }
 
-  // B = W^T of a packed int8/bf16 matrix, reordered for AOCL (K x N, N = W.Np).
+  // B = W^T of a packed int8/bf16 matrix, reordered for AOCL (K x N, N = W.Np); int8 as one
+  // reordered B per activation block of K, each block's bytes one after the other.
   aligned_vector<uint8_t> reorder(const PackedMatrix& w) const;
   // C[m][N] = A[m][K] . B, A rows `lda` apart (int8: s8 activations; bf16: bf16).
   void gemm_s8(int m, int n, int k, const int8_t* a, int64_t lda, const uint8_t* b, int32_t* c) const;

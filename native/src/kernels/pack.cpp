@@ -57,7 +57,7 @@ void put_int4z_meta(PackedMatrix& out, int n, const float* scales, const uint8_t
 void begin_quantized(PackedMatrix& out) {
   if (out.element == Element::int8) {
     out.scale.assign(out.Np, 1.f);
-    out.colsum.assign(out.Np, 0);
+    out.colsum.assign(static_cast<std::size_t>(out.Np) * out.colsum_blocks(), 0);
   } else if (out.element == Element::fp8) {
     out.scale.assign(out.Np, 1.f);
     out.block_scale.assign(static_cast<std::size_t>(out.blocks()) * out.groups(), 1.f);
@@ -79,17 +79,17 @@ void begin_quantized(PackedMatrix& out) {
   }
 }
 
-// Row n of an int8 matrix: Kp values (zero past K) and its scale; the column sum feeds
-// the kernels' removal of the unsigned activation offset.
+// Row n of an int8 matrix: Kp values (zero past K), its scale, its sums per activation block.
 void put_int8_row(PackedMatrix& out, int n, const int8_t* q, float scale) {
   auto* dst = reinterpret_cast<int8_t*>(out.values);
-  int32_t sum = 0;
+  int16_t* sums = out.colsum.data() + static_cast<std::size_t>(n / 16) * out.colsum_blocks() * 16 + n % 16;
+  const int size = out.Kp / out.colsum_blocks();  // starting from begin_quantized's zeros
   for (int k = 0; k < out.Kp; ++k) {
-    sum += q[k];
     dst[((static_cast<int64_t>(n / 16) * (out.Kp / 4) + k / 4) * 16 + n % 16) * 4 + k % 4] = q[k];
+    int16_t& sum = sums[k / size * 16];
+    sum = static_cast<int16_t>(sum + q[k]);
   }
   out.scale[n] = scale;
-  out.colsum[n] = sum;
 }
 
 void put_group_scales(PackedMatrix& out, int n, const uint16_t* scales) {

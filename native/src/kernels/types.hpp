@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -98,12 +99,13 @@ constexpr int kIq4xsRowRecordBytes = 2 + kQ4kGroupsPerSuper;
 // Values of K one activation scale covers (int8 activations): the weights' group, whose int32
 // sums every kernel scales anyway (one multiply more a group); a super-block of 256 where the
 // kernels fold its groups' sums in int32 before scaling (q3k, q2k: llama.cpp's Q8_K blocks);
-// the whole row for per-row int8, whose kernels keep one int32 sum over K. An outlier channel
-// so sets the scale of its block only, not of the whole token.
-// formats.json's activation_block says which (kActivationBlocks, generated from it).
+// for per-row int8, blocks of 128 (64 where K pads to an odd multiple of 64), each block's int32
+// sums scaled and added in float. An outlier channel so sets the scale of its block only, not
+// of the whole token. formats.json's activation_block says which (kActivationBlocks, generated
+// from it).
 inline int activation_block(Element m, int group, int Kp) {
   const int block = kActivationBlocks[static_cast<int>(m)];
-  return block == 0 ? group : block < 0 ? Kp : block;
+  return block == 0 ? group : block < 0 ? Kp : std::gcd(block, Kp);
 }
 
 // Nibble elements: int4's panel layout, two values a byte.
@@ -327,8 +329,9 @@ struct PackedMatrix {
   // q4k, q5k, q6k, q3k, q2k: group_meta[block][super][k*SuperBytes]
   // (the records above)
   aligned_vector<uint8_t> group_meta;
-  // int8: sum_k w[n][k], for the unsigned-activation offset of VNNI (u8 = s8 + 128).
-  aligned_vector<int32_t> colsum;
+  // int8: colsum[block][kb][16], sum_k w[n][k] over each activation block kb of K (|sum| <=
+  // 128 * 127 fits int16), for the unsigned-activation offset of VNNI (u8 = s8 + 128).
+  aligned_vector<int16_t> colsum;
   // fp8: float32 block_scale[block][group], one scale for a 16-column block's group of K (a
   // checkpoint's 128 x 128 blocks hold whole 16-column blocks); with `scale` per row (empty
   // where every row's is 1; a checkpoint's channel scales), w[n][k] = code * block_scale * scale[n].
@@ -346,6 +349,8 @@ struct PackedMatrix {
   std::size_t value_bytes() const { return static_cast<std::size_t>(blocks()) * block_bytes(); }
   const uint8_t* block(int b) const { return values + b * block_bytes(); }
   const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
+  int colsum_blocks() const { return Kp / activation_block(element, group, Kp); }
+  const int16_t* block_colsums(int b) const { return colsum.data() + static_cast<std::size_t>(b) * colsum_blocks() * 16; }
   const uint8_t* block_e8m0(int b) const { return group_e8m0.data() + static_cast<std::size_t>(b) * groups() * 16; }
   std::size_t meta_bytes_per_block() const {
     return q4k_records(element)      ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kQ4kSuperBytes
@@ -358,7 +363,7 @@ struct PackedMatrix {
   }
   const uint8_t* block_meta(int b) const { return group_meta.data() + static_cast<std::size_t>(b) * meta_bytes_per_block(); }
   std::size_t metadata_bytes() const {
-    return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 4 + block_scale.size() * 4 + group_e8m0.size() +
+    return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 2 + block_scale.size() * 4 + group_e8m0.size() +
            group_meta.size();
   }
   const float* fp8_block_scales(int b) const { return block_scale.data() + static_cast<std::size_t>(b) * groups(); }

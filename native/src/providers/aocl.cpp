@@ -25,12 +25,12 @@ std::string blis_library_path(const LibraryBackend& lib) {
                               "which works)");
 }
 
-// AOCL int32 results -> floats with the int8 scales (AOCL's s8s8 GEMM takes the signed
-// activations as they are: no offset to remove).
-void dequantize(const int32_t* acc, int m, int n, const float* x_scale, const float* w_scale, float* out, int64_t ld) {
+// One activation block's AOCL int32 results, times each row's scale of the block, added to the
+// float sums in out (AOCL's s8s8 GEMM takes the signed activations as they are: no offset).
+void accumulate(const int32_t* acc, int m, int n, const float* x_scale, bool first, float* out, int64_t ld) {
   for (int i = 0; i < m; ++i)
     for (int c = 0; c < n; ++c)
-      out[i * ld + c] = static_cast<float>(acc[static_cast<int64_t>(i) * n + c]) * x_scale[i] * w_scale[c];
+      out[i * ld + c] = (first ? 0.f : out[i * ld + c]) + static_cast<float>(acc[static_cast<int64_t>(i) * n + c]) * x_scale[i];
 }
 
 class AoclProvider final : public Provider {
@@ -76,14 +76,20 @@ class AoclProvider final : public Provider {
       const uint8_t* src = base + static_cast<int64_t>(c.rows[i]) * Kp * elem;
       std::copy(src, src + Kp * elem, a.data() + static_cast<std::size_t>(i) * Kp * elem);
     }
-    if (element_ == Element::int8) {
+    if (element_ == Element::int8) {  // a GEMM per activation block of K (Aocl::reorder's blocks)
       auto& acc = accumulators_[c.thread];
       acc.resize(static_cast<std::size_t>(m) * N);
-      aocl_.gemm_s8(m, N, Kp, reinterpret_cast<const int8_t*>(a.data()), Kp, b, acc.data());
       auto& xs = scales_[c.thread];
       xs.resize(m);
-      for (int i = 0; i < m; ++i) xs[i] = act.scale[c.rows[i]];
-      dequantize(acc.data(), m, N, xs.data(), w.scale.data(), c.out, c.ld_out);
+      const int blocks = w.colsum_blocks(), rows = Kp / blocks;
+      const std::size_t bytes = reordered_[c.projection == Projection::gate_up ? 0 : 1][c.expert].size() / blocks;
+      for (int kb = 0; kb < blocks; ++kb) {
+        aocl_.gemm_s8(m, N, rows, reinterpret_cast<const int8_t*>(a.data()) + kb * rows, Kp, b + kb * bytes, acc.data());
+        for (int i = 0; i < m; ++i) xs[i] = act.scales(c.rows[i])[kb * rows / act.block];
+        accumulate(acc.data(), m, N, xs.data(), kb == 0, c.out, c.ld_out);
+      }
+      for (int i = 0; i < m; ++i)
+        for (int n = 0; n < N; ++n) c.out[i * c.ld_out + n] *= w.scale[n];
     } else {
       aocl_.gemm_bf16(m, N, Kp, reinterpret_cast<const uint16_t*>(a.data()), Kp, b, c.out);
     }

@@ -29,18 +29,23 @@ void gemm_bf16(const GemmArgs& a) {
   }
 }
 
+// Each activation block's int32 sum, times the row's scale of the block, summed in float.
 void gemm_int8(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
-  const int kp4 = w.Kp / 4;
+  const Activations& act = *a.act;
   for (int i = 0; i < a.m; ++i) {
     const int64_t r = a.rows[i];
-    const int8_t* x = a.act->q.data() + r * a.act->Kp;
+    const int8_t* x = act.q.data() + r * act.Kp;
     for (int n = a.n0; n < a.n1; ++n) {
       const int8_t* panel = reinterpret_cast<const int8_t*>(w.block(n / 16)) + (n % 16) * 4;
-      int32_t acc = 0;
-      for (int p = 0; p < kp4; ++p)
-        for (int b = 0; b < 4; ++b) acc += static_cast<int32_t>(x[4 * p + b]) * panel[p * 64 + b];
-      a.out[i * a.ld_out + (n - a.n0)] = static_cast<float>(acc) * a.act->scale[r] * w.scale[n];
+      float sum = 0.f;
+      for (int kb = 0; kb < act.blocks; ++kb) {
+        int32_t acc = 0;
+        for (int k = kb * act.block; k < (kb + 1) * act.block; ++k)
+          acc += static_cast<int32_t>(x[k]) * panel[k / 4 * 64 + k % 4];
+        sum += static_cast<float>(acc) * act.scales(r)[kb];
+      }
+      a.out[i * a.ld_out + (n - a.n0)] = sum * w.scale[n];
     }
   }
 }

@@ -1,4 +1,4 @@
-// AMX kernels for prefill (tdpbf16ps, tdpbusd), AVX-512 for decode, in one backend.
+// AMX kernels for prefill (tdpbf16ps, tdpbssd), AVX-512 for decode, in one backend.
 //
 // Compiled twice: with -mamx-* as the `amx` backend, and with KTFORGE_AMX_MODEL (AVX2 flags
 // only) as `amx-model`, where kt::tile is a software model of the tile unit: the same kernel
@@ -165,14 +165,14 @@ void tile_block(const uint8_t* a, int64_t a_stride, const uint8_t* b0, const uin
     if constexpr (Bf16) {
       tile::dpbf16ps<0, 4, 6>(), tile::dpbf16ps<2, 5, 6>();
     } else {
-      tile::dpbusd<0, 4, 6>(), tile::dpbusd<2, 5, 6>();
+      tile::dpbssd<0, 4, 6>(), tile::dpbssd<2, 5, 6>();
     }
     if (b1) {
       tile::load<7>(b1 + ks * 1024, 64);
       if constexpr (Bf16) {
         tile::dpbf16ps<1, 4, 7>(), tile::dpbf16ps<3, 5, 7>();
       } else {
-        tile::dpbusd<1, 4, 7>(), tile::dpbusd<3, 5, 7>();
+        tile::dpbssd<1, 4, 7>(), tile::dpbssd<3, 5, 7>();
       }
     }
   }
@@ -181,13 +181,36 @@ void tile_block(const uint8_t* a, int64_t a_stride, const uint8_t* b0, const uin
   if (b1) tile::store<1>(c + 16, 128), tile::store<3>(c + 16 * 32 + 16, 128);
 }
 
+// int8: a 32 x 32 block's sums over each activation block of K (one over the whole K with a
+// scale a token), times the rows' scales of the block, added in float; then the weights' scales.
+// Signed activations (tdpbssd): no offset to remove.
+void int8_blocks(const GemmArgs& g, const uint8_t* a, int64_t stride, int blk, bool pair, int i0) {
+  const Activations& act = *g.act;
+  const int ksteps = act.Kp / 64, block = g.act->token_scales ? ksteps : act.block / 64;
+  const int rows = std::min(32, g.m - i0), cols = pair ? 32 : 16;
+  float* acc = scratch().acc;
+  for (int kb = 0; kb < ksteps; kb += block) {
+    tile_block<false>(a + kb * 64, stride, g.w->block(blk) + kb * 1024, pair ? g.w->block(blk + 1) + kb * 1024 : nullptr,
+                      block);
+    const int32_t* c = scratch().c;
+    for (int i = 0; i < rows; ++i) {
+      const float xs = act.scales(g.rows[i0 + i])[kb * 64 / act.block];
+      for (int n = 0; n < cols; ++n) acc[i * 32 + n] = (kb ? acc[i * 32 + n] : 0.f) + static_cast<float>(c[i * 32 + n]) * xs;
+    }
+  }
+  for (int i = 0; i < rows; ++i) {
+    float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
+    for (int n = 0; n < cols; ++n) out[n] = acc[i * 32 + n] * g.w->scale[blk * 16 + n];
+  }
+}
+
 void amx_gemm(const GemmArgs& g) {
   const PackedMatrix& w = *g.w;
   const Activations& act = *g.act;
   const bool bf16 = w.element == Element::bf16;
   const std::size_t row_bytes = bf16 ? static_cast<std::size_t>(act.Kp) * 2 : act.Kp;
   const int m_pad = (g.m + 31) / 32 * 32;
-  const uint8_t* base = bf16 ? reinterpret_cast<const uint8_t*>(act.bf16.data()) : act.q_u8.data();
+  const uint8_t* base = bf16 ? reinterpret_cast<const uint8_t*>(act.bf16.data()) : reinterpret_cast<const uint8_t*>(act.q.data());
   const uint8_t* a = gather(g, base, row_bytes, m_pad);
   const int ksteps = static_cast<int>(row_bytes / 64);
   // Configured per call, released at the end: other AMX users in the process (oneDNN inside
@@ -198,22 +221,15 @@ void amx_gemm(const GemmArgs& g) {
     const bool pair = blk + 1 < g.n1 / 16;
     for (int i0 = 0; i0 < m_pad; i0 += 32) {
       const uint8_t* ai = a + static_cast<std::size_t>(i0) * row_bytes;
-      if (bf16)
-        tile_block<true>(ai, static_cast<int64_t>(row_bytes), w.block(blk), pair ? w.block(blk + 1) : nullptr, ksteps);
-      else
-        tile_block<false>(ai, static_cast<int64_t>(row_bytes), w.block(blk), pair ? w.block(blk + 1) : nullptr, ksteps);
-      const int32_t* c = scratch().c;
-      const int rows = std::min(32, g.m - i0), cols = pair ? 32 : 16;
-      for (int i = 0; i < rows; ++i) {
-        float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
-        if (bf16) {
-          std::copy(reinterpret_cast<const float*>(c) + i * 32, reinterpret_cast<const float*>(c) + i * 32 + cols, out);
-        } else {  // u8 activations: remove 128 * sum_k w, then scale
-          const float xs = act.scale[g.rows[i0 + i]];
-          for (int n = 0; n < cols; ++n)
-            out[n] = static_cast<float>(c[i * 32 + n] - 128 * w.colsum[blk * 16 + n]) * xs * w.scale[blk * 16 + n];
-        }
+      if (!bf16) {
+        int8_blocks(g, ai, static_cast<int64_t>(row_bytes), blk, pair, i0);
+        continue;
       }
+      tile_block<true>(ai, static_cast<int64_t>(row_bytes), w.block(blk), pair ? w.block(blk + 1) : nullptr, ksteps);
+      const float* c = reinterpret_cast<const float*>(scratch().c);
+      const int rows = std::min(32, g.m - i0), cols = pair ? 32 : 16;
+      for (int i = 0; i < rows; ++i)
+        std::copy(c + i * 32, c + i * 32 + cols, g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0));
     }
   }
   tile::release();
@@ -359,7 +375,7 @@ std::string describe(Element m) {
     return fallback + " (AMX permission refused: errno " + std::to_string(err) + ")";
   const std::string op = m == Element::fp8     ? "tdpbf16ps per group on fp8 converted to bf16"
                          : m == Element::bf16  ? "tdpbf16ps"
-                         : m == Element::int8  ? "tdpbusd"
+                         : m == Element::int8  ? "tdpbssd, a tile flush per activation block"
                          : m == Element::int8g ? "tdpbsud per group"
                          : m == Element::int4z ? "tdpbsud per group, less zero points"
                          : m == Element::q2k   ? "tdpbsud per super-block, Q2_K's scales folded into the tiles, its mins a second product"

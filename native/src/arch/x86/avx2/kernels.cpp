@@ -121,23 +121,35 @@ inline void signed_bytes_step(const __m256i (&b)[2], const int8_t* const* x, int
   }
 }
 
+// Per-row weights: each activation block's (`block_steps` steps; with a scale a token, the
+// whole K) int32 sums, times the row's scale of the block, added in float in `out` (L1), which
+// the weights' row scales multiply at the end.
 template <int M, int NB>
 struct Int8Tile {
-  static void run(const int8_t* const* x, const float* xs, const int8_t* panel, const float* ws, int kp4, float* out,
-                  int64_t ld) {
-    __m256i acc[M][2];
-    for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-    for (int p = 0; p < kp4; ++p) {
-      prefetch_panel(panel + p * 64);
-      const __m256i b[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64)),
-                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + 32))};
-      signed_bytes_step<M>(b, x, p, acc);
+  static void run(const int8_t* const* x, const float* const* xs, const int8_t* panel, const float* ws, int kp4,
+                  int block_steps, float* out, int64_t ld) {
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * ld + h * 8, _mm256_setzero_ps());
+    for (int p0 = 0; p0 < kp4; p0 += block_steps) {
+      __m256i acc[M][2];
+      for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+      for (int p = p0; p < p0 + block_steps; ++p) {
+        prefetch_panel(panel + p * 64);
+        const __m256i b[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + 32))};
+        signed_bytes_step<M>(b, x, p, acc);
+      }
+      for (int i = 0; i < M; ++i) {
+        const __m256 s = _mm256_set1_ps(xs[i][p0 / block_steps]);
+        for (int h = 0; h < 2; ++h) {
+          float* o = out + i * ld + h * 8;
+          _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][h]), s, _mm256_loadu_ps(o)));
+        }
+      }
     }
     for (int i = 0; i < M; ++i)
-      for (int h = 0; h < 2; ++h) {
-        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + h * 8), _mm256_set1_ps(xs[i]));
-        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i][h]), s));
-      }
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_ps(out + i * ld + h * 8, _mm256_mul_ps(_mm256_loadu_ps(out + i * ld + h * 8), _mm256_loadu_ps(ws + h * 8)));
   }
 };
 
@@ -305,21 +317,19 @@ void gemm(const GemmArgs& a) {
     for (int i0 = 0; i0 < a.m; i0 += kRows) {
       const int m = std::min(kRows, a.m - i0);
       float* out = a.out + i0 * a.ld_out + (blk * 16 - a.n0);
-      float xs[kRows];          // int8: a scale a row
-      const float* bxs[kRows];  // the grouped elements: a row's scale per block (activation_block)
+      const float* bxs[kRows];  // a row's scale per block (activation_block)
       const int32_t* sums[kRows];
       const int8_t* rows[kRows];
       for (int i = 0; i < m; ++i) {
         int64_t r = a.rows[i0 + i];
         rows[i] = act.q.data() + r * act.Kp;
-        xs[i] = act.scale[r * act.blocks];
         bxs[i] = act.scales(r);
         if (group_sums(w.element)) sums[i] = act.gsum.data() + r * G;
       }
       if (w.element == Element::int8)
-        dispatch<kRows, 1, Int8Tile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float*>(xs),
+        dispatch<kRows, 1, Int8Tile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float* const*>(bxs),
                                      reinterpret_cast<const int8_t*>(w.block(blk)), w.scale.data() + blk * 16,
-                                     w.Kp / 4, out, a.ld_out);
+                                     w.Kp / 4, act.token_scales ? w.Kp / 4 : act.block / 4, out, a.ld_out);
       else if (w.element == Element::int8g)
         dispatch<kRows, 1, Int8gTiles<false>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),
                                                     static_cast<const float* const*>(bxs), w.block(blk), w.block_scales(blk),

@@ -88,11 +88,7 @@ __attribute__((noinline)) void bf16_tile(const uint16_t* const* x, const uint16_
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(out + i * ld + j * 16, acc[i][j]);
 }
 
-// ---- int8 -------------------------------------------------------------------------------
-
-constexpr int kInt8Rows = 8, kInt8Blocks = 3;
-// K steps (of 4) per L1 block: 3 panels x 128 steps x 64 bytes = 24 KiB
-constexpr int kInt8StepsPerBlock = 128;
+// ---- int8 dot products (per-row int8's tile and drivers: avx512/int8.hpp) ---------------
 
 #ifdef __AVX512VNNI__
 // acc += u8 a . s8 b, in place. GCC 12 compiles the intrinsic as a copy, the instruction and
@@ -101,46 +97,6 @@ constexpr int kInt8StepsPerBlock = 128;
 inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
   __asm__("vpdpbusd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
   return acc;
-}
-
-// Accumulates k-steps [p0, p1) into int32 partial sums kept in `partial` ([M][NB*16])
-// between K blocks, so the NB panels of one K block stay in L1 while every row chunk
-// passes over them. No branches around the loop: GCC then keeps all M x NB accumulators
-// in registers (with a conditional prologue/epilogue it spilled them every iteration).
-template <int M, int NB>
-__attribute__((noinline)) void int8_tile(const uint8_t* const* x, const int8_t* const* panel, int p0, int p1,
-                                         int32_t* partial) {
-  __m512i acc[M][NB];
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_loadu_si512(partial + (i * NB + j) * 16);
-  for (int p = p0; p < p1; ++p) {
-    __m512i b[NB];
-    for (int j = 0; j < NB; ++j) {
-      // one K block ahead, into L2: the next block streams from memory while this one computes
-      _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (p + kInt8StepsPerBlock) * 64), _MM_HINT_T1);
-      b[j] = _mm512_loadu_si512(panel[j] + p * 64);
-    }
-    for (int i = 0; i < M; ++i) {
-      __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x[i] + 4 * p));
-      for (int j = 0; j < NB; ++j) acc[i][j] = dpbusd(acc[i][j], a, b[j]);
-    }
-  }
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < NB; ++j) _mm512_storeu_si512(partial + (i * NB + j) * 16, acc[i][j]);
-}
-
-// partial sums -> floats: remove the +128 activation offset (128 * sum_k w), apply scales
-void int8_finish(const int32_t* partial, int m, int nb, const float* x_scale, const float* w_scale,
-                 const int32_t* colsum, float* out, int64_t ld) {
-  for (int j = 0; j < nb; ++j) {
-    __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(colsum + j * 16), 7);
-    __m512 ws = _mm512_loadu_ps(w_scale + j * 16);
-    for (int i = 0; i < m; ++i) {
-      __m512i acc = _mm512_loadu_si512(partial + (i * nb + j) * 16);
-      __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, offset));
-      _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(v, _mm512_mul_ps(ws, _mm512_set1_ps(x_scale[i]))));
-    }
-  }
 }
 
 // ---- int4, fp4 (their tile: avx512/nibbles.hpp) ---------------------------------------
@@ -267,81 +223,16 @@ void gemm_bf16(const GemmArgs& a) {
 }  // namespace
 }  // namespace kt
 
-// fp8_tile and gemm_fp8, float_tile and gemm_floats, in this file's unnamed namespace (they use
-// kStreamAheadLines and kDecodeRows)
+// fp8_tile and gemm_fp8, float_tile and gemm_floats, int8_tile and gemm_int8, in this file's
+// unnamed namespace (they use kStreamAheadLines, kDecodeRows and dpbusd)
 #include "arch/x86/avx512/floats.hpp"
 #include "arch/x86/avx512/fp8.hpp"
+#include "arch/x86/avx512/int8.hpp"
 
 namespace kt {
 namespace {
 
 #ifdef __AVX512VNNI__
-template <int M, int NB>
-struct Int8Tile {
-  template <typename... A>
-  static void run(A... a) { int8_tile<M, NB>(a...); }
-};
-
-template <int M, int NB>
-struct Int8Tile;
-
-// Decode: see gemm_bf16_decode. One K block spans the whole K (the panels are read once).
-void gemm_int8_decode(const GemmArgs& a) {
-  const PackedMatrix& w = *a.w;
-  const uint8_t* x[kDecodeRows];
-  float xs[kDecodeRows];
-  for (int i = 0; i < a.m; ++i) {
-    x[i] = a.act->q_u8.data() + static_cast<int64_t>(a.rows[i]) * a.act->Kp;
-    xs[i] = a.act->scale[a.rows[i]];
-  }
-  alignas(64) int32_t partial[kDecodeRows * kDecodeBlocks * 16];
-  for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kDecodeBlocks) {
-    const int nb = std::min(kDecodeBlocks, a.n1 / 16 - b0);
-    const int8_t* panel[kDecodeBlocks];
-    for (int j = 0; j < nb; ++j) panel[j] = reinterpret_cast<const int8_t*>(w.block(b0 + j));
-    std::fill(partial, partial + a.m * nb * 16, 0);
-    dispatch<kDecodeRows, kDecodeBlocks, Int8Tile>(a.m, nb, static_cast<const uint8_t* const*>(x),
-                                                   static_cast<const int8_t* const*>(panel), 0, w.Kp / 4,
-                                                   static_cast<int32_t*>(partial));
-    int8_finish(partial, a.m, nb, xs, w.scale.data() + b0 * 16, w.colsum.data() + b0 * 16,
-                a.out + (b0 * 16 - a.n0), a.ld_out);
-  }
-}
-
-void gemm_int8(const GemmArgs& a) {
-  if (a.m <= kDecodeRows) return gemm_int8_decode(a);
-  const PackedMatrix& w = *a.w;
-  const int kp4 = w.Kp / 4;
-  thread_local aligned_vector<int32_t> partial;
-  const int chunks = (a.m + kInt8Rows - 1) / kInt8Rows;
-  const std::size_t per_chunk = static_cast<std::size_t>(kInt8Rows) * kInt8Blocks * 16;
-  if (partial.size() < chunks * per_chunk) partial.resize(chunks * per_chunk);
-  for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kInt8Blocks) {
-    const int nb = std::min(kInt8Blocks, a.n1 / 16 - b0);
-    const int8_t* panel[kInt8Blocks];
-    for (int j = 0; j < nb; ++j) panel[j] = reinterpret_cast<const int8_t*>(w.block(b0 + j));
-    std::fill(partial.begin(), partial.begin() + chunks * per_chunk, 0);
-    for (int p0 = 0; p0 < kp4; p0 += kInt8StepsPerBlock) {
-      const int p1 = std::min(kp4, p0 + kInt8StepsPerBlock);
-      for (int c = 0; c < chunks; ++c) {
-        const int i0 = c * kInt8Rows, m = std::min(kInt8Rows, a.m - i0);
-        const uint8_t* x[kInt8Rows];
-        for (int i = 0; i < m; ++i) x[i] = a.act->q_u8.data() + static_cast<int64_t>(a.rows[i0 + i]) * a.act->Kp;
-        dispatch<kInt8Rows, kInt8Blocks, Int8Tile>(m, nb, static_cast<const uint8_t* const*>(x),
-                                                   static_cast<const int8_t* const*>(panel), p0, p1,
-                                                   partial.data() + c * per_chunk);
-      }
-    }
-    for (int c = 0; c < chunks; ++c) {
-      const int i0 = c * kInt8Rows, m = std::min(kInt8Rows, a.m - i0);
-      float xs[kInt8Rows];
-      for (int i = 0; i < m; ++i) xs[i] = a.act->scale[a.rows[i0 + i]];
-      int8_finish(partial.data() + c * per_chunk, m, nb, xs, w.scale.data() + b0 * 16, w.colsum.data() + b0 * 16,
-                  a.out + i0 * a.ld_out + (b0 * 16 - a.n0), a.ld_out);
-    }
-  }
-}
-
 // int8g; Half: int8h (float16 scales)
 template <bool Half>
 struct Int8gTiles {
