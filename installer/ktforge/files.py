@@ -37,6 +37,19 @@ def leaves_directory(name: str) -> bool:
     return parts.is_absolute() or ".." in parts.parts or name.startswith("~")
 
 
+def shown(value: object, limit: int = 200) -> str:
+    """``value`` as a message quotes input: repr's escapes for control characters and quotes, at
+    most ``limit`` characters of it, and how much more there was."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def canonical(name: str) -> bool:
+    """A relative name written the one way a path is: no empty, "." or trailing component
+    ("a//b", "./a", "a/" are refused), so that one file has one name in an index."""
+    return name not in ("", ".") and name == str(PurePosixPath(name))
+
+
 def member(directory: Path, name: object, what: str) -> Path:
     """``directory / name`` for a ``name`` read from a file: a relative path without ``..``,
     resolving to a regular file inside ``directory`` (or the hub's blobs of a snapshot)."""
@@ -44,6 +57,8 @@ def member(directory: Path, name: object, what: str) -> Path:
         raise UnsafePath(f"{what}: {name!r} is not a file name")
     if leaves_directory(name):
         raise UnsafePath(f"{what}: {name!r} names a file outside {directory}")
+    if not canonical(name):
+        raise UnsafePath(f"{what}: {name!r} is not a canonical file name (as {str(PurePosixPath(name))!r} would be)")
     path = directory / name
     try:
         target = path.resolve(strict=True)

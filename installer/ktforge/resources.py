@@ -88,6 +88,26 @@ def file_is_ours(path: Path) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
+def umask() -> int:
+    """The process's file-creation mask, read without changing it (``os.umask`` sets a new one
+    to return the old, and another thread creating a file meanwhile would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)  # no /proc (Linux < 4.7): the racy way
+    os.umask(old)
+    return old
+
+
+def shared_file_mode() -> int:
+    """The mode of an output file others may read, as the user's umask allows (0644 under 022,
+    0600 under 077): what ``open()`` gives a new file, for files made private first (mkstemp)."""
+    return 0o666 & ~umask()
+
+
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Replaces ``path`` atomically (fsynced) through a new file of unique name (``mkstemp``:
     created with O_EXCL and mode 0600, so a planted file or symlink is never followed)."""
@@ -103,6 +123,12 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def parse_toml(data: bytes) -> dict[str, Any]:
+    """A TOML document from bytes; ValueError where they are not UTF-8 TOML."""
+    document: dict[str, Any] = tomllib.loads(data.decode())  # both errors are ValueErrors
+    return document
 
 
 def load_toml(path: Path) -> dict[str, Any]:

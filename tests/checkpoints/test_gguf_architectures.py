@@ -32,6 +32,8 @@ def write(path: Path, arch: str, keys: dict[str, Any], biases: bool = False, lay
             writer.add_bool(f"{arch}.{key}", value)
         elif isinstance(value, float):
             writer.add_float32(f"{arch}.{key}", value)
+        elif isinstance(value, str):
+            writer.add_string(f"{arch}.{key}", value)
         else:
             writer.add_uint32(f"{arch}.{key}", value)
     for t in source.tensors:
@@ -50,9 +52,9 @@ def write(path: Path, arch: str, keys: dict[str, Any], biases: bool = False, lay
 
 ARCHITECTURES = {
     # arch: (metadata keys, expected routing)
-    "qwen3moe": ({"expert_feed_forward_length": I}, Routing(K_TOP, "softmax", True)),
-    "qwen2moe": ({"expert_feed_forward_length": I}, Routing(K_TOP, "softmax", False)),
-    "llama": ({"feed_forward_length": I}, Routing(K_TOP, "softmax", True)),  # Mixtral
+    "qwen3moe": ({"expert_feed_forward_length": I}, Routing(K_TOP, "softmax", True, experts=E)),
+    "qwen2moe": ({"expert_feed_forward_length": I}, Routing(K_TOP, "softmax", False, experts=E)),
+    "llama": ({"feed_forward_length": I}, Routing(K_TOP, "softmax", True, experts=E)),  # Mixtral
     "deepseek2": (
         {
             "expert_feed_forward_length": I,
@@ -60,13 +62,13 @@ ARCHITECTURES = {
             "expert_weights_norm": True,
             "expert_weights_scale": 2.5,
         },
-        Routing(K_TOP, "sigmoid", True, 2.5),
+        Routing(K_TOP, "sigmoid", True, 2.5, E),
     ),
     "glm4moe": (
         {"expert_feed_forward_length": I, "expert_weights_scale": 1.5},
-        Routing(K_TOP, "sigmoid", True, 1.5),
+        Routing(K_TOP, "sigmoid", True, 1.5, E),
     ),
-    "gpt-oss": ({"expert_feed_forward_length": I}, Routing(K_TOP, "softmax_selected", False)),
+    "gpt-oss": ({"expert_feed_forward_length": I}, Routing(K_TOP, "softmax_selected", False, experts=E)),
 }
 
 
@@ -93,6 +95,48 @@ def test_a_file_without_experts_or_of_another_architecture_is_a_clear_error(tmp_
         GgufCheckpoint(write(tmp_path / "a.gguf", "qwen3moe", {}))
     with pytest.raises(GgufError, match=r"architecture 'mamba' is not one whose experts ktforge reads"):
         GgufCheckpoint(write(tmp_path / "b.gguf", "mamba", {}))
+
+
+DEEPSEEK = {"expert_feed_forward_length": I, "expert_gating_func": 2, "expert_weights_norm": True}
+BAD_METADATA = {  # key: (the value written by gguf-py, what the refusal says it must be)
+    "expert_gating_func": (7, r"not one of 1 \(softmax\), 2 \(sigmoid\), 3 \(softmax_selected\)"),
+    "expert_weights_norm": ("false", "not a bool"),
+    "expert_weights_scale": (float("nan"), "not a finite scale >= 0"),
+    "expert_feed_forward_length": (2**31, "not a positive integer below 2"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(BAD_METADATA))
+def test_metadata_of_the_wrong_type_or_range_is_refused_naming_the_key(tmp_path: Path, key: str) -> None:
+    value, why = BAD_METADATA[key]
+    path = write(tmp_path / "bad.gguf", "deepseek2", {**DEEPSEEK, key: value})
+    with pytest.raises(GgufError, match=rf"metadata deepseek2\.{key} is .*, {why}"):
+        GgufCheckpoint(path)
+
+
+def test_layers_come_from_the_tensors_not_from_block_count(tmp_path: Path) -> None:
+    """A block_count of 2^32 - 1 (probing each index hung) lists the layers the file holds."""
+    path = write(tmp_path / "many.gguf", "qwen3moe", {"expert_feed_forward_length": I}, layer=3)
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"qwen3moe.block_count") + len(b"qwen3moe.block_count") + 4  # the key, then its uint32 type
+    raw[at : at + 4] = (2**31 - 1).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    with GgufCheckpoint(path) as checkpoint:
+        assert checkpoint.moe_layers == [3]
+
+
+def test_route_checks_its_logits_as_forward_checks_its_inputs() -> None:
+    routing = Routing(2, "softmax", True, experts=4)
+    with pytest.raises(ValueError, match=r"logits must be \[tokens, 4\] finite numbers, got shape \(3, 6\)"):
+        routing.route(np.zeros((3, 6)))  # ids beyond the layer's 4 experts
+    with pytest.raises(ValueError, match="with NaN or infinity"):
+        routing.route(np.array([[0.0, np.nan, 1.0, 2.0]]))
+    with pytest.raises(ValueError, match=r"got shape \(4,\)"):
+        routing.route(np.zeros(4))
+    with pytest.raises(ValueError, match=r"bias must be \[4\] finite numbers"):
+        routing.route(np.zeros((1, 4)), bias=np.zeros(5))
+    ids, _ = routing.route(np.arange(8.0).reshape(2, 4))
+    assert ids.tolist() == [[3, 2], [3, 2]]
 
 
 def softmax(z: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -134,6 +134,20 @@ def test_a_hub_snapshot_with_links_into_its_blobs_converts(tmp_path: Path) -> No
     assert kt_convert(snapshot, tmp_path / "out", "--quant", "bf16").exit_code == 0
 
 
+@pytest.mark.parametrize("written", ["{}/", "./{}", ".//{}", "", "."])
+def test_an_index_naming_a_shard_in_another_spelling_is_refused(written: str, tmp_path: Path) -> None:
+    """One file, one name: "model.safetensors/" or "./model.safetensors" in a weight_map is refused."""
+    src = tmp_path / "hf"
+    write_checkpoint(src, "qwen3_moe", shards=2)
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    for name, shard in index["weight_map"].items():
+        if shard.endswith("00002-of-00002.safetensors"):
+            index["weight_map"][name] = written.format(shard)
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="is not a canonical file name"):
+        Checkpoint(src)
+
+
 def test_an_index_naming_a_shard_outside_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "hf"
     write_checkpoint(src, "qwen3_moe", shards=2)

@@ -161,6 +161,26 @@ def test_a_failing_wider_rerun_leaves_the_finished_conversion_loadable(tmp_path:
     assert again.info["packed_bytes"] == before.info["packed_bytes"]
 
 
+@pytest.mark.parametrize("mask", [0o077, 0o022, 0o002])
+def test_convert_writes_its_files_as_the_umask_says(mask: int, tmp_path: Path) -> None:
+    """Converted weights are the user's to share: under umask 077 no other user may read them."""
+    src = tmp_path / "src"
+    write_checkpoint(src)
+    out = tmp_path / "out"
+    code = f"import os, sys; os.umask({mask}); from ktforge.cli import commands as cli; sys.argv[0] = 'kt'; cli.main()"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "convert", "--input", str(src), "--output", str(out), "--quant", "int8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in files) and any(p.suffix == ".json" for p in files)
+    for path in files:
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path
+
+
 def test_convert_on_a_full_disk_is_one_line_and_keeps_nothing_half_written(tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_checkpoint(src, E=8, H=256, I=128)
@@ -208,6 +228,13 @@ BENCH_OPTIONS = {
     "threads beyond the kernels' limit": (["--threads", "5000"], "at most 4096"),
     "tokens beyond the memory": (["--model", "all", "--tokens", "1048576"], "give fewer tokens"),
     "empty backend": (["--backend", ""], "--backend: none given"),
+    "empty model": (["--model", ""], "--model: none given in ''"),
+    "only commas model": (["--model", ","], "--model: none given in ','"),
+    "empty method": (["--method", " , "], "--method: none given"),
+    "empty routing": (["--routing", ""], "--routing: none given"),
+    "empty tokens": (["--tokens", ","], "--tokens: none given"),
+    "empty threads": (["--threads", ""], "--threads: none given"),
+    "binary model": (["--model", "\x01\x1b[2J" + "q" * 500], r"unknown model(s) '\x01\x1b[2Jqq"),
 }
 
 
@@ -219,6 +246,23 @@ def test_bench_refuses_each_bad_option_in_one_line(case: str, monkeypatch: pytes
     result = runner.invoke(cli.app, ["bench", "--no-peer", *args])
     assert result.exit_code == 2 and why in _one_line(result)
     assert measured == []  # refused before measuring anything
+
+
+@pytest.mark.parametrize("source", ["binary file", "binary pyproject", "empty pyproject", "fifo pyproject"])
+def test_build_refuses_a_source_that_is_no_checkout_in_one_line(source: str, tmp_path: Path) -> None:
+    path = tmp_path / "src"
+    if source == "binary file":
+        path.write_bytes(bytes(range(256)) * 4)
+    else:
+        path.mkdir()
+        pyproject = path / "pyproject.toml"
+        if source == "fifo pyproject":
+            os.mkfifo(pyproject)  # never opened for a read that would wait on a writer
+        else:
+            pyproject.write_bytes(b"" if source == "empty pyproject" else b'\xff\xfe name = "ktforge" \xde\xad')
+    result = runner.invoke(cli.app, ["build", "--plan", "--source", str(path)])
+    line = _one_line(result)
+    assert result.exit_code == 2 and line.endswith("is not a ktforge checkout; run it there or pass --source"), line
 
 
 def test_bench_with_a_backend_variable_naming_nothing_compiled() -> None:

@@ -27,7 +27,7 @@ from ktforge import formats
 from ktforge.checkpoints import gptq_awq
 from ktforge.checkpoints import packed as ct_packed
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
-from ktforge.files import UnsafePath, leaves_directory, member, open_regular, read_json
+from ktforge.files import UnsafePath, canonical, leaves_directory, member, open_regular, read_json
 from ktforge.formats.quantize import Fp8Blocks, Int4Groups, Mxfp4Groups, Stored
 from ktforge.resources import data_path, load_toml
 
@@ -196,6 +196,8 @@ class Checkpoint:
                 raise CheckpointError(f"{index}: weight_map must map tensor names to shard file names")
             if any(leaves_directory(shard) for shard in set(weight_map.values())):
                 raise CheckpointError(f"{index}: weight_map names a shard outside the checkpoint directory")
+            if bad := sorted(repr(shard) for shard in set(weight_map.values()) if not canonical(shard)):
+                raise CheckpointError(f"{index}: weight_map's shard {bad[0][:200]} is not a canonical file name")
             return {str(k): v for k, v in weight_map.items()}
         shards = sorted(p.name for p in self.path.glob("*.safetensors"))
         if not shards:

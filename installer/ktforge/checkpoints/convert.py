@@ -38,7 +38,7 @@ from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointEr
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
 from ktforge.files import UnsafePath, member, read_json
 from ktforge.formats.quantize import METHODS, Quantized, Stored, quantize, shapes
-from ktforge.resources import write_atomic
+from ktforge.resources import shared_file_mode, write_atomic
 
 Array = np.ndarray[Any, Any]
 FORMAT = "ktforge-moe-experts"
@@ -228,7 +228,7 @@ def convert_layer(
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
-    write_atomic(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), mode=0o644)
+    write_atomic(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), mode=shared_file_mode())
 
 
 class OutputBusy(ConversionError):
@@ -238,7 +238,7 @@ class OutputBusy(ConversionError):
 def _lock_output(output: Path) -> int:
     """The output directory's lock (one writer per directory), held until the fd is closed."""
     output.mkdir(parents=True, exist_ok=True)
-    fd = os.open(output / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = os.open(output / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -7,6 +7,8 @@ naming the type and the tensor.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -17,6 +19,7 @@ import numpy as np
 from ktforge import formats
 from ktforge.checkpoints import gguf_blocks
 from ktforge.checkpoints.gguf_file import GgufError, GgufModel
+from ktforge.files import shown
 from ktforge.formats.quantize import Quantized
 from ktforge.resources import data_path, load_toml
 
@@ -43,11 +46,23 @@ class Routing:
     gating: str  # softmax, sigmoid or softmax_selected (see data/gguf_architectures.toml)
     normalize: bool
     scale: float = 1.0
+    experts: int | None = None  # the logits' width, where known (a file's expert_count)
 
     def route(self, logits: Any, bias: Any = None) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """ids int64 ``[T, k]`` and weights float32 ``[T, k]`` (``bias``: the correction added to
-        the scores for choosing, not for weighting, as DeepSeek-V3's ``exp_probs_b``)."""
+        the scores for choosing, not for weighting, as DeepSeek-V3's ``exp_probs_b``). ValueError
+        for logits that are not ``[T, experts]`` finite numbers, or a bias not ``[experts]``."""
         z = np.asarray(logits, dtype=np.float64)
+        width = self.experts or (z.shape[-1] if z.ndim == 2 else 0)
+        if z.ndim != 2 or z.shape[1] != width or width < self.top_k or not np.isfinite(z).all():
+            raise ValueError(
+                f"route: logits must be [tokens, {self.experts or 'experts >= top_k'}] finite numbers, "
+                f"got shape {z.shape}{'' if z.ndim != 2 or np.isfinite(z).all() else ' with NaN or infinity'}"
+            )
+        if bias is not None:
+            b = np.asarray(bias, dtype=np.float64)
+            if b.shape != (width,) or not np.isfinite(b).all():
+                raise ValueError(f"route: bias must be [{width}] finite numbers, got shape {b.shape}")
         if self.gating == "sigmoid":
             scores = 1.0 / (1.0 + np.exp(-z))
         elif self.gating == "softmax":
@@ -83,26 +98,55 @@ class GgufCheckpoint:
             )
         arch = self._arch = known[self.architecture]
 
-        def number(key: str) -> int:
-            value = meta.get(f"{self.architecture}.{key}")
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise GgufError(f"{self.path}: metadata {self.architecture}.{key} is {value!r}, not a positive integer")
-            return value
-
         try:
-            self.experts, self.top_k = number("expert_count"), number("expert_used_count")
-            self.hidden, self.intermediate = number("embedding_length"), number(arch["intermediate"])
-            blocks = number("block_count")
+            self._read_metadata(arch)
         except GgufError:
             self.close()
             raise
-        self.moe_layers = [layer for layer in range(blocks) if self.tensor_name(layer, "gate") in self.model.tensors]
+
+    def _value(self, key: str, kind: type, check: Any, what: str, default: Any = None) -> Any:
+        """The metadata value ``{architecture}.{key}`` (``default`` where absent and one is given):
+        of type ``kind`` (an int is no bool, a float may be an int) and passing ``check``, else a
+        GgufError naming the key, the value and what it must be."""
+        full = f"{self.architecture}.{key}"
+        value = self.model.metadata.get(full)
+        if value is None and default is not None:
+            return default
+        typed = (
+            isinstance(value, bool)
+            if kind is bool
+            else (isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool))
+        )
+        if not typed or not check(value):
+            raise GgufError(f"{self.path}: metadata {full} is {shown(value)}, not {what}")
+        return value
+
+    def _read_metadata(self, arch: dict[str, Any]) -> None:
+        """Sizes and routing, each through ``_value``; the layers are those whose expert tensors the
+        file holds (below block_count), never a loop over a count the file states."""
+
+        def number(key: str) -> int:
+            return int(self._value(key, int, lambda v: 0 < v < 2**31, "a positive integer below 2^31"))
+
+        self.experts, self.top_k = number("expert_count"), number("expert_used_count")
+        self.hidden, self.intermediate = number("embedding_length"), number(arch["intermediate"])
+        blocks = number("block_count")
+        if self.top_k > self.experts:
+            raise GgufError(f"{self.path}: expert_used_count {self.top_k} is more than expert_count {self.experts}")
+        present = (re.fullmatch(r"blk\.(\d{1,9})\.ffn_gate_exps\.weight", name) for name in self.model.tensors)
+        self.moe_layers = sorted(int(m.group(1)) for m in present if m and int(m.group(1)) < blocks)
         gating = arch["gating"]
-        if "gating_key" in arch and f"{self.architecture}.{arch['gating_key']}" in meta:
-            gating = GATING.get(int(meta[f"{self.architecture}.{arch['gating_key']}"]), gating)
-        normalize = bool(meta.get(f"{self.architecture}.{arch.get('normalize_key', '')}", arch["normalize"]))
-        scale = float(meta.get(f"{self.architecture}.{arch.get('scale_key', '')}", 1.0) or 1.0)
-        self.routing = Routing(self.top_k, gating, normalize, scale)
+        if "gating_key" in arch:
+            codes = ", ".join(f"{code} ({name})" for code, name in GATING.items())
+            code = self._value(arch["gating_key"], int, lambda v: v in GATING, f"one of {codes}", 0)
+            gating = GATING.get(code, gating)
+        normalize = bool(self._value(arch.get("normalize_key", ""), bool, lambda _: True, "a bool", arch["normalize"]))
+        scale = float(
+            self._value(
+                arch.get("scale_key", ""), float, lambda v: math.isfinite(v) and v >= 0, "a finite scale >= 0", 1.0
+            )
+        )
+        self.routing = Routing(self.top_k, gating, normalize, scale or 1.0, self.experts)  # 0: unset, as llama.cpp
 
     @staticmethod
     def tensor_name(layer: int, projection: str, part: str = "weight") -> str:

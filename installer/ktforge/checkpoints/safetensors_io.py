@@ -28,6 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from ktforge.files import UnsafePath, open_regular, parse_json
+from ktforge.resources import shared_file_mode
 
 Array = np.ndarray[Any, Any]
 
@@ -243,7 +244,7 @@ class StreamingWriter:
         self.size = self._data_start + data_size
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
         self.partial = Path(name)
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, shared_file_mode())  # mkstemp's 0600, widened as far as the umask allows
         self._file = os.fdopen(fd, "wb")
         self._file.write(struct.pack("<Q", len(header)) + header)
         self._file.flush()

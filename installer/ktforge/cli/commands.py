@@ -13,6 +13,7 @@ import typer
 
 from ktforge import __version__, formats
 from ktforge.builder.recipes import load_recipes
+from ktforge.files import UnsafePath, open_regular, shown
 
 RECIPE_NAMES = tuple(r.name for r in load_recipes())  # best first
 
@@ -136,7 +137,8 @@ def build(
 ) -> None:
     """Plan, build, verify and install the kernels of one recipe.
 
-    Exit codes: 0 built (or plan buildable), 1 the plan cannot be built or the build/verification failed.
+    Exit codes: 0 built (or plan buildable), 1 the plan cannot be built or the build/verification failed,
+    2 bad input (--source is no ktforge checkout).
     """
     from rich.console import Console
 
@@ -145,9 +147,9 @@ def build(
     from ktforge.detect import evidence as evidence_mod
 
     source = source.resolve()
-    if not (source / "pyproject.toml").is_file() or 'name = "ktforge"' not in (source / "pyproject.toml").read_text():
-        typer.echo(f"kt build: {source} is not a ktforge checkout; run it there or pass --source", err=True)
-        raise typer.Exit(1)
+    if not _is_checkout(source):
+        typer.echo(f"kt build: {shown(str(source))} is not a ktforge checkout; run it there or pass --source", err=True)
+        raise typer.Exit(2)
     if portable and (target is not None or recipe != "auto"):
         typer.echo("kt build: --portable holds every level; it takes no --target or --recipe", err=True)
         raise typer.Exit(1)
@@ -189,11 +191,30 @@ def build(
         typer.echo(f"built {wheel} for {target}: copy it to that machine and pip install it there (log: {log})")
 
 
+def _is_checkout(source: Path) -> bool:
+    """Whether ``source`` holds ktforge's pyproject.toml: a regular file, UTF-8 TOML naming the
+    project ktforge (a FIFO, a directory or binary bytes are not)."""
+    from ktforge.resources import parse_toml
+
+    try:
+        with open_regular(source / "pyproject.toml") as handle:
+            project = parse_toml(handle.read(1 << 20)).get("project")
+    except (OSError, UnsafePath, ValueError):
+        return False
+    return isinstance(project, dict) and project.get("name") == "ktforge"
+
+
 METHODS_TEXT = ",".join(formats.names())
 
 
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
+def _csv(value: str, option: str | None = None) -> list[str]:
+    """A comma-separated option's items; with ``option`` named, none at all ('' or ',') is bad
+    input: one line, exit 2."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if option is not None and not items:
+        typer.echo(f"kt bench: {option}: none given in {shown(value)}", err=True)
+        raise typer.Exit(2)
+    return items
 
 
 @app.command()
@@ -230,20 +251,24 @@ def bench(
     from ktforge import bench as bench_mod
     from ktforge.cli import bench_text
 
-    names = list(bench_mod.model.models()) if model == "all" else _csv(model)
+    names = list(bench_mod.model.models()) if model == "all" else _csv(model, "--model")
     unknown = [n for n in names if n not in bench_mod.model.models()]
     if unknown:
         typer.echo(
-            f"kt bench: unknown model(s) {', '.join(unknown)}; known: {', '.join(bench_mod.model.models())}", err=True
+            f"kt bench: unknown model(s) {shown(', '.join(unknown))}; known: {', '.join(bench_mod.model.models())}",
+            err=True,
         )
         raise typer.Exit(2)
+    methods, routings = _csv(method, "--method"), _csv(routing, "--routing")
+    token_counts = [] if tokens is None else _csv(tokens, "--tokens")
+    thread_counts = [] if threads is None else _csv(threads, "--threads")
     try:
         options = bench_mod.check_options(
             names,
-            _csv(method),
-            _csv(tokens or ""),
-            _csv(routing),
-            _csv(threads or ""),
+            methods,
+            token_counts,
+            routings,
+            thread_counts,
             repeats,
             max_weight_gib,
             peer,
