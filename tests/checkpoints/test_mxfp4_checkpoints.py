@@ -101,6 +101,22 @@ def test_gpt_oss_release_runs_with_its_activation_and_biases(gpt_oss: Path, laye
     assert moe.info["packed_bytes"] == _file_bytes(release, layer, E)
 
 
+@pytest.mark.parametrize("quant", ["mxfp4", "int8"])
+def test_a_conversion_that_would_lose_the_biases_and_activation_is_refused(
+    gpt_oss: Path, quant: str, tmp_path: Path
+) -> None:
+    """kt convert keeps the experts' weights only: gpt-oss's biases and clamped SwiGLU would be lost
+    (54% off the checkpoint's layer), so it says so and writes nothing; DeepSeek-V4's clamp too."""
+    from ktforge.checkpoints import convert
+
+    with pytest.raises(convert.ConversionError, match=r"experts compute expert biases, swiglu_alpha 1\.702, "):
+        convert.plan(gpt_oss / "release", tmp_path / "out", quant, 32, "auto", None)
+    assert not (tmp_path / "out").exists()
+    write_deepseek_v4_flash(tmp_path / "v4", E=3, k=2, H=64, I=32)
+    with pytest.raises(convert.ConversionError, match=r"deepseek_v4 experts compute swiglu_limit 10, which"):
+        convert.plan(tmp_path / "v4", tmp_path / "out4", quant, 32, "auto", None)
+
+
 def test_gpt_oss_can_be_requantized(gpt_oss: Path) -> None:
     release = gpt_oss / "release"
     int8 = ktforge.MoE.from_pretrained(release, layer=1, method="int8")

@@ -318,6 +318,7 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
             break
     checkpoint = Checkpoint(input_dir, input_type)
     try:
+        _refuse_what_a_conversion_loses(checkpoint)
         options = Options(method, group_size if formats.by_name(method).grouped else 0, input_type)
         chosen = parse_layers(layers, checkpoint.moe_layers)
         header = {
@@ -342,6 +343,20 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
         result.close()
         raise
     return result
+
+
+def _refuse_what_a_conversion_loses(checkpoint: Checkpoint) -> None:
+    """A conversion holds the experts' weights only: an architecture whose layer also computes
+    expert biases or a gated activation other than plain SwiGLU (gpt-oss's clamped one, DeepSeek-V4's
+    clamp) would convert into another layer, so it is refused, naming what would be lost."""
+    lost = [f"{key} {value:g}" for key, value in checkpoint.activation().items()]
+    if checkpoint.arch.biases:
+        lost.insert(0, "expert biases")
+    if lost:
+        raise ConversionError(
+            f"{checkpoint.path}: its {checkpoint.arch.model_type} experts compute {', '.join(lost)}, which a "
+            "conversion does not keep; serve the checkpoint as it is: MoE.from_pretrained(checkpoint, layer)"
+        )
 
 
 def _finished_layers(output: Path, header: dict[str, Any]) -> dict[str, Any]:
