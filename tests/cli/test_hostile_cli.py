@@ -278,6 +278,18 @@ def test_bench_with_a_backend_variable_naming_nothing_compiled() -> None:
     assert done.stderr.startswith("kt bench: KTFORGE_BACKEND=avx1024 is not compiled"), done.stderr
 
 
+def test_a_layer_beyond_the_memory_is_refused_before_anything_is_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1024 experts of 32768 x 32768 in int4 at group 128: 1.5 TiB, more than any machine here (an OOM kill before)
+    with pytest.raises(MemoryError, match=r"packed weights take 1584\.0 GiB \(1024 experts of 32768 x 32768, int4"):
+        ktforge.MoE(1024, 8, 32768, 32768, method="int4")
+    from ktforge.kernels import memory
+
+    monkeypatch.setattr(memory, "memory_available", lambda: 1 << 30)  # a process that may take 1 GiB
+    ktforge.MoE(8, 2, 4096, 4096, method="int8")  # 0.375 GiB
+    with pytest.raises(MemoryError, match=r"take 1\.5 GiB .* int8 / int8\); this process can take 1\.0 GiB"):
+        ktforge.MoE(32, 2, 4096, 4096, method="int8")
+
+
 def test_sizes_beyond_32_bits_and_bad_aocl_threshold_are_named() -> None:
     with pytest.raises(ValueError, match="hidden_size must be below 2\\^31"):
         ktforge.MoE(4, 2, 2**31, 64)

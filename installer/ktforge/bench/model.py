@@ -26,14 +26,9 @@ def models() -> dict[str, Model]:
 
 
 def available_memory() -> int:
-    from pathlib import Path
+    from ktforge.detect.system import memory_available
 
-    from ktforge.detect.system import parse_meminfo
-
-    try:
-        return parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable", 8 << 30)
-    except OSError:
-        return 8 << 30
+    return memory_available() or 8 << 30
 
 
 def activation_bytes_per_token(model: Model) -> int:

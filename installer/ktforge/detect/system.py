@@ -70,6 +70,25 @@ def parse_meminfo(text: str | None) -> dict[str, int]:
     return values
 
 
+def memory_available() -> int | None:
+    """Bytes this process may still take: MemAvailable plus free swap, capped by its cgroup's
+    memory.max less memory.current (cgroup v2); None where /proc/meminfo cannot be read."""
+    try:
+        info = parse_meminfo(Path("/proc/meminfo").read_text())
+    except OSError:
+        return None
+    if "MemAvailable" not in info:
+        return None
+    free = info["MemAvailable"] + info.get("SwapFree", 0)
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return max(free, 0)
+
+
 def kernel_version(release: str | None) -> tuple[int, int] | None:
     match = re.match(r"(\d+)\.(\d+)", release or "")
     return (int(match.group(1)), int(match.group(2))) if match else None

@@ -14,6 +14,7 @@ Behaviour at the edges, by design:
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from ktforge import formats
 from ktforge.builder import backends as backends_table
 from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
 from ktforge.formats.quantize import METHODS, Quantized
+from ktforge.kernels.memory import check_layer_fits
 
 if TYPE_CHECKING:
     from ktforge.checkpoints.gguf import Routing
@@ -113,6 +115,18 @@ def _discover_blis_library() -> str | None:
     return None
 
 
+def _check_gating(swiglu_alpha: float, swiglu_limit: float | None, up_offset: float) -> None:
+    for label, number, ok in (
+        ("swiglu_alpha", swiglu_alpha, "positive"),
+        ("swiglu_limit", 1.0 if swiglu_limit is None else swiglu_limit, "positive (or None)"),
+        ("up_offset", up_offset, "finite"),
+    ):
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+            raise ValueError(f"{label} must be a finite number, got {number!r}")
+        if ok != "finite" and number <= 0:
+            raise ValueError(f"{label} must be {ok}, got {number!r}")
+
+
 def _check_activations(activations: str) -> None:
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
@@ -170,8 +184,6 @@ class MoE:
         down_group_size: int | None = None,
         activations: str = "per-block",
     ) -> None:
-        import math
-
         import ktforge._native as _native
 
         for label, value in (
@@ -198,15 +210,10 @@ class MoE:
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
         if threads is not None and threads > MAX_THREADS:
             raise ValueError(f"threads must be at most {MAX_THREADS}, got {threads}")
-        for label, number, ok in (
-            ("swiglu_alpha", swiglu_alpha, "positive"),
-            ("swiglu_limit", 1.0 if swiglu_limit is None else swiglu_limit, "positive (or None)"),
-            ("up_offset", up_offset, "finite"),
-        ):
-            if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
-                raise ValueError(f"{label} must be a finite number, got {number!r}")
-            if ok != "finite" and number <= 0:
-                raise ValueError(f"{label} must be {ok}, got {number!r}")
+        _check_gating(swiglu_alpha, swiglu_limit, up_offset)
+        check_layer_fits(
+            num_experts, hidden_size, intermediate_size, (method, group_size), (down_method or method, down_group)
+        )
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.method, self._group = method, int(group_size)
