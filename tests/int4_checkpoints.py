@@ -21,9 +21,11 @@ Array = np.ndarray[Any, Any]
 
 
 def scheme(group: int, symmetric: bool = True) -> Any:
+    """group 0: the channel strategy (a scale per output row)."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
-    args = QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=group, symmetric=symmetric)
+    strategy = {"strategy": "channel"} if group == 0 else {"strategy": "group", "group_size": group}
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, **strategy)
     return QuantizationScheme(targets=["Linear"], weights=args)
 
 
@@ -45,6 +47,7 @@ def compress(w: Any, group: int, symmetric: bool = True) -> tuple[dict[str, Any]
 
     s = scheme(group, symmetric)
     N, K = w.shape
+    group = group or K
     groups = F.pad(w.float(), (0, -K % group)).reshape(N, -1, group)
     scale, zero_point = calculate_qparams(groups.amin(-1), groups.amax(-1), s.weights)
     scale = scale.to(w.dtype)

@@ -67,6 +67,25 @@ def test_every_backend_at_the_decode_and_tile_paths(tmp_path: Path) -> None:
     assert_every_backend_serves(tmp_path, [layers[1][p][0] for p in PROJECTIONS], E, k, H, "int4")
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_channel_strategy_runs_at_any_k(tmp_path: Path, symmetric: bool) -> None:
+    """A scale (and zero point) per output row, at K = 192 and 96 (not 128): served with that scale
+    in each group of 32 (the largest dividing both), the library's own values."""
+    E, k, H, I = 3, 2, 192, 96
+    layers = write_int4_checkpoint(tmp_path, group=0, E=E, k=k, H=H, I=I, symmetric=symmetric)
+    dense = [layers[1][p][0] for p in PROJECTIONS]
+    with Checkpoint(tmp_path) as checkpoint:
+        for projection in PROJECTIONS:
+            stored = checkpoint.expert(1, 1, projection)
+            assert stored.group == 32
+            assert np.array_equal(stored.to_float32(), dense[PROJECTIONS.index(projection)][1].astype(np.float32))
+    moe = ktforge.MoE.from_pretrained(tmp_path, layer=1, backend="reference")
+    assert moe.method == ("int4" if symmetric else "int4z") and moe._group == 32
+    x, ids, w = inputs(5, E, k, H)
+    want = int8_activations_reference(x, ids, w, *dense, block=blocks_of(moe))
+    assert int8_layer_error(moe.forward(x, ids, w), want) < 1e-4
+
+
 @pytest.mark.parametrize(
     ("scale_dtype", "symmetric"), [("float16", True), ("float32", True), ("bfloat16", False), ("float16", False)]
 )

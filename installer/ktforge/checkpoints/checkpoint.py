@@ -385,11 +385,20 @@ class Checkpoint:
             # int4 holds symmetric groups with bfloat16 scales exactly; int4z any (float32 scales, zero points)
             scale_file, _ = self._tensor(name + ct_packed.SCALE, f"the group scales of {name}")
             bf16 = scale_file.info(name + ct_packed.SCALE).dtype == "BF16"
-            exact = scheme.symmetric and bf16 and scheme.group in formats.by_name("int4").group_sizes
+            exact = scheme.symmetric and bf16 and self.packed_group() in formats.by_name("int4").group_sizes
             return "int4" if exact else "int4z"
         f, _ = self._tensor(name, f"layer {layer}, expert 0, gate")
         dtype = f.info(name).dtype
         return "fp8" if dtype == "F8_E4M3" else "mxfp4" if dtype == "I8" and self.fp4_experts else None
+
+    def packed_group(self) -> int:
+        """The group size packed INT4 is served at: its scheme's, or for the channel strategy (a scale
+        a row) the largest of 128, 64 and 32 that divides both K (hidden and intermediate), each
+        group taking its row's scale."""
+        scheme = self.packed_scheme
+        if scheme is not None and scheme.group:
+            return scheme.group
+        return next((g for g in (128, 64, 32) if self.hidden % g == 0 and self.intermediate % g == 0), 32)
 
     def _fused_mxfp4(self, name: str, expert: int, projection: str, why: str) -> Mxfp4Groups:
         """One expert's rows of gpt-oss's fused MXFP4 tensors: ``{name}_blocks`` uint8 [E, N, K / 32,
@@ -518,6 +527,10 @@ class Checkpoint:
                     f"expected {[-(-N // 8), groups[1]]}"
                 )
             zero = ct_packed.zero_points(packed_zero, N, groups[1])
+        if not self.packed_scheme.group:  # channel strategy: its scale (and zero) in each group of a size served
+            group = self.packed_group()
+            scale = np.repeat(np.asarray(scale), -(-K // group), axis=1)
+            zero = None if zero is None else np.repeat(zero, -(-K // group), axis=1)
         return Int4Groups(ct_packed.codes(packed, N, K, group), np.asarray(scale), group, K, zero)
 
     def _scale_name(self, name: str) -> str:

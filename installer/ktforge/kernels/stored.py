@@ -103,7 +103,9 @@ def stored_group(checkpoint: Any, method: str, stored: str | None) -> int:
     sizes = formats.by_name(method).group_sizes
     if method == "fp8" and checkpoint.fp8_block[1] in sizes:
         return int(checkpoint.fp8_block[1])
-    scheme = checkpoint.packed_scheme or checkpoint.linear_scheme  # compressed-tensors', or GPTQ's / AWQ's
+    if method == stored and method in ("int4", "int4z") and checkpoint.packed_scheme is not None:
+        return int(checkpoint.packed_group())  # compressed-tensors' groups, or its channel strategy's
+    scheme = checkpoint.linear_scheme  # GPTQ's / AWQ's
     if method == stored and method in ("int4", "int4z") and scheme is not None and scheme.group:
         return int(scheme.group)
     return 128 if not sizes or 128 in sizes else sizes[0]
