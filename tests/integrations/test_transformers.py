@@ -513,6 +513,21 @@ def test_load_converted_refuses_another_model_of_the_same_sizes(tmp_path: Path) 
     assert kt_hf.load_converted(same, tmp_path / "converted") == [0, 1]
 
 
+@pytest.mark.parametrize("expert", [1, 5])
+def test_load_converted_refuses_a_model_that_differs_in_one_expert(tmp_path: Path, expert: int) -> None:
+    """An expert-specialised fine-tune: one of 8 experts changed (not the first, middle or last,
+    which a sampled fingerprint would have checked alone)."""
+    base = tiny_model("qwen3_moe")
+    base.save_pretrained(tmp_path / "base")
+    _kt_convert(tmp_path / "base", tmp_path / "converted", "--quant", "int8")
+    tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.bfloat16)
+    with torch.no_grad():
+        _experts_modules(tuned)[1].down_proj[expert].mul_(1.1)
+    with pytest.raises(ValueError, match=rf"does not hold this model.s weights.*expert {expert}'s down weights differ"):
+        kt_hf.load_converted(tuned, tmp_path / "converted")
+    assert all(kt_hf.handle_of(m) is None for m in _experts_modules(tuned))  # nothing changed
+
+
 def test_a_dtype_the_kernels_do_not_take_falls_back_after_packing() -> None:
     model = tiny_model("mixtral", dtype=torch.float32)
     _logits(model, "ktforge")

@@ -37,7 +37,7 @@ from ktforge.checkpoints import fingerprint
 from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
 from ktforge.files import UnsafePath, member, read_json
-from ktforge.formats.quantize import METHODS, Quantized, Stored, quantize, shapes
+from ktforge.formats.quantize import METHODS, Quantized, Stored, quantize, shapes, stored_rows
 from ktforge.resources import shared_file_mode, write_atomic
 
 Array = np.ndarray[Any, Any]
@@ -196,13 +196,11 @@ def convert_layer(
         for part, array in q.parts().items():
             writer.write(f"{projection}.{part}", expert, array)
 
-    # the fingerprint's rows of the source weights, taken as the experts stream past
-    sample_experts, samples = set(fingerprint.sampled(checkpoint.experts)), {}
+    # the fingerprint's rows of the source weights, every expert's, taken as the experts stream past
+    samples: dict[tuple[int, str], Array] = {}
 
     def keep_sample(expert: int, projection: str, w: Stored) -> None:
-        if expert in sample_experts:
-            full = w if isinstance(w, np.ndarray) else w.to_float32()
-            samples[expert, projection] = np.asarray(full[fingerprint.sampled(full.shape[0])], dtype=np.float32)
+        samples[expert, projection] = stored_rows(w, fingerprint.sampled)
 
     try:
         # slices are written by the workers; the checksums need them in order, here

@@ -229,6 +229,24 @@ class Mxfp4Groups:
 Stored = Array | Fp8Blocks | Int4Groups | Mxfp4Groups
 
 
+def stored_rows(w: Stored, pick: Any) -> Array:
+    """Rows ``pick(N)`` of a stored projection of N rows as float32 ``[rows, K]``, dequantizing those
+    rows only (each keeps its own scales: an FP8 row its block's, as a block of one row)."""
+    from dataclasses import replace
+
+    rows = pick(w.shape[0] if isinstance(w, np.ndarray) else w.codes.shape[0])
+
+    if isinstance(w, Fp8Blocks):
+        return Fp8Blocks(w.codes[rows], w.scale[[r // w.block[0] for r in rows]], (1, w.block[1])).to_float32()
+    if isinstance(w, Int4Groups):
+        return replace(
+            w, codes=w.codes[rows], scale=w.scale[rows], zero=None if w.zero is None else w.zero[rows]
+        ).to_float32()
+    if isinstance(w, Mxfp4Groups):
+        return Mxfp4Groups(w.codes[rows], w.scale[rows], w.K).to_float32()
+    return np.asarray(w[rows], dtype=np.float32)
+
+
 def quantize(w: Stored, method: str, group_size: int = 128, *, exact: bool = False) -> Quantized:
     """Quantizes weights ``[..., N, K]`` given as float32 or bfloat16 (others are widened to
     float32 first), FP8 blocks (de-quantized row by row on the way), a checkpoint's INT4 (repacked

@@ -393,14 +393,14 @@ def load_checkpoint(model: Any, path: str | Path) -> list[int]:
     their directory): its experts run on the file's own quantized values, not transformers'
     dequantized copy.
 
-    The checkpoint must hold this model's weights: sketches of sampled rows of its experts
+    The checkpoint must hold this model's weights: sketches of sampled rows of every expert
     are compared with the module's own (up to bf16 rounding). Returns the layers loaded;
     raises ValueError naming what differs."""
-    import numpy as np
     import torch
 
     from ktforge.checkpoints import fingerprint, gguf
     from ktforge.checkpoints.checkpoint import Checkpoint
+    from ktforge.formats.quantize import stored_rows
 
     directory = Path(path)
     if gguf.is_gguf(directory):
@@ -415,9 +415,7 @@ def load_checkpoint(model: Any, path: str | Path) -> list[int]:
         ):
 
             def rows_of(expert: int, projection: str, index: int = index) -> Any:
-                w = checkpoint.expert(index, expert, projection)
-                full = w.to_float32() if hasattr(w, "to_float32") else w
-                return np.asarray(full[fingerprint.sampled(full.shape[0])], dtype=np.float32)
+                return stored_rows(checkpoint.expert(index, expert, projection), fingerprint.sampled)
 
             _check_fingerprint(
                 directory, fingerprint.record(checkpoint.experts, rows_of), name, module, "load that checkpoint"

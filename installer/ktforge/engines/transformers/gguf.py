@@ -10,8 +10,8 @@ import ktforge
 
 
 def load_gguf(model: Any, path: Path) -> list[int]:
-    """load_checkpoint for a GGUF: each layer's experts checked against the module's (sampled rows,
-    up to bf16 rounding), then served from the file's values."""
+    """load_checkpoint for a GGUF: each layer's experts, every one, checked against the module's
+    (sampled rows, up to bf16 rounding), then served from the file's values."""
     import numpy as np
     import torch
 
@@ -38,14 +38,14 @@ def load_gguf(model: Any, path: Path) -> list[int]:
                 expert: int, projection: str, stored: dict[str, Quantized] = stored, served: Any = served
             ) -> Any:
                 q = stored[projection]
+                rows = fingerprint.sampled(q.weight.shape[1])  # those rows of the expert only
                 one = Quantized(
-                    q.weight[expert],
-                    None if q.scale is None else q.scale[expert],
-                    None if q.zero is None else q.zero[expert],
+                    q.weight[expert][rows],
+                    None if q.scale is None else q.scale[expert][rows],
+                    None if q.zero is None else q.zero[expert][rows],
                 )
                 K = checkpoint.intermediate if projection == "down" else checkpoint.hidden
-                full = dequantize(one, served[projection][0], K)
-                return np.asarray(full[fingerprint.sampled(full.shape[0])], dtype=np.float32)
+                return np.asarray(dequantize(one, served[projection][0], K), dtype=np.float32)
 
             _check_fingerprint(path, fingerprint.record(checkpoint.experts, rows_of), name, module, "load that GGUF")
             layer = ktforge.MoE.from_pretrained(
