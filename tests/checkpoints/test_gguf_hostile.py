@@ -72,15 +72,14 @@ def test_a_directory_llama_cpp_would_refuse_is_refused(change: str, tmp_path: Pa
         ktforge.MoE.from_pretrained(patched(tmp_path, change), 0)
 
 
-def written(path: Path, keys: dict[str, tuple[str, object]]) -> Path:
-    """The Q4_K fixture's tensors under gguf-py's writer, with metadata ``keys`` (name: (add_*
-    method, value)) besides its own."""
+def written(path: Path, keys: dict[str, tuple[str, object]], parts: int = 1) -> Path:
+    """The Q4_K fixture's tensors and sizes under gguf-py's writer, with metadata ``keys`` (name:
+    (add_* method, value)) besides; ``parts`` > 1: split into that many files by the writer."""
     source = gguf.GGUFReader(fixture("Q4_K"))
-    writer = gguf.GGUFWriter(str(path), "qwen3moe")
+    split = -(-len(source.tensors) // parts) if parts > 1 else 0
+    writer = gguf.GGUFWriter(str(path), "qwen3moe", split_max_tensors=split)
     for field in source.fields.values():
-        if field.name.startswith(("GGUF.", "general.architecture")) or not field.types:
-            continue
-        if field.types[0] == gguf.GGUFValueType.UINT32:
+        if field.types and field.types[0] == gguf.GGUFValueType.UINT32 and field.name.startswith("qwen3moe."):
             writer.add_uint32(field.name, int(field.parts[-1][0]))
     for name, (method, value) in keys.items():
         getattr(writer, method)(name, value)
@@ -125,19 +124,9 @@ def test_a_file_cut_short_while_it_is_read_is_an_error_not_a_signal(tmp_path: Pa
 
 def split_copy(tmp_path: Path, parts: int) -> list[Path]:
     """The Q4_K fixture split by gguf-py's writer into ``parts`` files (a directory of their own)."""
-    source = gguf.GGUFReader(fixture("Q4_K"))
     folder = tmp_path / f"split{parts}"
     folder.mkdir()
-    writer = gguf.GGUFWriter(str(folder / "m.gguf"), "qwen3moe", split_max_tensors=-(-len(source.tensors) // parts))
-    for field in source.fields.values():
-        if field.types and field.types[0] == gguf.GGUFValueType.UINT32 and field.name.startswith("qwen3moe."):
-            writer.add_uint32(field.name, int(field.parts[-1][0]))
-    for t in source.tensors:
-        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    written(folder / "m.gguf", {}, parts)
     found = sorted(folder.glob("*.gguf"))
     assert len(found) == parts
     return found
