@@ -146,6 +146,15 @@ def test_split_parts_must_agree_with_their_names_and_each_other(tmp_path: Path) 
             GgufModel(tmp_path / name)
 
 
+def test_a_part_linked_from_outside_the_directory_is_refused(tmp_path: Path) -> None:
+    first, second = split_copy(tmp_path, 2)
+    outside = tmp_path / "elsewhere.gguf"
+    second.rename(outside)
+    second.symlink_to(outside)
+    with pytest.raises(GgufError, match=r"split part: 'm-00002-of-00002\.gguf' is a link to a file outside"):
+        GgufModel(first)
+
+
 def test_a_tensor_in_two_parts_is_refused(tmp_path: Path) -> None:
     first, second = split_copy(tmp_path, 2)
     names = [t.name for t in gguf.GGUFReader(first).tensors]

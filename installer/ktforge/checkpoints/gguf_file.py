@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ktforge.files import UnsafePath, open_regular, shown
+from ktforge.files import UnsafePath, member, open_regular, shown
 from ktforge.resources import data_path
 
 MAGIC = b"GGUF"
@@ -231,7 +231,10 @@ def model_files(path: str | Path) -> list[Path]:
     missing = [p.name for p in parts if not p.is_file()]
     if missing:
         raise GgufError(f"{target} is part of a split model whose parts {', '.join(missing)} are missing")
-    return parts
+    try:  # the other parts are the directory's own (or its hub snapshot's blobs): no link leads elsewhere
+        return [p if p == target else member(target.parent, p.name, f"{target.parent}: split part") for p in parts]
+    except UnsafePath as error:
+        raise GgufError(str(error)) from None
 
 
 class GgufModel:
