@@ -54,11 +54,13 @@ def member(directory: Path, name: object, what: str) -> Path:
     """``directory / name`` for a ``name`` read from a file: a relative path without ``..``,
     resolving to a regular file inside ``directory`` (or the hub's blobs of a snapshot)."""
     if not isinstance(name, str) or not name or "\0" in name:
-        raise UnsafePath(f"{what}: {name!r} is not a file name")
+        raise UnsafePath(f"{what}: {shown(name)} is not a file name")
     if leaves_directory(name):
-        raise UnsafePath(f"{what}: {name!r} names a file outside {directory}")
+        raise UnsafePath(f"{what}: {shown(name)} names a file outside {directory}")
     if not canonical(name):
-        raise UnsafePath(f"{what}: {name!r} is not a canonical file name (as {str(PurePosixPath(name))!r} would be)")
+        raise UnsafePath(
+            f"{what}: {shown(name)} is not a canonical file name (as {shown(str(PurePosixPath(name)))} would be)"
+        )
     path = directory / name
     try:
         target = path.resolve(strict=True)
@@ -67,7 +69,7 @@ def member(directory: Path, name: object, what: str) -> Path:
         reason = error.strerror if isinstance(error, OSError) else "a symbolic link loop"
         raise UnsafePath(f"{path}: {reason or 'cannot be found'}") from error
     if not (target.is_relative_to(directory.resolve()) or _in_hub_blobs(directory, target)):
-        raise UnsafePath(f"{what}: {name!r} is a link to a file outside {directory}")
+        raise UnsafePath(f"{what}: {shown(name)} is a link to a file outside {directory}")
     if not stat.S_ISREG(info.st_mode):
         raise UnsafePath(f"{path}: not a regular file")
     return path

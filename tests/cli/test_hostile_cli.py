@@ -50,6 +50,11 @@ CONFIGS: dict[str, tuple[Callable[[Path], None], str]] = {
     "not utf-8": (lambda d: (d / "config.json").write_bytes(b'{"model_type": "\xff\xfe"}'), "not UTF-8"),
     "num_experts true": (lambda d: _rewrite(d, _config_edit("num_experts", True)), "num_experts must be"),
     "huge size": (lambda d: _rewrite(d, _config_edit("hidden_size", 2**31)), r"below 2\^31"),
+    # input is quoted escaped and cut at 200 characters: no terminal control, no megabyte line
+    "long model_type": (
+        lambda d: _rewrite(d, _config_edit("model_type", "\x1b[2J" + "m" * 5000)),
+        r"model_type '\\x1b\[2Jm{192}\.\.\. \(4809 more characters\) is not an MoE",
+    ),
     "top_k above experts": (lambda d: _rewrite(d, _config_edit("num_experts_per_tok", 9)), "more experts"),
     "fewer experts than the files": (lambda d: _rewrite(d, _config_edit("num_experts", 2)), "holds expert 3"),
     "quantization_config a string": (

@@ -27,7 +27,7 @@ from ktforge import formats
 from ktforge.checkpoints import gptq_awq
 from ktforge.checkpoints import packed as ct_packed
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
-from ktforge.files import UnsafePath, canonical, leaves_directory, member, open_regular, read_json
+from ktforge.files import UnsafePath, canonical, leaves_directory, member, open_regular, read_json, shown
 from ktforge.formats.quantize import Fp8Blocks, Int4Groups, Mxfp4Groups, Stored
 from ktforge.resources import data_path, load_toml
 
@@ -90,7 +90,9 @@ class Checkpoint:
     def __init__(self, path: str | Path, input_type: str = "auto") -> None:
         self.path = Path(path)
         if input_type != "auto" and input_type not in INPUT_TYPES:
-            raise CheckpointError(f"input type must be auto or one of {', '.join(INPUT_TYPES)}, got {input_type!r}")
+            raise CheckpointError(
+                f"input type must be auto or one of {', '.join(INPUT_TYPES)}, got {shown(input_type)}"
+            )
         self.input_type = input_type
         config_path = self.path / "config.json"
         if not config_path.exists():
@@ -109,7 +111,8 @@ class Checkpoint:
         if model_type not in known:
             names = ", ".join(f"{a.label} ({a.model_type})" for a in known.values())
             raise CheckpointError(
-                f"{config_path}: model_type {model_type!r} is not an MoE architecture ktforge knows; supported: {names}"
+                f"{config_path}: model_type {shown(model_type)} is not an MoE architecture ktforge knows; "
+                f"supported: {names}"
             )
         self.arch = known[model_type]
         sizes = {}
@@ -124,7 +127,7 @@ class Checkpoint:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value >= 2**31:
                 raise CheckpointError(
                     f"{config_path}: {field if field in self.config else ' or '.join(keys)} must be a positive "
-                    f"integer below 2^31 for {self.arch.label}, got {value!r}"
+                    f"integer below 2^31 for {self.arch.label}, got {shown(value)}"
                 )
             sizes[key], self._fields[key] = value, field
         self.hidden, self.intermediate = sizes["hidden"], sizes["intermediate"]
@@ -163,7 +166,7 @@ class Checkpoint:
         if quantization is None:
             return (128, 128)
         if not isinstance(quantization, dict):
-            raise CheckpointError(f"{config_path}: quantization_config must be an object, got {quantization!r}")
+            raise CheckpointError(f"{config_path}: quantization_config must be an object, got {shown(quantization)}")
         groups = quantization.get("config_groups")
         groups = groups.values() if isinstance(groups, dict) else ()
         weights = [g.get("weights") for g in groups if isinstance(g, dict)]
@@ -225,7 +228,9 @@ class Checkpoint:
         layers = sorted({int(m.group(1)) for name in self.weight_map if (m := re.fullmatch(pattern, name))})
         if not layers:
             example = self.arch.tensor_name(0, 0, "gate")
-            raise CheckpointError(f"{self.path}: no routed expert tensors named like {example!r} ({self.arch.label})")
+            raise CheckpointError(
+                f"{self.path}: no routed expert tensors named like {shown(example)} ({self.arch.label})"
+            )
         if self.arch.fused:
             self._check_fused(layers)
             return layers
@@ -253,14 +258,14 @@ class Checkpoint:
                 name = self.arch.tensor_name(layer, 0, projection)
                 if name + MXFP4_BLOCKS not in self.weight_map:
                     raise CheckpointError(
-                        f"{self.path}: layer {layer}'s {name!r} is not stored as MXFP4 ({name + MXFP4_BLOCKS}); "
+                        f"{self.path}: layer {layer}'s {shown(name)} is not stored as MXFP4 ({name + MXFP4_BLOCKS}); "
                         f"ktforge reads {self.arch.label}'s experts in MXFP4, as released"
                     )
                 f, _ = self._tensor(name + MXFP4_BLOCKS, f"layer {layer}, {projection}")
                 experts = f.info(name + MXFP4_BLOCKS).shape[0]
                 if experts != self.experts:
                     raise CheckpointError(
-                        f"{self.path}: config.json says {self._fields['experts']} = {self.experts}, but {name!r} "
+                        f"{self.path}: config.json says {self._fields['experts']} = {self.experts}, but {shown(name)} "
                         f"holds {experts} experts; the config does not describe these files"
                     )
 
@@ -320,7 +325,7 @@ class Checkpoint:
     def _tensor(self, name: str, why: str) -> tuple[SafetensorsFile, Array]:
         shard = self.weight_map.get(name)
         if shard is None:
-            raise CheckpointError(f"{self.path}: tensor {name!r} ({why}) is missing")
+            raise CheckpointError(f"{self.path}: tensor {shown(name)} ({why}) is missing")
         f = self._open(shard)
         try:
             return f, f.get(name)
@@ -336,7 +341,7 @@ class Checkpoint:
             name.removesuffix(".weight") + gptq_awq.QWEIGHT,
         )
         name = next((c for c in candidates if c in self.weight_map), name)
-        return f"{self.path / self.weight_map.get(name, '?')}: tensor {name!r}"
+        return f"{self.path / self.weight_map.get(name, '?')}: tensor {shown(name)}"
 
     def expert(self, layer: int, expert: int, projection: str) -> Stored:
         """One expert's weights [N, K]: bfloat16 and float32 as stored, float16 widened to float32,
@@ -352,7 +357,7 @@ class Checkpoint:
                 return self._ct_mxfp4(name, projection, why)
             return self._int4_groups(name, projection, why)
         f, w = self._tensor(name, f"layer {layer}, expert {expert}, {projection}")
-        where = f"{f.path}: tensor {name!r}"
+        where = f"{f.path}: tensor {shown(name)}"
         dtype = f.info(name).dtype
         if self.input_type != "auto" and dtype != INPUT_TYPES[self.input_type]:
             raise CheckpointError(f"{where} is {dtype}, but the input type was given as {self.input_type}")
@@ -407,7 +412,7 @@ class Checkpoint:
         rows = 2 * N if projection != "down" else N
         f, blocks = self._item(name + MXFP4_BLOCKS, expert, why)
         _, scales = self._item(name + MXFP4_SCALES, expert, f"the scales of {name}")
-        where = f"{f.path}: tensor {name + MXFP4_BLOCKS!r}"
+        where = f"{f.path}: tensor {shown(name + MXFP4_BLOCKS)}"
         groups = -(-K // 32)
         if blocks.shape != (rows, groups, 16) or scales.shape != (rows, groups):
             raise CheckpointError(
@@ -425,7 +430,7 @@ class Checkpoint:
         N, K = self.shape(projection)
         f, codes = self._tensor(name + ct_packed.PACKED, why)
         _, scale = self._tensor(name + ct_packed.SCALE, f"the scales of {name}")
-        where = f"{f.path}: tensor {name + ct_packed.PACKED!r}"
+        where = f"{f.path}: tensor {shown(name + ct_packed.PACKED)}"
         groups = -(-K // 32)
         if codes.dtype != np.uint8 or codes.shape != (N, groups * 16) or scale.shape != (N, groups):
             raise CheckpointError(
@@ -438,7 +443,7 @@ class Checkpoint:
         """One linear layer's GPTQ or AWQ tensors ({base}.qweight, .qzeros, .scales, .g_idx), as int4z
         holds them (gptq_awq)."""
         f, _ = self._tensor(base + gptq_awq.QWEIGHT, why)
-        where = f"{f.path}: tensor {base + gptq_awq.QWEIGHT!r}"
+        where = f"{f.path}: tensor {shown(base + gptq_awq.QWEIGHT)}"
         scheme = self.linear_scheme
         if scheme is None:
             raise CheckpointError(f"{where}: GPTQ/AWQ tensors, but config.json has no gptq or awq quantization_config")
@@ -457,7 +462,7 @@ class Checkpoint:
     def _item(self, name: str, index: int, why: str) -> tuple[SafetensorsFile, Array]:
         shard = self.weight_map.get(name)
         if shard is None:
-            raise CheckpointError(f"{self.path}: tensor {name!r} ({why}) is missing")
+            raise CheckpointError(f"{self.path}: tensor {shown(name)} ({why}) is missing")
         f = self._open(shard)
         try:
             return f, f.get_item(name, index)
@@ -488,13 +493,13 @@ class Checkpoint:
         for key, value in (self.arch.activation or {}).items():
             number = self.config.get(value) if isinstance(value, str) else value
             if isinstance(number, bool) or not isinstance(number, (int, float)):
-                raise CheckpointError(f"{self.path / 'config.json'}: {value} must be a number, got {number!r}")
+                raise CheckpointError(f"{self.path / 'config.json'}: {value} must be a number, got {shown(number)}")
             settings[key] = float(number)
         return settings
 
     def _int4_groups(self, name: str, projection: str, why: str) -> Int4Groups:
         f, packed = self._tensor(name + ct_packed.PACKED, why)
-        where = f"{f.path}: tensor {name + ct_packed.PACKED!r}"
+        where = f"{f.path}: tensor {shown(name + ct_packed.PACKED)}"
         if self.packed_scheme is None:
             raise CheckpointError(f"{where}: packed weights, but config.json has no pack-quantized quantization_config")
         if self.input_type != "auto":

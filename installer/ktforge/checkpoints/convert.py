@@ -36,7 +36,7 @@ from ktforge import __version__, formats
 from ktforge.checkpoints import fingerprint
 from ktforge.checkpoints.checkpoint import PROJECTIONS, Checkpoint, CheckpointError
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile, StreamingWriter, as_bytes
-from ktforge.files import UnsafePath, member, read_json
+from ktforge.files import UnsafePath, member, read_json, shown
 from ktforge.formats.quantize import METHODS, Quantized, Stored, quantize, shapes, stored_rows
 from ktforge.resources import shared_file_mode, write_atomic
 
@@ -86,7 +86,9 @@ def parse_layers(spec: str | None, available: list[int]) -> list[int]:
         except ValueError:
             low, high = 0, -1
         if high < low:
-            raise ConversionError(f"--layers: cannot read {_clip(part.strip())!r} (use forms like 3, 0-5 or 1,4,7-9)")
+            raise ConversionError(
+                f"--layers: cannot read {shown(_clip(part.strip()))} (use forms like 3, 0-5 or 1,4,7-9)"
+            )
         if low < 0 or high > max(available):  # before expanding it: 0-100000000000 is a typo, not a plan
             raise ConversionError(
                 f"--layers: {_clip(part.strip())} goes beyond the model's layers; MoE layers are "
@@ -293,7 +295,7 @@ def _identity(source: dict[str, Any]) -> dict[str, Any]:
 def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type: str, layers: str | None) -> Plan:
     """Checks everything that can be checked before writing; finds what an earlier run finished."""
     if method not in METHODS:
-        raise ConversionError(f"--quant must be one of {', '.join(METHODS)}, got {method!r}")
+        raise ConversionError(f"--quant must be one of {', '.join(METHODS)}, got {shown(method)}")
     f = formats.by_name(method)
     if f.super_block is not None or f.element in ("fp8", "int4z", "iq4nl", "q40", "q41", "q50", "q51"):
         raise ConversionError(
@@ -366,7 +368,7 @@ def _finished_layers(output: Path, header: dict[str, Any]) -> dict[str, Any]:
             continue
         previous = _read_conversion_json(path, "remove it or choose another --output")
         differences = [
-            f"{key}: {_clip(repr(previous.get(key)))} there, {value!r} now"
+            f"{key}: {_clip(repr(previous.get(key)))} there, {shown(value)} now"
             for key, value in header.items()
             if key != "source" and previous.get(key) != value
         ]
@@ -458,7 +460,7 @@ def _manifest_problem(document: object) -> str | None:
         return '"layers" is not an object'
     for key, entry in layers.items():
         if not key.isdigit() or len(key) > 9:
-            return f"layer key {_clip(key)!r} is not a layer number"
+            return f"layer key {shown(_clip(key))} is not a layer number"
         if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not _is_size(entry.get("bytes")):
             return f"layer {key} has no file name and size"
         tensors = entry.get("tensors")
@@ -491,7 +493,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise ConversionError(f"{directory}: no {MANIFEST} (not a ktforge conversion)")
     manifest = _read_conversion_json(path, "convert again")
     if manifest.get("format") != FORMAT:
-        raise ConversionError(f"{path}: format {_clip(repr(manifest.get('format')))} is not {FORMAT!r}")
+        raise ConversionError(f"{path}: format {_clip(repr(manifest.get('format')))} is not {shown(FORMAT)}")
     version = manifest.get("format_version")
     older = READS_OLDER.get(version) if type(version) is int else None  # a damaged one may be a list
     if version != FORMAT_VERSION and (older is None or manifest.get("method") not in older):
@@ -525,15 +527,15 @@ def load_layer(directory: Path, layer: int, verify: bool = True) -> tuple[dict[s
         arrays = {}
         for name, expected in entry["tensors"].items():
             if name not in f.tensors:
-                raise ConversionError(f"{path}: tensor {name!r} is missing")
+                raise ConversionError(f"{path}: tensor {shown(name)} is missing")
             info = f.tensors[name]
             if info.dtype != expected["dtype"] or list(info.shape) != expected["shape"]:
                 raise ConversionError(
-                    f"{path}: tensor {name!r} is {info.dtype} {list(info.shape)}; the manifest says "
+                    f"{path}: tensor {shown(name)} is {info.dtype} {list(info.shape)}; the manifest says "
                     f"{expected['dtype']} {expected['shape']}"
                 )
             if verify and hashlib.sha256(f.raw(name)).hexdigest() != expected["sha256"]:
-                raise ConversionError(f"{path}: tensor {name!r} does not match its checksum (the file is corrupt)")
+                raise ConversionError(f"{path}: tensor {shown(name)} does not match its checksum (the file is corrupt)")
             arrays[name] = f.get(name)
     projections = {
         p: Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale"), arrays.get(f"{p}.zero")) for p in PROJECTIONS

@@ -93,7 +93,7 @@ class GgufCheckpoint:
         if self.architecture not in known:
             self.close()
             raise GgufError(
-                f"{self.path}: architecture {self.architecture!r} is not one whose experts ktforge reads "
+                f"{self.path}: architecture {shown(self.architecture)} is not one whose experts ktforge reads "
                 f"({', '.join(known)})"
             )
         arch = self._arch = known[self.architecture]

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ktforge.files import shown
+
 Array = np.ndarray[Any, Any]
 QWEIGHT, QZEROS, SCALES, G_IDX = ".qweight", ".qzeros", ".scales", ".g_idx"
 SUFFIXES = (QWEIGHT, QZEROS, SCALES, G_IDX)
@@ -48,15 +50,15 @@ def scheme_of(quantization: dict[str, Any], where: str) -> Scheme | None:
     if bits != 4:
         raise ValueError(f"{where}: {method} with {bits}-bit weights; ktforge serves 4-bit")
     if not isinstance(group, int) or isinstance(group, bool) or not 0 < group < 2**31:
-        raise ValueError(f"{where}: {method} group_size {group!r}; ktforge serves groups of K (not per channel)")
+        raise ValueError(f"{where}: {method} group_size {shown(group)}; ktforge serves groups of K (not per channel)")
     if method == "awq":
         version = str(quantization.get("version", "gemm")).lower()
         if version != "gemm":
-            raise ValueError(f"{where}: AWQ version {version!r}; ktforge reads the GEMM layout")
+            raise ValueError(f"{where}: AWQ version {shown(version)}; ktforge reads the GEMM layout")
         return Scheme("awq", group, 0)
     layout = quantization.get("checkpoint_format", "gptq")
     if layout not in ("gptq", "gptq_v2"):
-        raise ValueError(f"{where}: GPTQ checkpoint_format {layout!r}; ktforge reads gptq and gptq_v2")
+        raise ValueError(f"{where}: GPTQ checkpoint_format {shown(layout)}; ktforge reads gptq and gptq_v2")
     return Scheme("gptq", group, 1 if layout == "gptq" else 0)
 
 

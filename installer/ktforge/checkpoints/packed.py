@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ktforge.files import shown
+
 Array = np.ndarray[Any, Any]
 PACKED, SCALE, SHAPE, ZERO_POINT = "_packed", "_scale", "_shape", "_zero_point"
 SUFFIXES = (PACKED, SCALE, SHAPE, ZERO_POINT)
@@ -59,7 +61,9 @@ def scheme_of(quantization: dict[str, Any], where: str) -> Scheme | None:
         if strategy == "channel" and method == "int4":
             return Scheme(method, 0, bool(weights.get("symmetric", True)))
         if strategy != "group" or not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 2**31:
-            raise ValueError(f"{where}: {layout} strategy {strategy!r} with group_size {size!r}; expected group")
+            raise ValueError(
+                f"{where}: {layout} strategy {shown(strategy)} with group_size {shown(size)}; expected group"
+            )
         return Scheme(method, size, bool(weights.get("symmetric", True)))
     return None
 

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import ml_dtypes
 import numpy as np
 
-from ktforge.files import UnsafePath, open_regular, parse_json
+from ktforge.files import UnsafePath, open_regular, parse_json, shown
 from ktforge.resources import shared_file_mode
 
 Array = np.ndarray[Any, Any]
@@ -124,16 +124,22 @@ class SafetensorsFile:
                 dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
                 begin, end = offsets
             except (KeyError, TypeError, ValueError) as error:
-                raise SafetensorsError(f"{self.path}: tensor {name!r} has a malformed header entry") from error
+                raise SafetensorsError(f"{self.path}: tensor {shown(name)} has a malformed header entry") from error
             if dtype not in DTYPES:
-                raise SafetensorsError(f"{self.path}: tensor {name!r} has dtype {dtype}, which ktforge does not read")
+                raise SafetensorsError(
+                    f"{self.path}: tensor {shown(name)} has dtype {dtype}, which ktforge does not read"
+                )
             if not isinstance(shape, list) or not all(_is_count(n) and n < 2**63 for n in shape):
-                raise SafetensorsError(f"{self.path}: tensor {name!r} has shape {shape!r}, not a list of sizes")
+                raise SafetensorsError(
+                    f"{self.path}: tensor {shown(name)} has shape {shown(shape)}, not a list of sizes"
+                )
             if not (_is_count(begin) and _is_count(end)):
-                raise SafetensorsError(f"{self.path}: tensor {name!r}: data_offsets {offsets!r} are not byte offsets")
+                raise SafetensorsError(
+                    f"{self.path}: tensor {shown(name)}: data_offsets {shown(offsets)} are not byte offsets"
+                )
             if end - begin != nbytes(dtype, tuple(shape)):
                 raise SafetensorsError(
-                    f"{self.path}: tensor {name!r}: {dtype} {list(shape)} is {nbytes(dtype, tuple(shape))} bytes, "
+                    f"{self.path}: tensor {shown(name)}: {dtype} {list(shape)} is {nbytes(dtype, tuple(shape))} bytes, "
                     f"its data_offsets [{begin}, {end}] hold {end - begin}"
                 )
             tensors[name] = TensorInfo(name, dtype, tuple(shape), begin, end)
@@ -143,10 +149,12 @@ class SafetensorsFile:
         for t in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
             if t.begin != position:
                 what = "overlaps the tensor before it" if t.begin < position else f"leaves a gap at byte {position}"
-                raise SafetensorsError(f"{self.path}: tensor {t.name!r} at data_offsets [{t.begin}, {t.end}] {what}")
+                raise SafetensorsError(
+                    f"{self.path}: tensor {shown(t.name)} at data_offsets [{t.begin}, {t.end}] {what}"
+                )
             if t.end > data_size:
                 raise SafetensorsError(
-                    f"{self.path}: tensor {t.name!r} ends at byte {t.end} of a {data_size}-byte data section "
+                    f"{self.path}: tensor {shown(t.name)} ends at byte {t.end} of a {data_size}-byte data section "
                     "(the file is truncated)"
                 )
             position = t.end
@@ -169,7 +177,7 @@ class SafetensorsFile:
         try:
             return self.tensors[name]
         except KeyError:
-            raise SafetensorsError(f"{self.path}: no tensor {name!r}") from None
+            raise SafetensorsError(f"{self.path}: no tensor {shown(name)}") from None
 
     def raw(self, name: str, offset: int = 0, size: int | None = None) -> memoryview:
         """The tensor's bytes (``size`` of them from ``offset``; all by default), read now; the
@@ -181,15 +189,15 @@ class SafetensorsFile:
         try:
             now = os.fstat(self._file.fileno())
             if (now.st_size, now.st_mtime_ns) != self._identity:
-                raise SafetensorsError(f"{changed}; reading tensor {name!r}")
+                raise SafetensorsError(f"{changed}; reading tensor {shown(name)}")
             view, start, done = memoryview(buffer), 8 + len(self.header_bytes) + t.begin + offset, 0
             while done < size:
                 got = os.preadv(self._file.fileno(), [view[done:]], start + done)
                 if got == 0:
-                    raise SafetensorsError(f"{changed}: tensor {name!r} ends after {done} of its {size} bytes")
+                    raise SafetensorsError(f"{changed}: tensor {shown(name)} ends after {done} of its {size} bytes")
                 done += got
         except OSError as error:
-            raise SafetensorsError(f"{self.path}: reading tensor {name!r} failed ({error.strerror})") from error
+            raise SafetensorsError(f"{self.path}: reading tensor {shown(name)} failed ({error.strerror})") from error
         return memoryview(buffer)
 
     def get(self, name: str) -> Array:
@@ -203,7 +211,7 @@ class SafetensorsFile:
         """``tensor[index]`` along its first axis (one expert of a fused tensor), reading only it."""
         t = self.info(name)
         if not t.shape or not 0 <= index < t.shape[0]:
-            raise SafetensorsError(f"{self.path}: tensor {name!r} of shape {list(t.shape)} has no item {index}")
+            raise SafetensorsError(f"{self.path}: tensor {shown(name)} of shape {list(t.shape)} has no item {index}")
         item = (t.end - t.begin) // t.shape[0]
         array = np.frombuffer(self.raw(name, index * item, item), dtype=DTYPES[t.dtype]).reshape(t.shape[1:])
         array.flags.writeable = False

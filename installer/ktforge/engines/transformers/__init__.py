@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import ktforge
+from ktforge.files import shown
 from ktforge.kernels import MAX_THREADS, torch_op
 
 NAME = "ktforge"
@@ -80,15 +81,17 @@ def configure(**changes: Any) -> Settings:
     if threads is not None and (
         not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS
     ):
-        raise ValueError(f"threads must be None (torch's) or a whole number from 1 to {MAX_THREADS}, got {threads!r}")
+        raise ValueError(
+            f"threads must be None (torch's) or a whole number from 1 to {MAX_THREADS}, got {shown(threads)}"
+        )
     if not isinstance(changes.get("release_torch_weights", False), bool):
-        raise ValueError(f"release_torch_weights must be True or False, got {changes['release_torch_weights']!r}")
+        raise ValueError(f"release_torch_weights must be True or False, got {shown(changes['release_torch_weights'])}")
     for name in ("method", "backend"):
         if name in changes and not isinstance(changes[name], str):
-            raise ValueError(f"{name} must be a string, got {changes[name]!r}")
+            raise ValueError(f"{name} must be a string, got {shown(changes[name])}")
     group = changes.get("group_size", 128)
     if not isinstance(group, int) or isinstance(group, bool):
-        raise ValueError(f"group_size must be a whole number, got {group!r}")
+        raise ValueError(f"group_size must be a whole number, got {shown(group)}")
     candidate = dataclasses.replace(_settings, **changes)
     ktforge.MoE(2, 1, 16, 16, method=candidate.method, group_size=candidate.group_size, backend=candidate.backend)
     _settings = candidate
@@ -307,7 +310,7 @@ def _released_message(module: Any, what: str) -> str:
 def _refuse_released_eager(module: Any, _args: Any) -> None:
     packed = _packed.get(module)
     if packed is not None and packed.released and module.config._experts_implementation != NAME:
-        raise RuntimeError(_released_message(module, f"the {module.config._experts_implementation!r} experts"))
+        raise RuntimeError(_released_message(module, f"the {shown(module.config._experts_implementation)} experts"))
 
 
 def _refuse_released_state_dict(module: Any, *_: Any) -> None:
