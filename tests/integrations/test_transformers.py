@@ -528,6 +528,26 @@ def test_load_converted_refuses_a_model_that_differs_in_one_expert(tmp_path: Pat
     assert all(kt_hf.handle_of(m) is None for m in _experts_modules(tuned))  # nothing changed
 
 
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+# torch 2.13's inductor itself still calls torch.jit.script_method, which it deprecates
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_torch_compile_of_the_model_runs_the_kernels(backend: str) -> None:
+    """torch.compile(model) with the ktforge experts, compiled before anything was packed: the layer
+    lookup and packing run eagerly (a graph break), the kernels as the custom op in the graph."""
+    model = tiny_model("qwen3_moe")
+    model.set_experts_implementation("ktforge")
+    compiled = torch.compile(model, backend=backend)
+    prompt = _prompt()
+    with torch.no_grad():  # not inference mode: autograd's view of the parameters is traced too
+        got = compiled(prompt).logits.float()
+        again = compiled(prompt[:, :5]).logits.float()  # another length: a recompile or a dynamic shape
+    assert all(kt_hf.handle_of(m) is not None for m in _experts_modules(model))
+    ours = _logits(model, "ktforge")
+    assert float((got - ours).abs().max() / ours.abs().max()) < TOLERANCE["bf16"]
+    assert float((again - _logits(model, "ktforge", prompt[:, :5])).abs().max() / ours.abs().max()) < TOLERANCE["bf16"]
+    assert _close_to_eager(model) < TOLERANCE["bf16"]
+
+
 def test_a_dtype_the_kernels_do_not_take_falls_back_after_packing() -> None:
     model = tiny_model("mixtral", dtype=torch.float32)
     _logits(model, "ktforge")

@@ -500,7 +500,9 @@ def _check_fingerprint(directory: Path, recorded: dict[str, Any], name: str, mod
 
 def _layer_for(module: Any, hidden_states: Any, top_k: int) -> int | None:
     """The handle of the layer that computes ``module`` now, packing (again) when its
-    parameters changed since; None: transformers' eager experts compute this call."""
+    parameters changed since; None: transformers' eager experts compute this call. Never traced
+    by torch.compile (experts_forward calls it through torch.compiler.disable): it reads the
+    parameters' storage and weak references that a graph cannot hold, and packs on first use."""
     import torch
 
     source = _source(module)
@@ -549,8 +551,12 @@ def _repack(module: Any, source: _Source, top_k: int) -> _Packed | None:
 
 
 def experts_forward(module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-    """transformers' experts interface: the routed experts of ``module`` on ktforge's kernels."""
-    handle = _layer_for(module, hidden_states, int(top_k_index.shape[-1]))
+    """transformers' experts interface: the routed experts of ``module`` on ktforge's kernels. Under
+    torch.compile the layer lookup runs eagerly (a graph break) and the kernels are the traced
+    custom op ``ktforge::moe``."""
+    import torch
+
+    handle = torch.compiler.disable(_layer_for)(module, hidden_states, int(top_k_index.shape[-1]))
     if handle is None:
         return type(module).forward.__wrapped__(module, hidden_states, top_k_index, top_k_weights)
     return torch_op.moe(hidden_states, top_k_index, top_k_weights, handle)
