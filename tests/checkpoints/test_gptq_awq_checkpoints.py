@@ -105,6 +105,10 @@ def test_act_orders_that_cannot_be_served_are_refused(tmp_path: Path) -> None:
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"up_proj.qweight' \(gptq\): its g_idx does not put 32 inputs in each of 8"):
         ktforge.MoE.from_pretrained(tmp_path, layer=1)
+    tensors[up] = torch.arange(H, dtype=torch.int32) // 32 - 1  # group -1: numpy's bincount refused it in its words
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"up_proj.qweight' \(gptq\): its g_idx is not 256 group numbers in 0\.\.7"):
+        ktforge.MoE.from_pretrained(tmp_path, layer=1)
     save_file(original, str(tmp_path / "model.safetensors"))
     int8g = ktforge.MoE.from_pretrained(tmp_path, layer=1, method="int8g", group_size=32)  # re-quantized
     assert rel_err(int8g.forward(x, ids, w), float_reference(x, ids, w, *dense.values())) < 3e-2

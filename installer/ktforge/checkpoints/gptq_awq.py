@@ -97,7 +97,9 @@ def unpack(scheme: Scheme, tensors: dict[str, Array], N: int, K: int) -> tuple[A
         g_idx = tensors.get(G_IDX)
         g_idx = None if g_idx is None else np.asarray(g_idx, dtype=np.int64).reshape(-1)
         if g_idx is not None and not np.array_equal(g_idx, np.arange(K) // group):
-            if g_idx.shape != (K,) or not np.array_equal(np.bincount(g_idx, minlength=G), np.full(G, group)):
+            if g_idx.shape != (K,) or g_idx.min(initial=0) < 0 or g_idx.max(initial=0) >= G:
+                raise ValueError(f"its g_idx is not {K} group numbers in 0..{G - 1}")
+            if not np.array_equal(np.bincount(g_idx, minlength=G), np.full(G, group)):
                 raise ValueError(f"its g_idx does not put {group} inputs in each of {G} groups")
             order = np.argsort(g_idx, kind="stable")  # column j of the sorted codes is input order[j]
             q = _nibbles(qweight.T.copy()).reshape(N, K)  # [N, K] in input order
