@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ktforge
-from ktforge.checkpoints.gguf import GgufCheckpoint, GgufError, Routing
+from ktforge.checkpoints.gguf import GgufCheckpoint, GgufError, Routing, architectures
 
 from .serving import inputs
 from .test_gguf_checkpoints import K_TOP, E, H, I, fixture
@@ -99,7 +99,7 @@ def test_a_file_without_experts_or_of_another_architecture_is_a_clear_error(tmp_
 
 DEEPSEEK = {"expert_feed_forward_length": I, "expert_gating_func": 2, "expert_weights_norm": True}
 BAD_METADATA = {  # key: (the value written by gguf-py, what the refusal says it must be)
-    "expert_gating_func": (7, r"not one of 1 \(softmax\), 2 \(sigmoid\), 3 \(softmax_selected\)"),
+    "expert_gating_func": (7, r"not 0 or one of 1 \(softmax\), 2 \(sigmoid\), 3 \(softmax_selected\)"),
     "expert_weights_norm": ("false", "not a bool"),
     "expert_weights_scale": (float("nan"), "not a finite scale >= 0"),
     "expert_feed_forward_length": (2**31, "not a positive integer below 2"),
@@ -112,6 +112,13 @@ def test_metadata_of_the_wrong_type_or_range_is_refused_naming_the_key(tmp_path:
     path = write(tmp_path / "bad.gguf", "deepseek2", {**DEEPSEEK, key: value})
     with pytest.raises(GgufError, match=rf"metadata deepseek2\.{key} is .*, {why}"):
         GgufCheckpoint(path)
+
+
+def test_gating_code_0_is_the_architectures_own(tmp_path: Path) -> None:
+    """0 (llama.cpp's NONE) reads as unset, as llama.cpp reads older DeepSeek-V2 files."""
+    path = write(tmp_path / "zero.gguf", "deepseek2", {**DEEPSEEK, "expert_gating_func": 0})
+    with GgufCheckpoint(path) as checkpoint:
+        assert checkpoint.routing.gating == architectures()["deepseek2"]["gating"]
 
 
 def test_layers_come_from_the_tensors_not_from_block_count(tmp_path: Path) -> None:

@@ -138,7 +138,8 @@ class GgufCheckpoint:
         gating = arch["gating"]
         if "gating_key" in arch:
             codes = ", ".join(f"{code} ({name})" for code, name in GATING.items())
-            code = self._value(arch["gating_key"], int, lambda v: v in GATING, f"one of {codes}", 0)
+            # 0: unset, the architecture's own (llama.cpp reads it so for older DeepSeek-V2 files)
+            code = self._value(arch["gating_key"], int, lambda v: v == 0 or v in GATING, f"0 or one of {codes}", 0)
             gating = GATING.get(code, gating)
         normalize = bool(self._value(arch.get("normalize_key", ""), bool, lambda _: True, "a bool", arch["normalize"]))
         scale = float(
