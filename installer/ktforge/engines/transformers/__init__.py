@@ -34,6 +34,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import ktforge
 from ktforge.files import shown
 from ktforge.kernels import MAX_THREADS, torch_op
@@ -521,6 +523,11 @@ def _layer_for(module: Any, hidden_states: Any, top_k: int) -> int | None:
     return packed.handle
 
 
+# made once (torch is loaded with torch_op already): wrapping it anew took ~40 us a call, a few
+# percent of a decode step's layer
+_eager_layer_for = torch.compiler.disable(_layer_for)
+
+
 def _released(module: Any, why: str) -> str:
     return (
         f"ktforge: {why}, and {type(module).__name__}'s weights were released when ktforge packed them "
@@ -554,9 +561,7 @@ def experts_forward(module: Any, hidden_states: Any, top_k_index: Any, top_k_wei
     """transformers' experts interface: the routed experts of ``module`` on ktforge's kernels. Under
     torch.compile the layer lookup runs eagerly (a graph break) and the kernels are the traced
     custom op ``ktforge::moe``."""
-    import torch
-
-    handle = torch.compiler.disable(_layer_for)(module, hidden_states, int(top_k_index.shape[-1]))
+    handle = _eager_layer_for(module, hidden_states, int(top_k_index.shape[-1]))
     if handle is None:
         return type(module).forward.__wrapped__(module, hidden_states, top_k_index, top_k_weights)
     return torch_op.moe(hidden_states, top_k_index, top_k_weights, handle)
