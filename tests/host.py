@@ -8,11 +8,14 @@ build_info() says what it compiled; the tests compare the two.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
+import pytest
+
 import ktforge
-from ktforge.builder import recipes
+from ktforge.builder import backends, recipes
 from ktforge.builder.assessment import assess
 from ktforge.detect import evidence
 
@@ -26,14 +29,27 @@ def usable_features() -> frozenset[str]:
     return frozenset(live_report()["cpu"]["usable_features"] or ())
 
 
+@functools.cache
+def unmasked_report() -> dict[str, Any]:
+    """The report of the whole machine, KTFORGE_DISABLE_CPU_FEATURES aside: what ./install.sh built for."""
+    return assess(dataclasses.replace(evidence.collect_live(with_blis=True), disabled_features=None))
+
+
 def recommended_recipe() -> recipes.Recipe:
-    name = live_report()["recipe"]["recommended"]
+    name = unmasked_report()["recipe"]["recommended"]
     return next(r for r in recipes.load_recipes() if r.name == name)
 
 
 def recipe_backends() -> set[str]:
-    """The kernel backends the recipe ./install.sh builds here compiles (the names the kernels report)."""
+    """The kernel backends the recipe ./install.sh builds here compiles (the names the kernels report);
+    in a portable build (scripts/masked_tests.py may run on one) every level but the test tools."""
+    if portable_build():
+        return {b.name for b in backends.table() if b.builds != "test"} | {"reference"}
     return {*recommended_recipe().backends, "reference"}
+
+
+def portable_build() -> bool:
+    return (ktforge.build_info()["record"] or {}).get("recipe") == "portable"
 
 
 def build_backends() -> list[dict[str, Any]]:
@@ -48,6 +64,18 @@ def runnable_backends() -> list[str]:
     return [b["name"] for b in build_backends() if b["runs_here"]]
 
 
+def tested_backends() -> list[str]:
+    """The backends the kernel tests run, best first: every one this CPU runs; under a CPU-feature
+    mask (scripts/masked_tests.py, after the full suite ran them all) those the mask changes: the
+    level 'auto' now runs and the tile model (its SIMD half follows the mask), with the reference
+    the tests compare against."""
+    runnable = runnable_backends()
+    if not disabled_features():
+        return runnable
+    changed = {ktforge.build_info()["selection"]["auto"], "amx-model", "reference"}
+    return [b for b in runnable if b in changed]
+
+
 def backends_the_report_allows() -> set[str]:
     """Compiled backends whose required CPU features the probes found usable."""
     have = usable_features()
@@ -56,6 +84,26 @@ def backends_the_report_allows() -> set[str]:
 
 def has(*features: str) -> bool:
     return set(features) <= usable_features()
+
+
+def disabled_features() -> frozenset[str]:
+    """KTFORGE_DISABLE_CPU_FEATURES as the report read it (CI runs the kernel tests under masks)."""
+    return frozenset(live_report()["cpu"]["disabled_features"])
+
+
+def needs_backend(name: str) -> pytest.MarkDecorator:
+    """Skip a test that runs backend ``name`` only under a CPU-feature mask (scripts/masked_tests.py)
+    that hides it, or whose portable build lacks it (the tile model is a host build's test tool):
+    without a mask the same test runs, or fails where the backend cannot run."""
+    info = next((b for b in build_backends() if b["name"] == name), None)
+    missing = set(info["required_cpu_features"]) - usable_features() if info else set()
+    hidden = bool(missing) and missing <= disabled_features()
+    reason = (
+        f"{name} needs {', '.join(sorted(missing))}, which KTFORGE_DISABLE_CPU_FEATURES disables"
+        if info
+        else f"{name} is not in this (portable) build, which runs as a lower host under a mask"
+    )
+    return pytest.mark.skipif(bool(disabled_features()) and (info is None or hidden), reason=reason)
 
 
 def usable_aocl() -> str | None:
@@ -87,5 +135,6 @@ def expected_auto_backend(portable: bool = False) -> str:
         ("avx2", has("avx2", "fma", "f16c")),
         ("reference", True),
     ]
-    compiled = None if portable else {b["name"] for b in build_backends()}
+    # a host build's levels take -march=native: a mask that hides one of its features stops it
+    compiled = None if portable else {b["name"] for b in build_backends() if b["runs_here"]}
     return next(name for name, runs in ladder if runs and (compiled is None or name in compiled))

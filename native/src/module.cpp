@@ -57,15 +57,18 @@ std::string activation_scheme(Method m, int group, int K, bool token_scales) {
 py::dict backend_info(const KernelTable& t) {
   py::dict d;
   d["name"] = t.name;
-  d["required_cpu_features"] = t.compiled_features();
-  py::dict kernels;  // what this table runs for each format the kernels provider computes
-  for (int i = 0; i < kFormatCount; ++i) {
+  d["required_cpu_features"] = required_features(t);
+  const bool runs = runs_here(t);
+  // what this table runs for each format the kernels provider computes; only where it runs: its
+  // description is code of its level (string building may take that level's instructions)
+  py::dict kernels;
+  for (int i = 0; runs && i < kFormatCount; ++i) {
     const FormatInfo& f = format_info(static_cast<Method>(i));
     for (int p = 0; p < f.provider_count; ++p)
       if (std::string(f.providers[p]) == "kernels") kernels[f.name] = t.describe(f.element);
   }
   d["kernels"] = kernels;
-  d["runs_here"] = missing_features(t.compiled_features()).empty();
+  d["runs_here"] = runs;
   return d;
 }
 
@@ -376,6 +379,7 @@ class PyMoE {
     d["packed_bytes"] = packed;
     d["loaded"] = loaded;
     d["huge_pages_advised"] = huge_pages;  // the packed weights, for transparent huge pages
+    d["disabled_cpu_features"] = disabled_cpu_features();  // KTFORGE_DISABLE_CPU_FEATURES in force
     return d;
   }
 
@@ -517,6 +521,10 @@ static std::pair<std::vector<int64_t>, std::vector<int64_t>> thread_pool_selftes
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "ktforge native MoE kernels";
+  // The CPU features this process must not use, from their one reader (an unknown name fails
+  // the import with its message), before anything here asks what the CPU has.
+  auto mask = py::module_::import("ktforge.detect.mask").attr("from_environment")();
+  disable_cpu_features(mask.cast<std::vector<std::string>>());
 #ifdef KTFORGE_HAVE_BLIS
   // The one build-time setting the core needs at run time: it is compiled into this module only.
   Aocl::set_linked_library(KTFORGE_BLIS_LIBRARY);
@@ -538,7 +546,12 @@ PYBIND11_MODULE(_native, m) {
       py::arg("path"),
       "Use this AOCL-BLAS (with the aocl_gemm add-on) for library backends: a build that links none "
       "(portable) finds one at run time.");
-  m.def("cpu_has", &cpu_has, "Whether the running CPU and OS support a feature (Linux flag name).");
+  m.def("cpu_has", &cpu_has,
+        "Whether the running CPU and OS support a feature (Linux flag name), less KTFORGE_DISABLE_CPU_FEATURES.");
+  m.def("disabled_cpu_features", &disabled_cpu_features,
+        "The features KTFORGE_DISABLE_CPU_FEATURES disabled in this process, as if the CPU lacked them.");
+  m.def("cpu_feature_disabled", &cpu_feature_disabled,
+        "Whether the CPU and OS have a feature that KTFORGE_DISABLE_CPU_FEATURES hides.");
   m.def(
       "measure_peak",
       &measure_peak,

@@ -25,7 +25,7 @@ def inputs(T: int, E: int, k: int, H: int) -> tuple[Any, Any, Any]:
 def assert_every_backend_serves(path: Path, dense: list[Any], E: int, k: int, H: int, method: str) -> None:
     """Layer 1 of ``path`` runs in ``method`` on every backend this CPU runs, at 2 tokens (decode)
     and 70 (> 32 an expert: the AMX tile kernels' path), on the file's values (``dense``)."""
-    for backend in host.runnable_backends():
+    for backend in host.tested_backends():
         moe = ktforge.MoE.from_pretrained(path, layer=1, backend=backend)
         assert moe.method == method
         for T in (2, 70):

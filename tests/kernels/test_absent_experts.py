@@ -12,7 +12,7 @@ import ktforge
 from .. import host
 
 E, K, H, I = 6, 3, 64, 96
-BACKENDS = tuple(reversed(host.runnable_backends()))
+BACKENDS = tuple(reversed(host.tested_backends()))
 
 
 def layer(backend: str, method: str) -> ktforge.MoE:

@@ -26,7 +26,7 @@ from ..moe_reference import (
     routing,
 )
 
-ALL_BACKENDS = tuple(reversed(host.runnable_backends()))  # reference first
+ALL_BACKENDS = tuple(reversed(host.tested_backends()))  # reference first
 BLOCKED = [f.name for f in formats.table() if f.activation_block not in (None, "row")]
 # each format at its smallest group (per-row int8: any, 128 given); those with several also at 128
 # (the AMX tiles' groups)

@@ -50,7 +50,7 @@ def test_aocl_path_matches_the_definition(
     moe.load_weights(gate, up, down)
     info = moe.info
     if method == "int4":
-        assert "aocl" not in info  # int4 runs on ktforge's kernels (see the README), and says why
+        assert "aocl" not in info  # int4 runs on ktforge's kernels (docs/kernels.md), and says why
         assert info["name"] == "amd-blis" and "aocl_gemm_bf16s4f32of32 measured" in info["kernel"]
     else:
         assert info["name"] == "amd-blis" and info["aocl"]["min_tokens_per_expert"] == 1

@@ -17,7 +17,9 @@ from ..moe_reference import make_layer
 def test_the_extension_was_generated_from_the_table() -> None:
     computed_by_kernels = [f.name for f in formats.table() if formats.KERNELS in f.providers]
     for backend in ktforge.build_info()["backends"]:
-        assert list(backend["kernels"]) == computed_by_kernels, backend["name"]
+        # a level this CPU cannot run is not asked to describe itself (that is code of its level)
+        expected = computed_by_kernels if backend["runs_here"] else []
+        assert list(backend["kernels"]) == expected, backend["name"]
     assert f"enum class Method {{ {', '.join(formats.names())} }};" in formats.cpp_text()
 
 

@@ -56,6 +56,19 @@ def test_bad_constructor_arguments(kwargs, message) -> None:  # type: ignore[no-
         ktforge.MoE(**args)
 
 
+@pytest.mark.parametrize("method", ktforge.formats.names())
+def test_a_format_takes_its_own_group_when_none_is_given(method: str) -> None:
+    # q4_k's and mxfp4's group is fixed (32), q6_k's 16: not "group_size must be 32, got 128"
+    f = ktforge.formats.by_name(method)
+    moe = ktforge.MoE(4, 2, 256, 64, method=method)
+    expected = 128 if not f.grouped or 128 in f.group_sizes else max(f.group_sizes)
+    assert moe._group == expected and moe._down_group == expected
+    # a group given is still checked
+    if f.grouped and len(f.group_sizes) == 1:
+        with pytest.raises(ValueError, match="group_size must be"):
+            ktforge.MoE(4, 2, 256, 64, method=method, group_size=f.group_sizes[0] * 2)
+
+
 def test_forward_before_load() -> None:
     with pytest.raises(RuntimeError, match="before load_weights"):
         ktforge.MoE(E, K, H, I).forward(*inputs())

@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ktforge import formats
+from ktforge.detect.features import COMPILER_MACROS
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "backends.json"
 ALWAYS = "reference"  # compiled into the core, without ISA flags: every build has it
+# gcc's flag for each feature a compiler macro names (__AVX512VNNI__: -mavx512vnni, __AMX_TILE__: -mamx-tile)
+FLAG_FEATURES = {"-m" + macro.strip("_").lower().replace("_", "-"): name for macro, name in COMPILER_MACROS.items()}
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,11 @@ class Backend:
     falls_back_to: str
     summary: str
     builds: str  # all, portable (a level -march=native gives its family's backend) or test
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The CPU features the level's own flags enable (what it needs where built exactly)."""
+        return frozenset(FLAG_FEATURES[f] for f in self.flags if f in FLAG_FEATURES)
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,18 @@ def by_name(name: str) -> Backend:
     if name not in found:
         raise KeyError(f"unknown backend {name!r} (known: {', '.join(names())})")
     return found[name]
+
+
+def host_kinds() -> list[tuple[str, frozenset[str]]]:
+    """The kinds of host, richest first, each as the level 'auto' runs there and the features that
+    level's betters need and it does not: what KTFORGE_DISABLE_CPU_FEATURES hides on a richer host
+    to test as that kind (AMX, AVX-512 with BF16, with VNNI, without VNNI, AVX2, reference)."""
+    levels = [b for b in table() if b.auto and b.builds != "test"]
+    kinds, above = [], frozenset[str]()
+    for level in levels:
+        kinds.append((level.name, above - level.features))
+        above |= level.features
+    return [*kinds, (ALWAYS, above)]
 
 
 @dataclass(frozen=True)

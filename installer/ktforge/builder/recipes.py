@@ -36,6 +36,7 @@ class RecipeFacts:
     amx_execution: str | None
     amx_explanation: str
     blis: BlisSection | None
+    disabled: frozenset[str] = frozenset()  # KTFORGE_DISABLE_CPU_FEATURES: not in features, said so
 
     @staticmethod
     def of(report: MachineReport) -> RecipeFacts:
@@ -51,6 +52,7 @@ class RecipeFacts:
             amx_execution=amx_info["execution"],
             amx_explanation=amx_info["explanation"],
             blis=report["blis"],
+            disabled=frozenset(cpu["disabled_features"]),
         )
 
 
@@ -163,13 +165,9 @@ def evaluate(recipe: Recipe, facts: RecipeFacts) -> RecipeEvaluation:
             gates.append(_gate("cpu_features", "unknown", "CPU features unknown"))
         else:
             missing = [f for f in req["cpu_features"] if f not in have]
-            gates.append(
-                _gate(
-                    "cpu_features",
-                    "fail" if missing else "pass",
-                    f"missing {', '.join(missing)}" if missing else "all present",
-                )
-            )
+            hidden = " (disabled by KTFORGE_DISABLE_CPU_FEATURES)" if set(missing) & facts.disabled else ""
+            detail = f"missing {', '.join(missing)}{hidden}" if missing else "all present"
+            gates.append(_gate("cpu_features", "fail" if missing else "pass", detail))
     for state in req.get("os_state", []):
         value = facts.os_state.get(state)
         status = _status(value, bool(value))

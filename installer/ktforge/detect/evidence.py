@@ -46,6 +46,7 @@ class Evidence:
     system: SystemFacts | None = None
     toolchain: Toolchain | None = None
     extension: ExtensionStatus | None = None
+    disabled_features: list[str] | None = None  # KTFORGE_DISABLE_CPU_FEATURES (ktforge.detect.mask)
 
     def to_snapshot(self) -> dict[str, Any]:
         return {"ktforge_snapshot": SNAPSHOT_VERSION, "evidence": asdict(self)}
@@ -138,7 +139,7 @@ def collect_live(with_blis: bool = True) -> Evidence:
 
 
 def _collect_live(with_blis: bool) -> Evidence:
-    from ktforge.detect import blis, extension, pycpuinfo, system, toolchain
+    from ktforge.detect import blis, extension, mask, pycpuinfo, system, toolchain
     from ktforge.detect.cpuid import decode, leaves_from_rows
     from ktforge.detect.probe_runner import run_probe
 
@@ -171,4 +172,5 @@ def _collect_live(with_blis: bool) -> Evidence:
         system=system.collect(),
         toolchain=toolchain.collect(),
         extension=extension.inspect(),
+        disabled_features=mask.from_environment(),
     )

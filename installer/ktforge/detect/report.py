@@ -130,8 +130,9 @@ def _cpu_section(ev: Evidence) -> tuple[CpuSection, list[Disagreement]]:
     kernel_flags = kernel_view.flags if kernel_view else None
     features, usable, os_state = _feature_sets(facts, text, pyc)
     disagreements += _witness_disagreements(facts, kernel_flags, pyc, os_state)
-
-    uarch = microarch.identify(arch, vendor, family, model, stepping, usable or ())
+    uarch = microarch.identify(arch, vendor, family, model, stepping, usable or ())  # what it is, unmasked
+    disabled = sorted(ev.disabled_features or ())  # what may run: as if it lacked them
+    usable = usable - set(disabled) if usable is not None else None
     table = uarch.get("model_table")
     hypervisor = _hypervisor(cpuid_data, texts, features or frozenset())
     if table and table["unexpected"]:
@@ -155,6 +156,7 @@ def _cpu_section(ev: Evidence) -> tuple[CpuSection, list[Disagreement]]:
         "hypervisor": hypervisor,
         "features": sorted(features) if features is not None else None,
         "usable_features": sorted(usable) if usable is not None else None,
+        "disabled_features": disabled,
         "kernel_flags_known": kernel_flags is not None,
         "reported": {
             name: {

@@ -123,6 +123,7 @@ class BackendSelection(TypedDict):
     auto: str
     why_not: dict[str, str]
     override: str | None
+    disabled_cpu_features: list[str]  # KTFORGE_DISABLE_CPU_FEATURES in force
 
 
 class ExtensionStatus(TypedDict):
@@ -203,7 +204,8 @@ class CpuSection(TypedDict):
     microarchitecture: Microarchitecture
     hypervisor: str | None
     features: list[str] | None
-    usable_features: list[str] | None
+    usable_features: list[str] | None  # less disabled_features
+    disabled_features: list[str]  # KTFORGE_DISABLE_CPU_FEATURES of the process that looked (live only)
     kernel_flags_known: bool
     reported: dict[str, ReportedFeature]
     os_state: OsState

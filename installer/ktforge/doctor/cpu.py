@@ -37,6 +37,21 @@ def _platform_linux(r: Assessment, say: Say) -> Finding:
 # --- cpu ----------------------------------------------------------------------------------
 
 
+@check("cpu.mask", "cpu", "CPU features disabled (KTFORGE_DISABLE_CPU_FEATURES)")
+def _cpu_mask(r: Assessment, say: Say) -> Finding:
+    disabled = r["cpu"]["disabled_features"]
+    if not disabled:
+        return say("ok", "none: every feature the CPU and OS allow may run")
+    fix = remedy("cpu_mask")
+    return say(
+        "warn",
+        f"{', '.join(disabled)} disabled in this process: ktforge builds, chooses and runs its kernels as on a "
+        "CPU without them",
+        fix.text,
+        *fix.commands,
+    )
+
+
 @check("cpu.avx2_fma", "cpu", "AVX2 and FMA")
 def _cpu_avx2(r: Assessment, say: Say) -> Finding:
     usable = common.usable(r)
@@ -47,6 +62,8 @@ def _cpu_avx2(r: Assessment, say: Say) -> Finding:
     missing = [f for f in ("avx2", "fma", "f16c") if f not in usable]
     if not missing:
         return say("ok", "avx2, fma, f16c")
+    if set(missing) <= set(r["cpu"]["disabled_features"]):
+        return say("warn", f"{', '.join(missing)} disabled (cpu.mask): only the reference backend runs")
     return say(
         "error",
         f"missing {', '.join(missing)}: no ktforge backend can run",

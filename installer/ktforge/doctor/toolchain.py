@@ -45,7 +45,9 @@ def _tc_flags(r: Assessment, say: Say) -> Finding:
         return say("info", "no backend or no compiler to check")
     compiler = cxx[0]
     rejected = [f for f in recipe["compiler_must_accept"] if not compiler["accepts"].get(f, False)]
-    also = [f for f in ("-march=sapphirerapids", "-march=znver4") if not compiler["accepts"].get(f, False)]
+    # the newest target of this host's vendor, by name (another vendor's is no concern here)
+    named = {"GenuineIntel": "-march=sapphirerapids", "AuthenticAMD": "-march=znver4"}.get(r["cpu"]["vendor"] or "")
+    also = [named] if named and not compiler["accepts"].get(named, False) else []
     note = f" (cannot target {', '.join(a.split('=')[1] for a in also)} by name)" if also else ""
     if rejected:
         return say(
@@ -156,6 +158,10 @@ def _extension(r: Assessment, say: Say) -> Finding:
             "ok",
             f"{where}: portable wheel, runs {runs} ({how})" + (f"; {better}" if better else ""),
         )
+    hidden = set(r["cpu"]["disabled_features"])
+    if lacking and all(set(miss) <= hidden for miss in lacking.values()):  # the CPU has them: a mask hides them
+        detail = "; ".join(f"{name} needs {', '.join(miss)}" for name, miss in lacking.items())
+        return say("info", f"{where}: backends {', '.join(runnable)} run here; {detail}, hidden by cpu.mask")
     if lacking:
         detail = "; ".join(f"{name} needs {', '.join(miss)}" for name, miss in lacking.items())
         return say(

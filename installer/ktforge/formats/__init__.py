@@ -160,6 +160,13 @@ def check_group(name: str, group_size: int, option: str = "group_size") -> None:
         raise ValueError(f"{option} must be {spoken_list(f.group_sizes)}, got {group_size!r}")
 
 
+def default_group(name: str) -> int:
+    """The group a format takes when none is asked for: 128 where it takes 128 (and for formats
+    without groups), else its largest (Q4_K's and MXFP4's 32, its only one)."""
+    sizes = by_name(name).group_sizes
+    return 128 if not sizes or 128 in sizes else max(sizes)
+
+
 def group_for(name: str, group_size: int) -> int:
     """The group a format runs at for a requested one: its only group size where it has one
     (mxfp4's 32, whatever was asked for all formats at once), else the request."""

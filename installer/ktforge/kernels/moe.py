@@ -25,6 +25,7 @@ from ktforge import formats
 from ktforge.builder import backends as backends_table
 from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
 from ktforge.formats.quantize import METHODS, Quantized
+from ktforge.kernels.guard import import_guard
 from ktforge.kernels.memory import check_layer_fits
 
 if TYPE_CHECKING:
@@ -35,54 +36,6 @@ from ktforge.kernels.arrays import as_numpy, bf16_dtype, check_finite, kernel_vi
 
 # the kernel backends, then those that hand some methods to a library (amd-blis: AOCL)
 BACKENDS = ("auto", *backends_table.names(), *(lib.name for lib in backends_table.libraries()))
-BACKEND_VARIABLE = "KTFORGE_BACKEND"
-
-
-def import_guard() -> str | None:
-    """Checks the installed build against this CPU before any kernel runs.
-
-    Raises RuntimeError naming the missing features and the fix when the build's own backend
-    (or the one KTFORGE_BACKEND selects) needs instructions this CPU or OS lacks; returns the
-    backend KTFORGE_BACKEND selects, if any. Requests AMX permission once when the build
-    targets AMX. The extension module itself is compiled without ISA flags, so asking it
-    about the CPU cannot fault.
-    """
-    import errno
-    import os
-
-    import ktforge._native as native
-    from ktforge.builder.build_record import checked_record
-
-    # a missing, empty, invalid or mismatched record refuses the import: never a skipped guard
-    record = checked_record(dict(native.build_info()))
-    selected = os.environ.get(BACKEND_VARIABLE) or None
-    backends = {b["name"]: b for b in record["backends"]}
-    if selected is not None and selected not in backends:
-        raise RuntimeError(
-            f"{BACKEND_VARIABLE}={selected} is not compiled into this build (compiled: {', '.join(backends)})"
-        )
-    name = selected or record.get("primary_backend")
-    if name is None:  # a plain build: "auto" picks the best compiled backend this CPU runs
-        return selected
-    missing = [f for f in backends[name]["required_cpu_features"] if not native.cpu_has(f)]
-    if missing:
-        lower = [n for n, b in backends.items() if all(native.cpu_has(f) for f in b["required_cpu_features"])]
-        raise RuntimeError(
-            f"ktforge was built ({record.get('recipe')} recipe, {record.get('arch_flags')}) for a CPU with "
-            f"{', '.join(missing)}, which this CPU (or its OS) lacks; running it would crash with SIGILL. "
-            f"Fix: rebuild here with `./install.sh build` (or `kt build`), or run a lower compiled backend with "
-            f"{BACKEND_VARIABLE}={lower[0] if lower else 'reference'}."
-        )
-    if any(f.startswith("amx") for f in backends[name]["required_cpu_features"]):
-        code = native.request_amx_permission()
-        if code:
-            raise RuntimeError(
-                f"Linux refused AMX tile permission ({errno.errorcode.get(code, code)}); "
-                f"see `kt doctor --check amx.permission`, or run {BACKEND_VARIABLE}=avx2"
-            )
-    return selected
-
-
 _SELECTED_BACKEND = import_guard()
 
 
@@ -143,7 +96,8 @@ class MoE:
             "fp8" (FP8 E4M3 with a float32 scale per 16 rows and ``group_size`` values of K, or a
             checkpoint's own 128 x 128 block, channel or tensor scales; fp32 activations) or
             "mxfp4" (OCP MXFP4: E2M1 values with a power-of-two E8M0 scale per 32, gpt-oss's;
-            ``group_size`` 32).
+            ``group_size`` 32), or any other of ktforge.formats.names(). ``group_size``: None takes
+            128 where the format takes it, else the format's own group (mxfp4's and q4_k's 32).
         backend: "auto" (the best this CPU runs), "amx" (tiles for prefill, AVX-512 for decode),
             "avx512", "avx2", "reference", "amx-model" (the AMX kernels on a software tile
             unit: slow, for verification on CPUs without AMX), or "amd-blis":
@@ -163,7 +117,7 @@ class MoE:
             "per-block" (a scale per block of K, ``info["activations"]`` says which: as fine as
             llama.cpp's or finer) or "per-token" (one scale a token: less accurate where a few
             channels are large, and the group-32 formats' prefill a few percent faster on
-            AVX-512, per-row int8's about 15%; README, "Activations").
+            AVX-512, per-row int8's about 15%; docs/kernels.md, "Activations").
     """
 
     def __init__(
@@ -176,7 +130,7 @@ class MoE:
         method: str = "bf16",
         backend: str = "auto",
         threads: int | None = None,
-        group_size: int = 128,
+        group_size: int | None = None,
         swiglu_alpha: float = 1.0,
         swiglu_limit: float | None = None,
         up_offset: float = 0.0,
@@ -202,10 +156,12 @@ class MoE:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        formats.check_group(method, group_size)
         if down_method not in (None, *METHODS):
             raise ValueError(f"down_method must be one of {', '.join(METHODS)}, got {down_method!r}")
-        formats.check_group(down_method or method, down_group := down_group_size or group_size, "down_group_size")
+        down_group = down_group_size or group_size or formats.default_group(down_method or method)
+        group_size = formats.default_group(method) if group_size is None else group_size
+        formats.check_group(method, group_size)
+        formats.check_group(down_method or method, down_group, "down_group_size")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
         if threads is not None and threads > MAX_THREADS:
@@ -586,5 +542,10 @@ def build_info() -> dict[str, Any]:
         _native.cpu_has,
         lambda: _native.request_amx_permission() == 0,
     )
-    selection = {"auto": choice.name, "why_not": choice.why_not, "override": _SELECTED_BACKEND}
+    selection = {
+        "auto": choice.name,
+        "why_not": choice.why_not,
+        "override": _SELECTED_BACKEND,
+        "disabled_cpu_features": _native.disabled_cpu_features(),
+    }
     return {**info, "record": installed_record(), "selection": selection}

@@ -443,7 +443,10 @@ struct GemmArgs {
 
 struct KernelTable {
   const char* name;
-  std::vector<std::string> (*compiled_features)();
+  // The CPU features its code was compiled for, null-terminated (kCompiledFeatures: data, read on
+  // any CPU; required_features() makes the list).
+  const char* const* compiled_features;
+  // What runs for an element. Code of this table's level: call it only where the table runs.
   std::string (*describe)(Element);
   void (*gemm)(const GemmArgs&);
   // out[i] = silu(gate[i]) * up[i]

@@ -37,7 +37,7 @@ struct MoeConfig {
   int down_group = 128;
   // int8 activations with one scale a token instead of a block of K (MoE(activations="per-token")):
   // the prefill tiles of the group-32 formats scale once at the end, for speed, where per-block
-  // scales cost a multiply a group and row (README, "Activations")
+  // scales cost a multiply a group and row (docs/kernels.md, "Activations")
   bool token_scales = false;
   bool mixed() const { return down_method != method || down_group != group; }
   Method method_of(bool down) const { return down ? down_method : method; }

@@ -2,11 +2,23 @@
 
 #include <cpuid.h>
 
+#include <algorithm>
 #include <cstdint>
 #include "cpu_features.gen.hpp"
 
 namespace kt {
 namespace {
+
+// KTFORGE_DISABLE_CPU_FEATURES, as ktforge.detect.mask read it (set once, at module import,
+// before any kernel is chosen; read-only afterwards)
+std::vector<std::string>& disabled() {
+  static std::vector<std::string> features;
+  return features;
+}
+
+bool masked(const std::string& feature) {
+  return std::find(disabled().begin(), disabled().end(), feature) != disabled().end();
+}
 
 uint64_t xcr0() {
   unsigned a, b, c, d;
@@ -35,9 +47,8 @@ bool os_allows(const std::string& feature) {
   return true;
 }
 
-}  // namespace
-
-bool cpu_has(const std::string& feature) {
+// What the CPU and OS allow, whatever the mask says.
+bool cpu_and_os_have(const std::string& feature) {
   auto it = generated::cpuid_bits().find(feature);
   if (it == generated::cpuid_bits().end()) return false;
   const generated::CpuidBit& bit = it->second;
@@ -48,6 +59,16 @@ bool cpu_has(const std::string& feature) {
   __cpuid_count(bit.leaf, bit.subleaf, r[0], r[1], r[2], r[3]);
   return ((r[bit.reg] >> bit.bit) & 1u) && os_allows(feature);
 }
+
+}  // namespace
+
+void disable_cpu_features(const std::vector<std::string>& features) { disabled() = features; }
+
+std::vector<std::string> disabled_cpu_features() { return disabled(); }
+
+bool cpu_has(const std::string& feature) { return !masked(feature) && cpu_and_os_have(feature); }
+
+bool cpu_feature_disabled(const std::string& feature) { return masked(feature) && cpu_and_os_have(feature); }
 
 std::vector<std::string> missing_features(const std::vector<std::string>& required) {
   std::vector<std::string> missing;

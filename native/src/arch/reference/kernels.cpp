@@ -273,8 +273,6 @@ std::string describe(Element m) {
                               : "scalar int32 dot per group";
 }
 
-std::vector<std::string> features() { return compiled_features(); }
-
 double peak_ops(int, int64_t) { return 0; }  // the reference backend has no peak of its own
 
 uint64_t read_stream(const uint8_t* data, std::size_t bytes) {
@@ -293,7 +291,7 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
 
 }  // namespace
 
-const KernelTable reference_kernels = {"reference",      features,           describe,       gemm, silu_mul,
+const KernelTable reference_kernels = {"reference",      kCompiledFeatures,           describe,       gemm, silu_mul,
                                        quantize_row_generic, to_bf16_row_generic, combine_generic, peak_ops, read_stream};
 
 }  // namespace kt

@@ -49,7 +49,7 @@ const KernelTable& simd() {
 #ifndef KTFORGE_AMX_MODEL
       if (name.rfind("avx512", 0) != 0) continue;  // this backend's own flags include AVX-512
 #endif
-      if (missing_features(t->compiled_features()).empty()) return t;
+      if (runs_here(*t)) return t;
     }
 #ifndef KTFORGE_AMX_MODEL
     return &avx512_kernels;
@@ -387,8 +387,6 @@ std::string describe(Element m) {
          " tokens per expert, else " + fallback;
 }
 
-std::vector<std::string> features() { return compiled_features(); }
-
 // Row operations and bandwidth are the SIMD backend's (looked up when called, not at
 // static initialisation, whose order across files is unspecified).
 void silu_mul(const float* g, const float* u, float* o, int n) { simd().silu_mul(g, u, o, n); }
@@ -424,7 +422,7 @@ bool reads_f32_activations() { return simd().reads_f32_activations && simd().rea
 
 }  // namespace
 
-const KernelTable KT_AMX_TABLE = {KT_AMX_NAME, features,    describe, gemm,     silu_mul,   quantize_row,
+const KernelTable KT_AMX_TABLE = {KT_AMX_NAME, kCompiledFeatures,    describe, gemm,     silu_mul,   quantize_row,
                                   to_bf16_row, combine,     peak_ops, read_stream, reads_f32_activations};
 
 }  // namespace kt

@@ -366,8 +366,6 @@ std::string describe(Element m) {
                                : "avx2 maddubs on unpacked nibbles";
 }
 
-std::vector<std::string> features() { return compiled_features(); }
-
 // ---- machine peaks (kt bench) -------------------------------------------------------------
 
 // Each chain carries its accumulator into the next step's inputs, so no two steps compute
@@ -475,7 +473,7 @@ bool reads_f32_activations() { return true; }
 
 }  // namespace
 
-const KernelTable avx2_kernels = {"avx2",          features,     describe,        gemm,
+const KernelTable avx2_kernels = {"avx2",          kCompiledFeatures,     describe,        gemm,
                                    silu_mul,        quantize_row_generic, to_bf16_row_generic, combine_generic,
                                    peak_ops,        read_stream,  reads_f32_activations};
 

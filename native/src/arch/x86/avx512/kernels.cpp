@@ -382,8 +382,6 @@ std::string describe(Element m) {
   return dot + what + without;
 }
 
-std::vector<std::string> features() { return compiled_features(); }
-
 // ---- machine peaks (kt bench) -------------------------------------------------------------
 
 // Each kind keeps only its own accumulators live (16 chains: latency x ports with room),
@@ -400,7 +398,15 @@ double peak_loop(int64_t iterations, Acc init, Step step, double ops_per_instruc
   return ops_per_instruction * kChains * static_cast<double>(iterations);
 }
 
+// The instruction each kind's kernels really run here: without BF16, bf16 runs on fp32 FMA
+// (the kernels widen bf16 to fp32); without VNNI, the integer formats on AVX2's maddubs kernels.
 double peak_ops(int kind, int64_t iterations) {
+#if !defined(__AVX512VNNI__) && defined(KTFORGE_HAVE_AVX2)
+  if (kind == 2 || kind == 3) return avx2_kernels.peak_ops(kind, iterations);
+#endif
+#ifndef __AVX512BF16__
+  if (kind == 1) kind = 0;
+#endif
   if (kind == 3) kind = 2;  // int4: nibbles widened to bytes, then the int8 dot
   __m512 fa = _mm512_set1_ps(1.0000001f), fb = _mm512_set1_ps(1e-9f);
   __m512i ia = _mm512_set1_epi8(1);
@@ -469,7 +475,7 @@ void silu_mul(const float* gate, const float* up, float* out, int n) {
 
 namespace kt {
 
-const KernelTable KT_AVX512_TABLE = {KT_AVX512_NAME, features,       describe, gemm,       silu_mul, quantize_row,
+const KernelTable KT_AVX512_TABLE = {KT_AVX512_NAME, kCompiledFeatures,       describe, gemm,       silu_mul, quantize_row,
                                     to_bf16_row, combine_generic, peak_ops, read_stream};
 
 }  // namespace kt
