@@ -3,6 +3,7 @@ measured in the same run, and the bound ``max(ops / dot peak, weight bytes / rea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -71,12 +72,17 @@ class Roofline:
     bandwidth_ms: float
     bound_ms: float
     bound: str  # compute or bandwidth
+    in_cache: bool = False  # the weights a call reads fit the last-level cache: no memory bound holds
 
 
-def roofline(ops: float, weight_bytes: float, peaks: Peaks, method: str) -> Roofline:
+def roofline(ops: float, weight_bytes: float, peaks: Peaks, method: str, in_cache: bool = False) -> Roofline:
+    """The bound of a case; ``in_cache``: its weights may be served from the last-level cache, so
+    it is held to the compute peak alone (a read-bandwidth bound would not be one)."""
     kind, gops = peaks.dot(method)
     compute_ms = ops / (gops * 1e9) * 1e3 if gops > 0 else 0.0
     bandwidth_ms = weight_bytes / (peaks.read_gb_per_s * 1e9) * 1e3 if peaks.read_gb_per_s > 0 else 0.0
+    if in_cache:
+        bandwidth_ms = 0.0
     return Roofline(
         ops,
         weight_bytes,
@@ -87,10 +93,12 @@ def roofline(ops: float, weight_bytes: float, peaks: Peaks, method: str) -> Roof
         bandwidth_ms,
         max(compute_ms, bandwidth_ms),
         "compute" if compute_ms >= bandwidth_ms else "bandwidth",
+        in_cache,
     )
 
 
-def _llc_bytes() -> int:
+@functools.cache
+def llc_bytes() -> int:
     """The last-level cache of CPU 0 (0 when sysfs does not say)."""
     from pathlib import Path
 
@@ -108,7 +116,7 @@ def _llc_bytes() -> int:
 def read_buffer_bytes(quick: bool = False) -> int:
     """At least 8x the last-level cache (so the reads come from memory); 1 GiB where memory
     allows, or 256 MiB for the quick re-measurement after each case."""
-    return max(min(256 << 20 if quick else 1 << 30, available_memory() // 8), 8 * _llc_bytes(), 64 << 20)
+    return max(min(256 << 20 if quick else 1 << 30, available_memory() // 8), 8 * llc_bytes(), 64 << 20)
 
 
 def peak_method(threads: int) -> str:

@@ -62,12 +62,15 @@ def make_weights(model: Model, experts: int, seed: int = 0) -> tuple[Any, Any, A
 
 def routing(kind: str, tokens: int, experts: int, top_k: int, rng: np.random.Generator) -> tuple[Any, Any]:
     """ids [T, k] and weights [T, k]. uniform: k distinct experts at random; zipf: k distinct
-    experts drawn with probability ~ 1/rank^1.2 (a few hot experts, as in real traffic)."""
+    experts drawn with probability ~ 1/rank^1.2 (a few hot experts, as in real traffic), the ranks
+    given to experts anew at each call: in a model the other layers run between two calls of one,
+    so its hot experts come from memory, not from the cache one layer repeated would keep them in."""
     if kind == "uniform":
         ids = np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k]
     else:
         p = 1.0 / np.arange(1, experts + 1) ** 1.2
         p /= p.sum()
-        ids = np.stack([rng.choice(experts, size=top_k, replace=False, p=p) for _ in range(tokens)])
+        ranked = rng.permutation(experts)
+        ids = ranked[np.stack([rng.choice(experts, size=top_k, replace=False, p=p) for _ in range(tokens)])]
     weights = rng.random((tokens, top_k)).astype(np.float32)
     return ids.astype(np.int64), weights / weights.sum(axis=1, keepdims=True)

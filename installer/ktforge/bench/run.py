@@ -84,7 +84,10 @@ def _result(moe: Any, case: _Case, times: list[float], touched: list[int], peaks
     info = moe.info
     weight_bytes = distinct * info["packed_bytes"] / experts
     ops = 2.0 * tokens * k * 3 * H * I
-    roof = roofline(ops, weight_bytes, peaks, method)
+    # what could stay in the last-level cache from call to call: every loaded expert where each
+    # round draws a new routing (decode), the round's own experts where the rounds repeat one
+    resident = info["packed_bytes"] if tokens < DECODE_MAX_TOKENS else weight_bytes
+    roof = roofline(ops, weight_bytes, peaks, method, in_cache=resident <= bounds.llc_bytes())
     return Result(
         model.name,
         experts,
@@ -262,7 +265,7 @@ def _cases(
 
 def rescore(result: Result, peaks: Peaks) -> Result:
     """The result against other peaks: its roofline and % of the bound recomputed."""
-    roof = roofline(result.roofline.ops, result.roofline.weight_bytes, peaks, result.method)
+    roof = roofline(result.roofline.ops, result.roofline.weight_bytes, peaks, result.method, result.roofline.in_cache)
     return replace(result, roofline=roof, pct_of_bound=100.0 * roof.bound_ms / result.ms)
 
 
