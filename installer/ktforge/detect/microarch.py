@@ -72,6 +72,21 @@ def model_table() -> tuple[ModelEntry, ...]:
     return tuple(entries)
 
 
+@functools.cache
+def _spellings() -> dict[str, str]:
+    spellings: dict[str, str] = load_toml(data_path("cpu_models.toml")).get("spelled", {})
+    return spellings
+
+
+def spelled(name: str, article: bool = False) -> str:
+    """``name`` as people write it ("emeraldrapids": "Emerald Rapids"), with "a" or "an" before it
+    on request ("an Emerald Rapids", "a Zen 4")."""
+    text = _spellings().get(name, name)
+    if not article:
+        return str(text)
+    return f"{'an' if text[:1].lower() in 'aeiou' or text.startswith('x86') else 'a'} {text}"
+
+
 def lookup_model(vendor: str | None, family: int | None, model: int | None, stepping: int | None) -> ModelEntry | None:
     return next((e for e in model_table() if e.matches(vendor, family, model, stepping)), None)
 

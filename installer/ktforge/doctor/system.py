@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ktforge.builder.assessment import Assessment
+from ktforge.detect.microarch import spelled
 from ktforge.doctor import common
 from ktforge.doctor.common import GIB
 from ktforge.doctor.findings import Finding, Say, check
@@ -68,7 +69,7 @@ def _hypervisor(r: Assessment, say: Say) -> Finding:
         if used:
             return say(
                 "warn",
-                f"a {name} has {', '.join(used)}, which this machine does not show{also}",
+                f"{spelled(name, article=True)} has {', '.join(used)}, which this machine does not show{also}",
                 "check BIOS settings and kernel boot parameters (clearcpuid)",
                 "cat /proc/cmdline",
             )
@@ -76,15 +77,15 @@ def _hypervisor(r: Assessment, say: Say) -> Finding:
     if used:
         return say(
             "warn",
-            f"{hv} guest: a {name} has {', '.join(used)}, which this guest does not see; the kernels "
-            f"can only use what the guest sees{also}",
+            f"{hv} guest: {spelled(name, article=True)} has {', '.join(used)}, which this guest does not see; "
+            f"the kernels can only use what the guest sees{also}",
             "give the guest the host's CPU model",
             "qemu-system-x86_64 -cpu host ...   # QEMU/KVM",
             "virsh edit VM  # <cpu mode='host-passthrough'/>   # libvirt",
         )
     closest = uarch.get("closest_newer")
     note = (
-        (f"; features match {closest['name']} except {', '.join(closest['missing'])} (not used by the kernels)")
+        f"; features match {spelled(closest['name'])} except {', '.join(closest['missing'])} (not used by the kernels)"
         if closest
         else ""
     )
