@@ -525,6 +525,7 @@ PYBIND11_MODULE(_native, m) {
   // the import with its message), before anything here asks what the CPU has.
   auto mask = py::module_::import("ktforge.detect.mask").attr("from_environment")();
   disable_cpu_features(mask.cast<std::vector<std::string>>());
+  Aocl::follow_cpu_mask();
 #ifdef KTFORGE_HAVE_BLIS
   // The one build-time setting the core needs at run time: it is compiled into this module only.
   Aocl::set_linked_library(KTFORGE_BLIS_LIBRARY);

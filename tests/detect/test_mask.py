@@ -130,3 +130,23 @@ def test_the_doctor_says_a_mask_is_in_force() -> None:
     )
     [finding] = [c for c in json.loads(done.stdout)["checks"] if c["id"] == "cpu.mask"]
     assert finding["status"] == "ok"
+
+
+@pytest.mark.parametrize("hidden", ["avx2", "avx512f", ""])
+def test_aocl_is_capped_to_what_the_mask_leaves(hidden: str) -> None:
+    # AOCL-BLAS picks its own code path from CPUID: under a mask it is told the level left
+    # (AOCL_ENABLE_INSTRUCTIONS, which AOCL reads when it initialises, at its first call)
+    script = (
+        "import ctypes, ktforge._native\n"
+        "libc = ctypes.CDLL(None); libc.getenv.restype = ctypes.c_char_p\n"
+        "print((libc.getenv(b'AOCL_ENABLE_INSTRUCTIONS') or b'').decode())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "AOCL_ENABLE_INSTRUCTIONS"} | {mask.VARIABLE: hidden}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    has = hidden in host.usable_features()
+    expected = {"avx2": "GENERIC", "avx512f": "AVX2"}.get(hidden, "") if has else ""
+    assert done.stdout.strip() == expected
+    # a value the user chose is kept
+    env["AOCL_ENABLE_INSTRUCTIONS"] = "zen3"
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "zen3"

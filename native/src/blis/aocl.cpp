@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
+
 #include <cerrno>
 #include <cstring>
 
@@ -13,15 +15,32 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_features.gen.hpp"
+#include "runtime/cpu_features.hpp"
+
 namespace kt {
 
 namespace {
 std::mutex linked_mutex;
+
 std::string& linked_path() {
   static std::string path;
   return path;
 }
 }  // namespace
+
+// Under KTFORGE_DISABLE_CPU_FEATURES AOCL's own dispatch must not run what the mask hides: its
+// code path is capped (AOCL_ENABLE_INSTRUCTIONS, read when the library initialises, at its first
+// call; a value the user set is kept). AOCL has no path between AVX2 and AVX-512 to cap at.
+void Aocl::follow_cpu_mask() {
+  const char* cap = nullptr;
+  for (const auto& f : disabled_cpu_features()) {
+    if (!cpu_feature_disabled(f)) continue;  // the CPU lacks it anyway
+    if (generated::os_state_of(f) == generated::OsState::avx512 && !cap) cap = "AVX2";
+    if (f == "avx2" || f == "fma" || f == "f16c") cap = "GENERIC";
+  }
+  if (cap) setenv("AOCL_ENABLE_INSTRUCTIONS", cap, 0);
+}
 
 void Aocl::set_linked_library(const std::string& path) {
   std::lock_guard<std::mutex> lock(linked_mutex);
@@ -85,6 +104,7 @@ const Aocl& Aocl::load(const std::string& path) {
   static std::map<std::string, std::unique_ptr<Aocl>> loaded;
   std::lock_guard<std::mutex> lock(mutex);
   if (auto found = loaded.find(path); found != loaded.end()) return *found->second;
+  follow_cpu_mask();
   // dlopen reads whatever it is given: a FIFO would block forever, a device read without end.
   // A path is absolute and a regular file; a bare name is the loader's to find (never the
   // working directory); a relative path would be the working directory's.

@@ -18,6 +18,9 @@ class Aocl {
   // compiled with the build's KTFORGE_BLIS_LIBRARY), read by the layers; "" when none.
   static void set_linked_library(const std::string& path);
   static std::string linked_library();
+  // Caps AOCL's own code path to what KTFORGE_DISABLE_CPU_FEATURES leaves (the module calls it
+  // at import, before any AOCL call: a linked library initialises at its first one).
+  static void follow_cpu_mask();
 
   // A small GEMM with a known answer through the entry point `m` uses (once per library and
   // method); throws std::invalid_argument when AOCL computes it wrong on this CPU (its integer
