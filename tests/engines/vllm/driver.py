@@ -117,6 +117,12 @@ def save_tokenizer(out: Path) -> int:
     return len(fast)
 
 
+def first_margin(step: dict[int, Any]) -> float:
+    """The top two log-probabilities of a generated step (vLLM's ``logprobs=2``) apart."""
+    top = sorted((entry.logprob for entry in step.values()), reverse=True)
+    return float(top[0] - top[1])
+
+
 def batch(listing: str) -> None:
     """The offline runs a JSON file lists (name, model, LLM arguments), one after another in this
     process: each begins with RUN_MARKER and its name, and ends with its RESULT (its name under
@@ -141,7 +147,8 @@ def batch(listing: str) -> None:
         llm = None
         try:
             llm = LLM(model=run["model"], max_model_len=256, max_num_seqs=8, max_num_batched_tokens=256, **arguments)
-            outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS, prompt_logprobs=0))
+            sampling = SamplingParams(temperature=0, max_tokens=TOKENS, prompt_logprobs=0, logprobs=2)
+            outputs = llm.generate(PROMPTS, sampling)
             # each prompt token's log-probability given the ones before it: the model's numbers, teacher-forced
             prompt_logprobs = [
                 [step[token].logprob for step, token in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:], strict=True)]
@@ -152,6 +159,8 @@ def batch(listing: str) -> None:
                     "run": run["name"],
                     "tokens": [o.outputs[0].token_ids for o in outputs],
                     "prompt_logprobs": prompt_logprobs,
+                    # how clear each prompt's first greedy choice is: its top two log-probabilities apart
+                    "first_margins": [first_margin(o.outputs[0].logprobs[0]) for o in outputs],
                     "layers": llm.apply_model(moe_state),
                 }
             )

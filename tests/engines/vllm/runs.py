@@ -285,4 +285,15 @@ def close_to(
     assert gap < within * moved, (
         f"{gap:.3f} from the release's values, over {within} of the {moved:.3f} quantizing moved"
     )
-    assert [t[0] for t in run["tokens"]] == [t[0] for t in target["tokens"]]
+    same_first_tokens(run, target)
+
+
+def same_first_tokens(run: dict[str, Any], reference: dict[str, Any]) -> None:
+    """Each prompt's first greedy token is the reference's wherever the reference's choice is clear:
+    its top two apart by more than twice the run's largest log-probability difference from it (each
+    may move by that much, in opposite directions). Closer than that it is a near tie, which the
+    run's rounding may turn (gpt-oss's MXFP4 over two ranks on a Zen 3: 14 or 147 on one prompt)."""
+    gap = logprob_gap(run, reference)
+    pairs = zip(run["tokens"], reference["tokens"], reference["first_margins"], strict=True)
+    turned = [(mine[0], theirs[0], margin) for mine, theirs, margin in pairs if mine[0] != theirs[0]]
+    assert all(margin < 2 * gap for _, _, margin in turned), (turned, gap)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from tests.engines.vllm.environment import drive
-from tests.engines.vllm.runs import Runs, logprob_gap, on_ktforge, on_vllm
+from tests.engines.vllm.runs import Runs, logprob_gap, on_ktforge, on_vllm, same_first_tokens
 
 
 def test_plugin_entry_point_never_breaks_vllm() -> None:
@@ -40,7 +40,12 @@ def test_tensor_and_expert_parallel_over_two_ranks(vllm: Runs) -> None:
     on_ktforge(tp, "bf16")
     # each rank's pool one thread, on a core of its own (the cores vLLM gives the two ranks)
     assert len(set(re.findall(r" 1 threads on CPUs (\d+),", tp["log"]))) == 2
-    assert tp["tokens"] == theirs["tokens"]
+    # the same first tokens, and no further from vLLM's TP than two runs each as far from the
+    # model as vLLM's TP is from its single rank can be (on a Zen 4 the same text to the end; on
+    # a Zen 3, whose vLLM kernels round otherwise, its own TP is 0.28 from one rank and ours 0.16
+    # from its TP, the greedy text parting after a near tie)
+    same_first_tokens(tp, theirs)
+    assert logprob_gap(tp, theirs) < max(0.1, 2 * logprob_gap(theirs, single))
     # expert parallel: each rank holds half the experts; vLLM's own CPU kernels ignore expert_map.
     # Each token's experts are summed on two ranks, then all-reduced: a rounding of its own, no
     # further from vLLM's TP than that is from one rank (0.14 against 0.30 on a Zen 4); a wrong
@@ -48,7 +53,7 @@ def test_tensor_and_expert_parallel_over_two_ranks(vllm: Runs) -> None:
     ep = vllm["bf16 ep"]
     on_ktforge(ep, "bf16")
     assert "4 experts of 256 x 256" in ep["log"]
-    assert [t[0] for t in ep["tokens"]] == [t[0] for t in theirs["tokens"]]
+    same_first_tokens(ep, theirs)
     assert logprob_gap(ep, theirs) < max(logprob_gap(theirs, single), 0.1)
 
 
@@ -57,7 +62,7 @@ def test_online_int4_from_a_bf16_checkpoint(vllm: Runs) -> None:
     int4 = vllm["bf16 as online int4"]
     on_ktforge(int4, "int4", group=64)
     # logits of a few tens: int4's error (~0.2 of a weight's scale) does not move the first choice
-    assert [t[0] for t in int4["tokens"]] == [t[0] for t in vllm["bf16 on vllm eager"]["tokens"]]
+    same_first_tokens(int4, vllm["bf16 on vllm eager"])
 
 
 def test_openai_server_without_amx(vllm: Runs) -> None:
@@ -65,8 +70,11 @@ def test_openai_server_without_amx(vllm: Runs) -> None:
     reply = vllm["bf16 served without amx"]
     on_ktforge(reply, "bf16")
     # bf16 both, compiled both: the sums' order alone differs (and vLLM's attention kernels,
-    # which take AMX where the reference has it), so greedy text may part after a near tie
+    # which take AMX where the reference has it), so greedy text may part after a near tie. The
+    # bound is vLLM's own spread on this host: its compiled and eager runs of the model (under
+    # 0.1 apart on a Zen 4; 0.28 on a Zen 3, where ours is 0.31 from its compiled one), and two
+    # runs each within that of the model are at most twice it apart
     reference = vllm["bf16 on vllm"]
-    assert [t[0] for t in reply["tokens"]] == [t[0] for t in reference["tokens"]]
-    gap = logprob_gap(reply, reference)
-    assert gap < 0.1, f"{gap:.3f} from vLLM's own compiled bf16"
+    same_first_tokens(reply, reference)
+    gap, spread = logprob_gap(reply, reference), logprob_gap(reference, vllm["bf16 on vllm eager"])
+    assert gap < max(0.1, 2 * spread), f"{gap:.3f} from vLLM's own compiled bf16 (its own spread {spread:.3f})"
