@@ -108,28 +108,20 @@ def test_a_mask_never_adds_what_the_cpu_lacks() -> None:
         assert "disabled by" not in text, (name, text)
 
 
+def mask_finding(environ: dict[str, str]) -> dict[str, Any]:
+    """kt doctor's cpu.mask finding, run in ``environ``."""
+    command = [sys.executable, "-m", "ktforge", "doctor", "--json", "--check", "cpu.mask"]
+    done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=300)
+    findings: list[dict[str, Any]] = [c for c in json.loads(done.stdout)["checks"] if c["id"] == "cpu.mask"]
+    [finding] = findings
+    return finding
+
+
 def test_the_doctor_says_a_mask_is_in_force() -> None:
-    env = {**os.environ, mask.VARIABLE: "avx2"}
-    done = subprocess.run(
-        [sys.executable, "-m", "ktforge", "doctor", "--json", "--check", "cpu.mask"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    document = json.loads(done.stdout)
-    [finding] = [c for c in document["checks"] if c["id"] == "cpu.mask"]
+    finding = mask_finding({**os.environ, mask.VARIABLE: "avx2"})
     assert finding["status"] == "warn" and "avx2 disabled" in finding["finding"]
     assert "unset KTFORGE_DISABLE_CPU_FEATURES" in finding["commands"]
-    done = subprocess.run(
-        [sys.executable, "-m", "ktforge", "doctor", "--json", "--check", "cpu.mask"],
-        env={k: v for k, v in os.environ.items() if k != mask.VARIABLE},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    [finding] = [c for c in json.loads(done.stdout)["checks"] if c["id"] == "cpu.mask"]
-    assert finding["status"] == "ok"
+    assert mask_finding({k: v for k, v in os.environ.items() if k != mask.VARIABLE})["status"] == "ok"
 
 
 @pytest.mark.parametrize("hidden", ["avx2", "avx512f", ""])
