@@ -66,14 +66,28 @@ def runnable_backends() -> list[str]:
 
 def tested_backends() -> list[str]:
     """The backends the kernel tests run, best first: every one this CPU runs; under a CPU-feature
-    mask (scripts/masked_tests.py, after the full suite ran them all) those the mask changes: the
-    level 'auto' now runs and the tile model (its SIMD half follows the mask). The tests that hold
-    backends to the reference backend's output compute it themselves."""
+    mask (scripts/masked_tests.py, after the full suite ran every backend of the installed build)
+    those whose code the mask changes: the level 'auto' now runs unless the full suite ran that
+    same code (a portable build's levels are new), and the tile model where its SIMD half is another
+    level than without the mask; none where the mask changes neither (every test that runs the
+    level 'auto' still runs). The tests that hold backends to the reference backend's output
+    compute it themselves."""
     runnable = runnable_backends()
     if not disabled_features():
         return runnable
-    changed = {ktforge.build_info()["selection"]["auto"], "amx-model"}
-    return [b for b in runnable if b in changed]
+    whole = set(unmasked_report()["cpu"]["usable_features"] or ())
+    before = [b["name"] for b in build_backends() if set(b["required_cpu_features"]) <= whole]
+    ran = set() if portable_build() else set(before)
+    auto = ktforge.build_info()["selection"]["auto"]
+    new = {auto} - ran
+    if "amx-model" in runnable and _simd_half(runnable) != _simd_half(before):
+        new.add("amx-model")
+    return [b for b in runnable if b in new]
+
+
+def _simd_half(runnable: list[str]) -> str | None:
+    """The level the tile backends hand their non-tile work to: the best SIMD one that runs."""
+    return next((b for b in runnable if b not in ("amx", "amx-model", backends.ALWAYS)), None)
 
 
 def backends_the_report_allows() -> set[str]:

@@ -77,6 +77,7 @@ def test_act_order_runs_exactly_on_every_backend(tmp_path: Path, group: int) -> 
             got = moe.forward(x, ids, w)
             want = int8_activations_reference(x, ids, w, *dense.values(), block=group, orders=orders)
             assert int8_layer_error(got, want) < BOUND, (backend, T)
+    moe = ktforge.MoE.from_pretrained(tmp_path, layer=1)
     moe.load_input_order()  # x's own order: no longer the layer the file holds
     x, ids, w = inputs(9, E, k, H)
     assert rel_err(moe.forward(x, ids, w), int8_activations_reference(x, ids, w, *dense.values(), block=group)) > 0.1

@@ -115,6 +115,7 @@ def test_what_int4_cannot_hold_runs_as_int4z(tmp_path: Path, scale_dtype: str, s
     with Checkpoint(tmp_path) as checkpoint:
         file_bytes = sum(checkpoint.source_bytes(1, e, p) for e in range(E) for p in PROJECTIONS)
     # float32 scales and a byte a zero point: 5 bytes a group of 32 against the file's 2 or 4 (+ 0.5)
+    moe = ktforge.MoE.from_pretrained(tmp_path, layer=1)
     assert moe.info["packed_bytes"] / file_bytes < 1.2
     int4 = ktforge.MoE.from_pretrained(tmp_path, layer=1, method="int4", group_size=32)  # asked for: re-quantized
     x, ids, w = inputs(5, E, k, H)
