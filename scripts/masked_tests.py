@@ -55,12 +55,10 @@ def _selection(env: dict[str, str]) -> dict[str, object]:
 def _portable_env(env: dict[str, str]) -> dict[str, str]:
     """env with a portable build first on the import path (built once)."""
     if not (PORTABLE / "ktforge").is_dir():
-        dist = ROOT / "dist"
-        before = set(dist.glob("ktforge-*.whl"))
         subprocess.run([sys.executable, "-m", "ktforge", "build", "--portable", "--source", str(ROOT)], check=True)
-        wheels = sorted(set(dist.glob("ktforge-*.whl")) - before or dist.glob("ktforge-*.whl"), key=os.path.getmtime)
+        wheel = max((ROOT / "dist").glob("ktforge-*.whl"), key=os.path.getmtime)  # the one just made
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(PORTABLE), str(wheels[-1])],
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(PORTABLE), str(wheel)],
             check=True,
         )
     return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(PORTABLE), env.get("PYTHONPATH")]))}
