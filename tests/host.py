@@ -80,13 +80,14 @@ def tested_backends() -> list[str]:
     ran = set() if portable_build() else set(before)
     auto = ktforge.build_info()["selection"]["auto"]
     new = {auto} - ran
-    if "amx-model" in runnable and _simd_half(runnable) != _simd_half(before):
+    if "amx-model" in runnable and simd_half(runnable) != simd_half(before):
         new.add("amx-model")
     return [b for b in runnable if b in new]
 
 
-def _simd_half(runnable: list[str]) -> str | None:
-    """The level the tile backends hand their non-tile work to: the best SIMD one that runs."""
+def simd_half(runnable: list[str]) -> str | None:
+    """The level the tile backends hand their non-tile work to among ``runnable`` (best first):
+    the best SIMD one, as their kernels choose it."""
     return next((b for b in runnable if b not in ("amx", "amx-model", backends.ALWAYS)), None)
 
 
