@@ -280,6 +280,8 @@ def _memory(ev: Evidence) -> MemorySection | None:
 
 def _numa(ev: Evidence) -> NumaSection | None:
     system = ev.system
+    if system is not None and "topology" in system:
+        return system["topology"]
     if system is not None:
         return {
             "nodes": {str(k): v for k, v in (system["numa_nodes"] or {}).items()},

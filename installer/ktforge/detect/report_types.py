@@ -87,6 +87,7 @@ class SystemFacts(TypedDict):
     meminfo: str | None
     thp: str | None
     hypervisor_type: str | None
+    topology: NotRequired[NumaSection]
 
 
 class Compiler(TypedDict):
@@ -259,10 +260,28 @@ class OsSection(TypedDict):
     distribution: dict[str, str] | None
 
 
+class NumaNodeJson(TypedDict):
+    cpus: list[int]
+    usable_cpus: list[int]
+    memory_bytes: int | None
+    distances: dict[str, int]
+
+
 class NumaSection(TypedDict):
+    """ktforge.detect.topology's Topology: the nodes' CPUs (``nodes``), and where the live reader
+    or a numactl dump gave them, each node's detail and the process's limits and policy."""
+
     nodes: dict[str, list[int]]
     online_cpus: list[int] | None
     affinity: list[int] | None
+    detail: NotRequired[dict[str, NumaNodeJson]]
+    memory_nodes: NotRequired[list[int] | None]
+    memory_policy: NotRequired[str | None]
+    policy_nodes: NotRequired[list[int]]
+    numa_balancing: NotRequired[int | None]
+    sockets: NotRequired[list[list[int]]]
+    mode: NotRequired[str]
+    source: NotRequired[str]
 
 
 class MemorySection(TypedDict):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 from pathlib import Path
 
-from ktforge.detect.dumps import parse_cpu_list
+from ktforge.detect import topology
 from ktforge.detect.report_types import SystemFacts
 
 
@@ -29,33 +28,21 @@ def os_release() -> dict[str, str]:
     }
 
 
-def numa_nodes() -> dict[str, list[int]]:
-    nodes: dict[str, list[int]] = {}
-    for node in sorted(Path("/sys/devices/system/node").glob("node[0-9]*")):
-        cpulist = _read(str(node / "cpulist"))
-        if cpulist is not None:
-            nodes[node.name.removeprefix("node")] = parse_cpu_list(cpulist.strip())
-    return nodes
-
-
 def collect() -> SystemFacts:
     """Raw OS facts, JSON-ready (the report interprets them)."""
-    online = _read("/sys/devices/system/cpu/online")
-    try:
-        affinity: list[int] | None = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
+    numa = topology.read_live().to_json()
     return {
         "system": platform.system(),
         "machine": platform.machine(),
         "kernel_release": platform.release(),
         "os_release": os_release() if platform.system() == "Linux" else None,
-        "numa_nodes": numa_nodes(),
-        "online_cpus": parse_cpu_list(online.strip()) if online else None,
-        "affinity": affinity,
+        "numa_nodes": numa["nodes"],
+        "online_cpus": numa["online_cpus"],
+        "affinity": numa["affinity"],
         "meminfo": _read("/proc/meminfo"),
         "thp": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
         "hypervisor_type": (_read("/sys/hypervisor/type") or "").strip() or None,
+        "topology": numa,
     }
 
 

@@ -8,7 +8,7 @@ order ``kt doctor`` prints them; the CLI only parses options and prints.
 
 from __future__ import annotations
 
-from ktforge.doctor import blis, cpu, system, toolchain  # noqa: F401  (each registers its checks)
+from ktforge.doctor import blis, cpu, numa, system, toolchain  # noqa: F401  (each registers its checks)
 from ktforge.doctor.findings import (
     STATUSES,
     Finding,

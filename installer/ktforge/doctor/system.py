@@ -11,31 +11,6 @@ from ktforge.doctor.findings import Finding, Say, check
 # --- system -------------------------------------------------------------------------------
 
 
-@check("system.numa", "system", "NUMA nodes and CPUs")
-def _numa(r: Assessment, say: Say) -> Finding:
-    numa = r["numa"]
-    if numa is None:
-        return say("unknown", "NUMA layout is not in the evidence")
-    nodes = numa["nodes"]
-    if not nodes:
-        return say("info", "no NUMA information (sysfs node directory absent)")
-    text = "; ".join(f"node {n}: {len(c)} CPUs" for n, c in sorted(nodes.items(), key=lambda x: int(x[0])))
-    empty = [n for n, c in nodes.items() if not c]
-    affinity, online = numa.get("affinity"), numa.get("online_cpus")
-    if affinity is not None and online is not None and len(affinity) < len(online):
-        text += f"; this process may use {len(affinity)} of {len(online)} online CPUs"
-    if empty:
-        return say("info", text + f"; node(s) {', '.join(empty)} have memory but no CPUs (CXL/HBM)")
-    if len(nodes) > 1:
-        return say(
-            "info",
-            text + ": bind one ktforge pool per node for full bandwidth",
-            "",
-            "numactl --hardware",
-        )
-    return say("ok", text)
-
-
 @check("system.memory", "system", "memory and huge pages")
 def _memory(r: Assessment, say: Say) -> Finding:
     mem = r["memory"]
