@@ -6,7 +6,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["MoE", "__version__", "build_info"]
+__all__ = ["MoE", "NumaShare", "__version__", "build_info"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,4 +15,8 @@ def __getattr__(name: str) -> Any:
         from ktforge.kernels import moe
 
         return getattr(moe, name)
+    if name == "NumaShare":
+        from ktforge.kernels.numa import NumaShare
+
+        return NumaShare
     raise AttributeError(f"module 'ktforge' has no attribute {name!r}")

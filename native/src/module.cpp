@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,7 +28,9 @@
 #include "kernels/scalar.hpp"
 #include "moe/layer.hpp"
 #include "python/arrays.hpp"
+#include "python/measure.hpp"
 #include "python/quantize.hpp"
+#include "runtime/numa_memory.hpp"
 #include "runtime/aligned.hpp"
 #include "runtime/amx_permission.hpp"
 #include "runtime/cpu_features.hpp"
@@ -77,12 +80,18 @@ class PyMoE {
   // down_method "": down in gate and up's format
   PyMoE(int experts, int top_k, int hidden, int intermediate, const std::string& method, int group,
         const std::string& backend, int threads, float alpha, float limit, float up_offset,
-        const std::string& down_method, int down_group)
+        const std::string& down_method, int down_group, const std::vector<std::pair<std::vector<int>, int>>& shares)
       : layer_(MoeConfig{experts, top_k, hidden, intermediate, parse_method(method), group,
                          GateActivation{alpha, limit, up_offset},
                          parse_method(down_method.empty() ? method : down_method),
                          down_method.empty() ? group : down_group},
-               backend, threads) {}
+               backend, threads, node_shares(shares)) {}
+
+  static std::vector<NodeShare> node_shares(const std::vector<std::pair<std::vector<int>, int>>& shares) {
+    std::vector<NodeShare> out;
+    for (const auto& [cpus, node] : shares) out.push_back(NodeShare{cpus, node});
+    return out;
+  }
 
   // int8 activations with one scale a token, or a scale per block of K (activation_block)
   void set_token_scales(bool on) {
@@ -346,9 +355,11 @@ class PyMoE {
     std::size_t packed = 0;
     bool loaded = false, huge_pages = false;
     std::vector<int> min_rows;
+    std::vector<ShareFacts> share_facts;
     {  // what a concurrent load changes
       py::gil_scoped_release release;
       auto lock = layer_.lock_calls();
+      share_facts = layer_.share_facts();
       packed = layer_.packed_bytes();
       loaded = layer_.loaded();
       huge_pages = layer_.weights_huge_pages();
@@ -375,6 +386,21 @@ class PyMoE {
         d["kernel"] = providers.back()->describe() + " (" + lib->elsewhere + ")";
     }
     d["threads"] = layer_.threads();
+    py::list shares;  // MoE(numa=...)'s node shares: what each holds, and where its pages are
+    for (const ShareFacts& f : share_facts) {
+      py::dict share;
+      share["node"] = f.node;
+      share["threads"] = f.threads;
+      share["intermediate_columns"] = f.gate_up_columns;
+      share["hidden_columns"] = f.down_columns;
+      share["bytes"] = f.bytes;
+      share["node_requested"] = f.preferred;
+      share["policy_mode"] = f.policy;
+      share["pages_sampled"] = f.pages_sampled;
+      share["pages_on_node"] = f.pages_on_node;
+      shares.append(share);
+    }
+    d["numa_shares"] = shares;
     d["pool_layers"] = layer_.pool_layers();  // layers sharing one set of worker threads
     d["packed_bytes"] = packed;
     d["loaded"] = loaded;
@@ -445,51 +471,6 @@ static void use_blis_library(const std::string& path) {
   Aocl::set_linked_library(path);
 }
 
-static double measure_peak(const std::string& backend, const std::string& kind, int threads, int64_t iterations) {
-  const KernelTable* t = select_backend(backend);
-  const int k = kind == "fp32_fma"   ? 0
-                : kind == "bf16_dot" ? 1
-                : kind == "int8_dot" ? 2
-                : kind == "int4_dot" ? 3
-                                     : -1;
-  if (k < 0) throw std::invalid_argument("kind must be fp32_fma, bf16_dot, int8_dot or int4_dot");
-  py::gil_scoped_release release;
-  ThreadPool pool(threads);
-  std::vector<double> ops(threads, 0);
-  auto start = std::chrono::steady_clock::now();
-  pool.parallel_for(threads, [&](int64_t task, int) { ops[task] = t->peak_ops(k, iterations); });
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  double total = 0;
-  for (double o : ops) total += o;
-  return total / seconds;  // operations per second (0: no such instruction)
-}
-
-static double measure_read_bandwidth(const std::string& backend, int threads, std::size_t bytes, int repeats) {
-  const KernelTable* t = select_backend(backend);
-  py::gil_scoped_release release;
-  // as the layer's weights are stored; kept for the next call (kt bench measures after
-  // every round of a case: allocating and filling each time would cost more than the pass)
-  static std::mutex cache_mutex;
-  static HugePageBuffer cached;
-  std::lock_guard<std::mutex> cache_lock(cache_mutex);
-  if (cached.size() != bytes) {
-    cached = HugePageBuffer();  // the old one goes first: never both in memory
-    cached = HugePageBuffer(bytes);
-    std::fill(cached.data(), cached.data() + bytes, uint8_t{1});
-  }
-  const HugePageBuffer& buffer = cached;
-  ThreadPool pool(threads);
-  const std::size_t share = bytes / threads / 256 * 256;
-  std::atomic<uint64_t> sink{0};
-  double best = 0;
-  for (int r = 0; r < repeats; ++r) {
-    auto start = std::chrono::steady_clock::now();
-    pool.parallel_for(threads, [&](int64_t task, int) { sink += t->read_stream(buffer.data() + task * share, share); });
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, static_cast<double>(share * threads) / seconds);
-  }
-  return best;  // bytes per second, best of `repeats`
-}
 
 static std::pair<std::vector<int64_t>, std::vector<int64_t>> thread_pool_selftest(int threads, int tasks) {
   // Each thread's first task waits at a rendezvous: it is only reached if every thread
@@ -563,6 +544,9 @@ PYBIND11_MODULE(_native, m) {
       &measure_read_bandwidth,
       py::arg("backend"), py::arg("threads"), py::arg("bytes"), py::arg("repeats"),
       "Read bandwidth of a buffer of `bytes` (larger than the caches: memory), best of repeats.");
+  m.def("measure_node_read_bandwidth", &measure_node_read_bandwidth, py::arg("backend"), py::arg("cpus"),
+        py::arg("memory_node"), py::arg("bytes"), py::arg("repeats"),
+        "Read bandwidth of threads on `cpus` from a buffer on `memory_node`, best of repeats.");
   m.def(
       "thread_pool_selftest",
       &thread_pool_selftest,
@@ -573,11 +557,12 @@ PYBIND11_MODULE(_native, m) {
         py::arg("block_cols"));
   py::class_<PyMoE>(m, "MoELayer")
       .def(py::init<int, int, int, int, const std::string&, int, const std::string&, int, float, float, float,
-                    const std::string&, int>(),
+                    const std::string&, int, const std::vector<std::pair<std::vector<int>, int>>&>(),
            py::arg("num_experts"), py::arg("top_k"), py::arg("hidden_size"), py::arg("intermediate_size"),
            py::arg("method"), py::arg("group_size"), py::arg("backend"), py::arg("threads"), py::arg("swiglu_alpha") = 1.f,
            py::arg("swiglu_limit") = __builtin_inff(), py::arg("up_offset") = 0.f, py::arg("down_method") = "",
-           py::arg("down_group_size") = 128)
+           py::arg("down_group_size") = 128,
+           py::arg("numa_shares") = std::vector<std::pair<std::vector<int>, int>>{})
       .def("load_biases", &PyMoE::load_biases, py::arg("gate"), py::arg("up"), py::arg("down"))
       .def("load_input_order", &PyMoE::load_input_order, py::arg("order"))
       .def("set_token_scales", &PyMoE::set_token_scales, py::arg("on"))

@@ -25,8 +25,10 @@ from ktforge import formats
 from ktforge.builder import backends as backends_table
 from ktforge.checkpoints.safetensors_io import DTYPES as _SAFETENSORS_NUMPY
 from ktforge.formats.quantize import METHODS, Quantized
+from ktforge.kernels import numa as numa_shares
 from ktforge.kernels.guard import import_guard
 from ktforge.kernels.memory import check_layer_fits
+from ktforge.kernels.numa import NumaSpec
 
 if TYPE_CHECKING:
     from ktforge.checkpoints.gguf import Routing
@@ -118,6 +120,11 @@ class MoE:
             llama.cpp's or finer) or "per-token" (one scale a token: less accurate where a few
             channels are large, and the group-32 formats' prefill a few percent faster on
             AVX-512, per-row int8's about 15%; docs/kernels.md, "Activations").
+        numa: "auto" (one worker pool a NUMA node with CPUs this process may use, where there
+            are two or more, each node's columns of every expert in its own memory; else one
+            pool), "off" (one pool), a list of node ids, or a list of
+            :class:`ktforge.NumaShare` (CPUs and a memory node each). Results are the same to
+            the bit whatever the split (docs/numa.md).
     """
 
     def __init__(
@@ -137,6 +144,7 @@ class MoE:
         down_method: str | None = None,
         down_group_size: int | None = None,
         activations: str = "per-block",
+        numa: NumaSpec = "auto",
     ) -> None:
         import ktforge._native as _native
 
@@ -177,6 +185,7 @@ class MoE:
         backend = _SELECTED_BACKEND if backend == "auto" and _SELECTED_BACKEND else backend
         if backend in _LIBRARY_BACKENDS:
             _find_blis_library()
+        self.numa = numa_shares.resolve(numa, threads)
         self._layer = _native.MoELayer(
             self.num_experts,
             self.top_k,
@@ -191,6 +200,7 @@ class MoE:
             float(up_offset),
             down_method or "",
             int(down_group),
+            [(list(share.cpus), share.node) for share in self.numa],
         )
         self._loaded = False
         self._set_activations(activations)
@@ -205,6 +215,7 @@ class MoE:
         method: str | None = None,
         backend: str = "auto",
         threads: int | None = None,
+        numa: NumaSpec = "auto",
         group_size: int | None = None,
         input_type: str = "auto",
         verify: bool = True,
@@ -222,7 +233,8 @@ class MoE:
         what no format holds exactly raises ValueError saying so), others as bf16. ``layer`` is
         the model's layer index. ``activation``: the gated activation (``swiglu_alpha``,
         ``swiglu_limit``, ``up_offset``, as for the constructor), SwiGLU by default.
-        ``activations``: "per-block" or "per-token", as for the constructor.
+        ``activations``: "per-block" or "per-token", and ``numa``, as for the constructor: a file
+        does not depend on the node count, the split happens here.
         """
         from ktforge.checkpoints import convert, gguf
 
@@ -230,11 +242,11 @@ class MoE:
         directory = Path(path)
         gating = activation or {}
         if gguf.is_gguf(directory):
-            moe = cls._from_gguf(directory, layer, method, backend, threads, group_size, gating)
+            moe = cls._from_gguf(directory, layer, method, backend, threads, numa, group_size, gating)
         elif (directory / convert.MANIFEST).is_file() or (directory / convert.STATE).is_file():
-            moe = cls._from_conversion(directory, layer, method, backend, threads, group_size, verify, gating)
+            moe = cls._from_conversion(directory, layer, method, backend, threads, numa, group_size, verify, gating)
         else:
-            moe = cls._from_checkpoint(directory, layer, method, backend, threads, group_size, input_type, gating)
+            moe = cls._from_checkpoint(directory, layer, method, backend, threads, numa, group_size, input_type, gating)
         moe._set_activations(activations)
         return moe
 
@@ -254,6 +266,7 @@ class MoE:
         method: str | None,
         backend: str,
         threads: int | None,
+        numa: NumaSpec,
         group_size: int | None,
         activation: dict[str, Any],
     ) -> MoE:
@@ -273,6 +286,7 @@ class MoE:
                 method=stored,
                 backend=backend,
                 threads=threads,
+                numa=numa,
                 group_size=group,
                 **(activation or checkpoint.activation()),
                 down_method=down_stored,
@@ -293,6 +307,7 @@ class MoE:
         method: str | None,
         backend: str,
         threads: int | None,
+        numa: NumaSpec,
         group_size: int | None,
         verify: bool,
         activation: dict[str, Any],
@@ -316,6 +331,7 @@ class MoE:
             method=manifest["method"],
             backend=backend,
             threads=threads,
+            numa=numa,
             group_size=stored_group,
             **activation,
         )
@@ -330,6 +346,7 @@ class MoE:
         method: str | None,
         backend: str,
         threads: int | None,
+        numa: NumaSpec,
         group_size: int | None,
         input_type: str,
         activation: dict[str, Any],
@@ -359,6 +376,7 @@ class MoE:
                 method=method,
                 backend=backend,
                 threads=threads,
+                numa=numa,
                 group_size=group,
                 **activation,
             )
@@ -399,8 +417,11 @@ class MoE:
 
     @property
     def info(self) -> dict[str, Any]:
-        """Which backend, kernel and ISA run, threads, packed weight bytes."""
-        return dict(self._layer.info())
+        """Which backend, kernel and ISA run, threads, packed weight bytes, NUMA shares."""
+        info = dict(self._layer.info())
+        for share, facts in zip(self.numa, info["numa_shares"], strict=True):
+            facts["cpus"] = list(share.cpus)
+        return info
 
     def load_weights(self, gate: Any, up: Any, down: Any, *, copy: bool = False) -> None:
         """gate, up: [E, I, H]; down: [E, H, I]; float32 or bfloat16, all the same dtype."""

@@ -170,11 +170,11 @@ template <typename T, int Step>
 std::vector<T> unpack_transposed(const PackedMatrix& w) {
   const int N = w.Np, K = w.Kp;
   std::vector<T> b(static_cast<std::size_t>(K) * N);
-  const auto* packed = reinterpret_cast<const T*>(w.values);
-  for (int n = 0; n < N; ++n)
+  for (int n = 0; n < N; ++n) {
+    const auto* panel = reinterpret_cast<const T*>(w.block(n / 16));  // a NUMA share's blocks lie apart
     for (int k = 0; k < K; ++k)
-      b[static_cast<std::size_t>(k) * N + n] =
-          packed[((static_cast<int64_t>(n / 16) * (K / Step) + k / Step) * 16 + n % 16) * Step + k % Step];
+      b[static_cast<std::size_t>(k) * N + n] = panel[((k / Step) * 16 + n % 16) * Step + k % Step];
+  }
   return b;
 }
 

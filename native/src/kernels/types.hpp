@@ -315,6 +315,9 @@ struct PackedMatrix {
   // huge-page buffer). Not copyable: `values` may point into `owned`.
   uint8_t* values = nullptr;
   aligned_vector<uint8_t> owned;
+  // Where a layer's NUMA shares hold the matrix's blocks in their nodes' memory: block b at
+  // block_at[b]; empty: every block in `values`, one after another. Kernels read blocks with block().
+  std::vector<const uint8_t*> block_at;
   // int8, fp8: scale[n].
   aligned_vector<float> scale;
   // int4, int8g: bf16 group_scale[block][group][16] (16 consecutive columns per group; int8h:
@@ -347,7 +350,7 @@ struct PackedMatrix {
   int groups() const { return group ? Kp / group : 0; }
   std::size_t block_bytes() const { return block_bytes(element, Kp); }
   std::size_t value_bytes() const { return static_cast<std::size_t>(blocks()) * block_bytes(); }
-  const uint8_t* block(int b) const { return values + b * block_bytes(); }
+  const uint8_t* block(int b) const { return block_at.empty() ? values + b * block_bytes() : block_at[b]; }
   const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
   int colsum_blocks() const { return Kp / activation_block(element, group, Kp); }
   const int16_t* block_colsums(int b) const { return colsum.data() + static_cast<std::size_t>(b) * colsum_blocks() * 16; }

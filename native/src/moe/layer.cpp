@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <chrono>
 #include <numeric>
@@ -11,8 +12,17 @@
 
 #include "kernels/registry.hpp"
 #include "kernels/scalar.hpp"
+#include "runtime/numa_memory.hpp"
 
 namespace kt {
+
+// One unit of a parallel phase: rows [r0, r1) of an expert's sorted positions and output
+// columns [n0, n1), computed by providers_[provider].
+struct Task {
+  int expert, provider, n0, n1;
+  int64_t r0, r1;
+};
+
 namespace {
 
 // Task shapes. A gate/up task covers kGateUpCols packed columns: 6 pairs of a 16-column gate
@@ -26,21 +36,49 @@ constexpr int kRowChunk = 192;
 static_assert(kGateUpCols % 32 == 0, "a gate/up task holds whole gate+up block pairs: silu(gate) * up pairs them");
 static_assert(kDownCols % 16 == 0, "a down task holds whole 16-column panel blocks");
 
-// One unit of a parallel phase: rows [r0, r1) of an expert's sorted positions and output
-// columns [n0, n1), computed by providers_[provider].
-struct Task {
-  int expert, provider, n0, n1;
-  int64_t r0, r1;
-};
 
 // An expert's tasks: row chunks, each split into column slices of `cols` unless its
 // provider computes whole experts.
-void add_tasks(std::vector<Task>& tasks, int expert, int provider, bool whole, int64_t begin, int64_t end, int N,
-               int cols) {
-  const int step = whole ? N : cols;
+// Columns [n_begin, n_end): a NUMA share's, or all of them.
+void add_tasks(std::vector<Task>& tasks, int expert, int provider, bool whole, int64_t begin, int64_t end,
+               int n_begin, int n_end, int cols) {
+  const int step = whole ? n_end - n_begin : cols;
   for (int64_t r0 = begin; r0 < end; r0 += kRowChunk)
-    for (int n0 = 0; n0 < N; n0 += step)
-      tasks.push_back({expert, provider, n0, std::min(N, n0 + step), r0, std::min(end, r0 + kRowChunk)});
+    for (int n0 = n_begin; n0 < n_end; n0 += step)
+      tasks.push_back({expert, provider, n0, std::min(n_end, n0 + step), r0, std::min(end, r0 + kRowChunk)});
+}
+
+// `units` split over the shares in proportion to their threads: share g's [split[g], split[g + 1]).
+std::vector<int> split_units(int units, const std::vector<NodeShare>& shares) {
+  int64_t total = 0;
+  for (const auto& share : shares) total += static_cast<int64_t>(share.cpus.size());
+  std::vector<int> split{0};
+  int64_t before = 0;
+  for (const auto& share : shares) {
+    before += static_cast<int64_t>(share.cpus.size());
+    split.push_back(static_cast<int>(units * before / total));
+  }
+  return split;
+}
+
+// The pool's groups: each share's CPUs, or one group of `threads` unpinned threads.
+std::vector<std::vector<int>> pool_groups(const std::vector<NodeShare>& shares, int threads) {
+  if (shares.empty()) return {std::vector<int>(static_cast<std::size_t>(threads), -1)};
+  std::vector<std::vector<int>> groups;
+  for (const auto& share : shares) {
+    if (share.cpus.empty()) throw std::invalid_argument("a NUMA share needs at least one CPU");
+    for (int c : share.cpus)
+      if (c < 0) throw std::invalid_argument("a NUMA share's CPU ids must not be negative");
+    groups.push_back(share.cpus);
+  }
+  return groups;
+}
+
+int pool_size(const std::vector<NodeShare>& shares, int threads) {
+  if (shares.empty()) return std::max(1, threads > 0 ? threads : available_cpus());
+  int total = 0;
+  for (const auto& share : shares) total += static_cast<int>(share.cpus.size());
+  return total;
 }
 
 }  // namespace
@@ -49,7 +87,7 @@ ThreadPool& MoeLayer::pool() {
   if (getpid() != pool_pid_) {
     // The parent's: its threads do not exist here, so it is never destroyed (that would join them).
     new std::shared_ptr<ThreadPool>(std::move(pool_));
-    pool_ = ThreadPool::shared(pool_threads_);
+    pool_ = ThreadPool::shared(pool_groups_);
     pool_pid_ = getpid();
   }
   return *pool_;
@@ -64,12 +102,14 @@ std::unique_lock<std::mutex> MoeLayer::lock_calls() {
   return std::unique_lock<std::mutex>(*call_mutex_);
 }
 
-MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int threads)
+MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int threads, std::vector<NodeShare> shares)
     : config_(config),
       library_(library_backend(backend)),
       kernels_(select_backend(library_ ? library_->kernels : backend)),
-      pool_threads_(std::max(1, threads > 0 ? threads : available_cpus())),
-      pool_(ThreadPool::shared(pool_threads_)),
+      pool_threads_(pool_size(shares, threads)),
+      shares_(std::move(shares)),
+      pool_groups_(pool_groups(shares_, pool_threads_)),
+      pool_(ThreadPool::shared(pool_groups_)),
       pool_pid_(getpid()),
       call_mutex_(std::make_unique<std::mutex>()),
       mutex_pid_(getpid()) {
@@ -85,6 +125,11 @@ MoeLayer::MoeLayer(const MoeConfig& config, const std::string& backend, int thre
   if (!takes_group(config.down_method, config.down_group))
     throw std::invalid_argument("down's group_size must be " + group_sizes_text(config.down_method));
   inter_padded_ = static_cast<int>(round_up(config.intermediate, 16));
+  if (!shares_.empty()) {  // gate/up in whole gate+up block pairs, down in blocks of hidden columns
+    gate_up_split_ = split_units(inter_padded_ / 16, shares_);
+    for (int& b : gate_up_split_) b *= 2;
+    down_split_ = split_units(static_cast<int>(round_up(config.hidden, 16) / 16), shares_);
+  }
   thread_scratch_.resize(pool_threads_);
   providers_ = make_providers(ProviderContext{config_, *kernels_, library_, pool_threads_});
 }
@@ -104,12 +149,28 @@ void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) 
   const std::size_t gate_up_bytes =
                         PackedMatrix::value_bytes(element_of(config_.method), config_.group, 2 * inter_padded_, H),
                     down_bytes = PackedMatrix::value_bytes(element_of(config_.down_method), config_.down_group, H, I);
-  HugePageBuffer arena(static_cast<std::size_t>(E) * (gate_up_bytes + down_bytes));
-  for (int e = 0; e < E; ++e) {
-    gate_up[e].values = arena.data() + e * (gate_up_bytes + down_bytes);
-    down_packed[e].values = gate_up[e].values + gate_up_bytes;
+  // With NUMA shares each expert packs into its thread's staging, then its blocks move to the shares.
+  HugePageBuffer arena(shares_.empty() ? static_cast<std::size_t>(E) * (gate_up_bytes + down_bytes) : 0);
+  std::vector<aligned_vector<uint8_t>> staging(shares_.empty() ? 0 : pool_threads_);
+  if (shares_.empty()) {
+    for (int e = 0; e < E; ++e) {
+      gate_up[e].values = arena.data() + e * (gate_up_bytes + down_bytes);
+      down_packed[e].values = gate_up[e].values + gate_up_bytes;
+    }
   }
-  pool().parallel_for(E, [&](int64_t e, int) {
+  // the shares' buffers, kept by the layer only once every expert packed (a failed load keeps the old)
+  std::vector<bool> preferred;
+  std::vector<HugePageBuffer> shares =
+      shares_.empty() ? std::vector<HugePageBuffer>{}
+                      : allocate_shares(gate_up_bytes / (2 * inter_padded_ / 16),  // a 16-column block's bytes
+                                        down_bytes / (round_up(H, 16) / 16), preferred);
+  pool().parallel_for(E, [&](int64_t e, int thread) {
+    if (!shares_.empty()) {  // packing writes only what is not padding: the staging starts zeroed
+      auto& stage = staging[thread];
+      stage.assign(gate_up_bytes + down_bytes, 0);
+      gate_up[e].values = stage.data();
+      down_packed[e].values = stage.data() + gate_up_bytes;
+    }
     // gate and up as one matrix, 16-column blocks alternating: one pass over x serves both
     std::vector<Row> rows(2 * static_cast<std::size_t>(inter_padded_), Row{});
     for (int n = 0; n < I; ++n) {
@@ -120,10 +181,13 @@ void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) 
     std::vector<Row> down_rows(H);
     for (int n = 0; n < H; ++n) down_rows[n] = down_row(e, n);
     pack(down_packed[e], down_rows, I, true);
+    if (!shares_.empty()) scatter_to_shares(shares, static_cast<int>(e), gate_up[e], down_packed[e]);
   });
   gate_up_ = std::move(gate_up);
   down_ = std::move(down_packed);
   weights_ = std::move(arena);
+  share_weights_ = std::move(shares);
+  share_preferred_ = std::move(preferred);
   for (std::size_t p = 0; p + 1 < providers_.size(); ++p) providers_[p]->attach(gate_up_, down_, pool(), *providers_.back());
   loaded_ = true;
 }
@@ -162,6 +226,80 @@ void MoeLayer::load_quantized(const QuantizedWeights& gate, const QuantizedWeigh
         for (std::size_t n = 0; n < rows.size(); ++n) values[n] = rows[n].values;
         pack_rows(out, m, config_.group_of(is_down), values, DType::bf16, K);
       });
+}
+
+std::vector<HugePageBuffer> MoeLayer::allocate_shares(std::size_t gate_up_block, std::size_t down_block,
+                                                      std::vector<bool>& preferred) {
+  const std::size_t G = shares_.size(), E = static_cast<std::size_t>(config_.experts);
+  constexpr std::size_t kChunk = std::size_t{2} << 20;
+  std::vector<HugePageBuffer> buffers;
+  preferred.assign(G, false);
+  std::vector<int64_t> ends;
+  int64_t chunks = 0;
+  for (std::size_t g = 0; g < G; ++g) {
+    const std::size_t bytes = E * ((gate_up_split_[g + 1] - gate_up_split_[g]) * gate_up_block +
+                                   (down_split_[g + 1] - down_split_[g]) * down_block);
+    buffers.emplace_back(bytes);
+    // the node's memory asked for before any page exists; then each page touched by the node's
+    // own threads, so first touch agrees where the kernel refused the request
+    if (bytes) preferred[g] = prefer_node(buffers[g].data(), bytes, shares_[g].node);
+    chunks += static_cast<int64_t>((bytes + kChunk - 1) / kChunk);
+    ends.push_back(chunks);
+  }
+  run_tasks(ends, [&](int64_t task, int) {
+    std::size_t g = 0;
+    while (task >= ends[g]) ++g;
+    const std::size_t at = static_cast<std::size_t>(task - (g ? ends[g - 1] : 0)) * kChunk;
+    HugePageBuffer& buffer = buffers[g];
+    std::memset(buffer.data() + at, 0, std::min(kChunk, buffer.size() - at));
+  });
+  return buffers;
+}
+
+void MoeLayer::scatter_to_shares(std::vector<HugePageBuffer>& buffers, int e, PackedMatrix& gate_up,
+                                 PackedMatrix& down) const {
+  for (PackedMatrix* m : {&gate_up, &down}) m->block_at.assign(m->blocks(), nullptr);
+  const std::size_t gub = gate_up.block_bytes(), dnb = down.block_bytes();
+  for (std::size_t g = 0; g < shares_.size(); ++g) {
+    const int gu0 = gate_up_split_[g], gu1 = gate_up_split_[g + 1], dn0 = down_split_[g], dn1 = down_split_[g + 1];
+    const std::size_t expert_bytes = (gu1 - gu0) * gub + (dn1 - dn0) * dnb;
+    uint8_t* base = buffers[g].data() + static_cast<std::size_t>(e) * expert_bytes;
+    if (gu1 > gu0) std::memcpy(base, gate_up.values + gu0 * gub, (gu1 - gu0) * gub);
+    for (int b = gu0; b < gu1; ++b) gate_up.block_at[b] = base + (b - gu0) * gub;
+    uint8_t* down_base = base + (gu1 - gu0) * gub;
+    if (dn1 > dn0) std::memcpy(down_base, down.values + dn0 * dnb, (dn1 - dn0) * dnb);
+    for (int b = dn0; b < dn1; ++b) down.block_at[b] = down_base + (b - dn0) * dnb;
+  }
+  gate_up.values = down.values = nullptr;  // the staging is the next expert's: every read goes through block_at
+}
+
+std::vector<ShareFacts> MoeLayer::share_facts() const {
+  std::vector<ShareFacts> facts;
+  for (std::size_t g = 0; g < shares_.size(); ++g) {
+    ShareFacts f{};
+    f.node = shares_[g].node;
+    f.threads = static_cast<int>(shares_[g].cpus.size());
+    const int I = config_.intermediate, H = config_.hidden;  // a gate/up block pair is 16 columns of I
+    f.gate_up_columns = std::min(I, gate_up_split_[g + 1] * 8) - std::min(I, gate_up_split_[g] * 8);
+    f.down_columns = std::min(H, down_split_[g + 1] * 16) - std::min(H, down_split_[g] * 16);
+    f.bytes = g < share_weights_.size() ? share_weights_[g].size() : 0;
+    f.preferred = g < share_preferred_.size() && share_preferred_[g];
+    f.policy = -1;
+    if (f.bytes) {
+      f.policy = policy_at(share_weights_[g].data()).mode;
+      const Placement p = placement(share_weights_[g].data(), f.bytes, f.node, 1024);
+      f.pages_sampled = p.pages;
+      f.pages_on_node = p.on_node;
+    }
+    facts.push_back(f);
+  }
+  return facts;
+}
+
+void MoeLayer::run_tasks(const std::vector<int64_t>& ends, const std::function<void(int64_t, int)>& fn,
+                         std::vector<int64_t>* counts) {
+  if (shares_.empty()) pool().parallel_for(ends.back(), fn, counts);
+  else pool().parallel_for_groups(ends, fn, counts);
 }
 
 std::size_t MoeLayer::packed_bytes() const {
@@ -205,14 +343,31 @@ void MoeLayer::order_inputs(const void* x, DType x_dtype, const std::vector<int6
   });
 }
 
+std::vector<int64_t> MoeLayer::build_tasks(std::vector<Task>& tasks, const std::vector<int64_t>& offsets, int N,
+                                           const std::vector<int>& split, int cols) const {
+  // share g's columns of every expert, then g + 1's (one group of all columns without shares); an
+  // expert whose provider takes it whole (a library's copy, not split) goes to one share in turn
+  const int G = split.empty() ? 1 : static_cast<int>(split.size()) - 1;
+  std::vector<int64_t> ends;
+  for (int g = 0; g < G; ++g) {
+    const int n0 = split.empty() ? 0 : split[g] * 16, n1 = split.empty() ? N : std::min(N, split[g + 1] * 16);
+    for (int e = 0; e < config_.experts; ++e) {
+      const int p = provider_for(offsets[e + 1] - offsets[e]);
+      if (providers_[p]->whole_expert()) {
+        if (e % G == g) add_tasks(tasks, e, p, true, offsets[e], offsets[e + 1], 0, N, cols);
+      } else if (n1 > n0) {
+        add_tasks(tasks, e, p, false, offsets[e], offsets[e + 1], n0, n1, cols);
+      }
+    }
+    ends.push_back(static_cast<int64_t>(tasks.size()));
+  }
+  return ends;
+}
+
 void MoeLayer::run_gate_up(const std::vector<int64_t>& offsets, const int32_t* rows) {
   std::vector<Task> tasks;
-  const int N = 2 * inter_padded_;
-  for (int e = 0; e < config_.experts; ++e) {
-    const int p = provider_for(offsets[e + 1] - offsets[e]);
-    add_tasks(tasks, e, p, providers_[p]->whole_expert(), offsets[e], offsets[e + 1], N, kGateUpCols);
-  }
-  pool().parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t index, int thread) {
+  const std::vector<int64_t> ends = build_tasks(tasks, offsets, 2 * inter_padded_, gate_up_split_, kGateUpCols);
+  run_tasks(ends, [&](int64_t index, int thread) {
     const Task& t = tasks[index];
     auto& scratch = thread_scratch_[thread];
     const int cols = t.n1 - t.n0, m = static_cast<int>(t.r1 - t.r0);
@@ -270,13 +425,10 @@ void MoeLayer::load_biases(const float* gate, const float* up, const float* down
 void MoeLayer::run_down(const std::vector<int64_t>& offsets) {
   std::vector<Task> tasks;
   const int Hp = static_cast<int>(round_up(config_.hidden, 16));
-  for (int e = 0; e < config_.experts; ++e) {
-    const int p = provider_for(offsets[e + 1] - offsets[e]);
-    add_tasks(tasks, e, p, providers_[p]->whole_expert(), offsets[e], offsets[e + 1], Hp, kDownCols);
-  }
+  const std::vector<int64_t> ends = build_tasks(tasks, offsets, Hp, down_split_, kDownCols);
   std::vector<int32_t> identity(static_cast<std::size_t>(offsets.back()));
   std::iota(identity.begin(), identity.end(), 0);
-  pool().parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t index, int thread) {
+  run_tasks(ends, [&](int64_t index, int thread) {
     const Task& t = tasks[index];
     providers_[t.provider]->gemm(ExpertGemm{&act_a_, identity.data() + t.r0, static_cast<int>(t.r1 - t.r0), t.expert,
                                             Projection::down, &down_[t.expert], t.n0, t.n1,

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <functional>
 #include <vector>
 
 #include "kernels/pack.hpp"
@@ -23,9 +24,29 @@ namespace kt {
 
 inline constexpr int64_t kAbsentExpert = -1;  // an expert held by another process
 
+// A NUMA node's share of a layer (MoE(numa=...)): its CPUs run the tasks of its columns of
+// every expert, whose packed blocks lie in its node's memory.
+struct Task;  // a unit of a parallel phase (layer.cpp)
+
+struct NodeShare {
+  std::vector<int> cpus;  // one pool thread each, pinned to these CPUs
+  int node = -1;          // the memory node of its blocks (-1: wherever first touch puts them)
+};
+
+// What a share holds and where it went, for MoE.info.
+struct ShareFacts {
+  int node, threads;
+  int gate_up_columns, down_columns;  // of each expert: intermediate columns, hidden columns
+  std::size_t bytes;
+  bool preferred;                     // mbind took the node
+  int policy;                         // the kernel's policy mode at the share's memory
+  int64_t pages_sampled, pages_on_node;
+};
+
 class MoeLayer {
  public:
-  MoeLayer(const MoeConfig& config, const std::string& backend, int threads);
+  // shares: one a node (threads then counts their CPUs); none: one pool of `threads`, unpinned.
+  MoeLayer(const MoeConfig& config, const std::string& backend, int threads, std::vector<NodeShare> shares = {});
 
   // gate, up: [E, I, H]; down: [E, H, I]; row-major, dtype f32 or bf16.
   void load(const void* gate, const void* up, const void* down, DType dtype);
@@ -70,11 +91,15 @@ class MoeLayer {
   // here); a provider's min_rows() is known once the weights are loaded.
   const std::vector<std::unique_ptr<Provider>>& providers() const { return providers_; }
   int threads() const { return pool_threads_; }
+  // The node shares (empty: one pool, weights wherever packing put them).
+  std::vector<ShareFacts> share_facts() const;
   // Layers of this process that share this layer's thread pool (this one included).
   long pool_layers() const { return pool_.use_count(); }
   std::size_t packed_bytes() const;
   // Whether Linux took the advice to back the packed weights with transparent huge pages.
-  bool weights_huge_pages() const { return weights_.advised(); }
+  bool weights_huge_pages() const {
+    return shares_.empty() || share_weights_.empty() ? weights_.advised() : share_weights_.front().advised();
+  }
   // Tasks each thread ran in the gate/up phase of the last forward() (balance under skew).
   std::vector<int64_t> gate_up_task_counts() const { return gate_up_task_counts_; }
   // Milliseconds per phase of the last forward().
@@ -83,6 +108,10 @@ class MoeLayer {
  private:
   template <typename Row, typename GateUpRow, typename DownRow, typename Pack>
   void pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack);
+  // The tasks of a phase over N columns, by share (split: each share's first block, then the end;
+  // empty: one group of all); returns each share's task end.
+  std::vector<int64_t> build_tasks(std::vector<Task>& tasks, const std::vector<int64_t>& offsets, int N,
+                                   const std::vector<int>& split, int cols) const;
   void run_gate_up(const std::vector<int64_t>& offsets, const int32_t* rows);
   // x's rows in their experts' input orders, one a slot (expert-sorted positions), widened to float32
   void order_inputs(const void* x, DType x_dtype, const std::vector<int64_t>& offsets,
@@ -100,7 +129,22 @@ class MoeLayer {
   const LibraryBackend* library_;
   const KernelTable* kernels_;
   int pool_threads_;
-  std::shared_ptr<ThreadPool> pool_;  // shared with the other layers of this thread count
+  std::vector<NodeShare> shares_;
+  std::vector<std::vector<int>> pool_groups_;  // the pool's groups: a share's CPUs each
+  std::shared_ptr<ThreadPool> pool_;  // shared with the other layers of these groups
+  // Share g's 16-column blocks of each expert: gate/up [gate_up_split_[g], [g + 1]) (whole
+  // gate+up pairs), down [down_split_[g], [g + 1]); its blocks in share_weights_[g].
+  std::vector<int> gate_up_split_, down_split_;
+  std::vector<HugePageBuffer> share_weights_;
+  std::vector<bool> share_preferred_;
+  // Runs tasks[0, ends.back()) on the pool: share g's [ends[g - 1], ends[g]) on its threads.
+  void run_tasks(const std::vector<int64_t>& ends, const std::function<void(int64_t, int)>& fn,
+                 std::vector<int64_t>* counts = nullptr);
+  // After packing expert e into its usual contiguous values: its blocks moved into the shares'
+  // buffers, which allocate_shares made (each asked of its node and first touched by its threads).
+  void scatter_to_shares(std::vector<HugePageBuffer>& buffers, int e, PackedMatrix& gate_up, PackedMatrix& down) const;
+  std::vector<HugePageBuffer> allocate_shares(std::size_t gate_up_block, std::size_t down_block,
+                                              std::vector<bool>& preferred);
   pid_t pool_pid_;
   std::unique_ptr<std::mutex> call_mutex_;
   pid_t mutex_pid_;

@@ -29,6 +29,10 @@ class ThreadPool {
   static constexpr int kSpinMicros = 200;
 
   explicit ThreadPool(int threads);
+  // One pool in groups (a NUMA node's share each): group g has groups[g].size() threads, its
+  // workers pinned to the CPUs groups[g] lists; the calling thread is group 0's first, left where
+  // it runs. An empty CPU list: that many threads (threads_of), unpinned.
+  explicit ThreadPool(const std::vector<std::vector<int>>& groups);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -39,18 +43,29 @@ class ThreadPool {
   // a layer holds it (its threads end with the last holder). A forked child gets its own: the
   // parent's threads do not exist there.
   static std::shared_ptr<ThreadPool> shared(int threads);
+  static std::shared_ptr<ThreadPool> shared(const std::vector<std::vector<int>>& groups);
+
+  int groups() const { return static_cast<int>(group_begin_.size()) - 1; }
+  int group_size(int g) const { return group_begin_[g + 1] - group_begin_[g]; }
 
   // Runs fn(task, thread_index) for task in [0, n); returns when all are done. One call at a
   // time (callers on other threads wait their turn); fn must not call parallel_for.
   // The first exception thrown by a task is rethrown here. `counts`: the tasks each thread ran.
   void parallel_for(int64_t n, const std::function<void(int64_t, int)>& fn, std::vector<int64_t>* counts = nullptr);
+  // The same over tasks that belong to groups: tasks [ends[g - 1], ends[g]) run on group g's
+  // threads only (a share's weights stay with its node's CPUs), which take each other's
+  // leftovers but never another group's. ends.size() == groups().
+  void parallel_for_groups(const std::vector<int64_t>& ends, const std::function<void(int64_t, int)>& fn,
+                           std::vector<int64_t>* counts = nullptr);
 
   // Tasks each thread ran in the last parallel_for (for tests of balancing).
   std::vector<int64_t> last_task_counts() const { return last_counts_; }
 
  private:
+  void start(const std::vector<std::vector<int>>& groups);
   void worker_loop(int index);
   void run_tasks(int index);
+  void run(const std::function<void(int64_t, int)>& fn, std::vector<int64_t>* counts, bool wake);
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one parallel_for at a time
@@ -65,6 +80,10 @@ class ThreadPool {
   std::unique_ptr<Share[]> shares_;
   // Tasks [0, n) in `parts` contiguous shares, one per thread from the first.
   void divide(int64_t n, int parts);
+  // Thread index ranges of the groups: group g is [group_begin_[g], group_begin_[g + 1]).
+  std::vector<int> group_begin_;
+  std::vector<int> group_of_;  // each thread's group
+  bool grouped_run_ = false;   // this parallel_for steals within groups only
   std::atomic<int> pending_atomic_{0};
   std::atomic<uint64_t> published_{0};
   uint64_t generation_ = 0;

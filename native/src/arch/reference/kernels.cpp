@@ -216,12 +216,13 @@ void gemm_floats(const GemmArgs& a) {
   for (int i = 0; i < a.m; ++i) {
     const float* x = a.act->f32.data() + a.rows[i] * a.act->f32_ld;
     for (int n = a.n0; n < a.n1; ++n) {
-      const std::size_t at = static_cast<std::size_t>(n / 16) * w.Kp * 16 + n % 16;
+      const uint8_t* panel = w.block(n / 16);
+      const std::size_t at = n % 16;
       float acc = 0.f;
       for (int k = 0; k < w.Kp; ++k) {
         float v;
-        if (w.element == Element::f32) std::memcpy(&v, w.values + 4 * (at + k * 16), 4);
-        else v = f16_to_f32(reinterpret_cast<const uint16_t*>(w.values)[at + k * 16]);
+        if (w.element == Element::f32) std::memcpy(&v, panel + 4 * (at + k * 16), 4);
+        else v = f16_to_f32(reinterpret_cast<const uint16_t*>(panel)[at + k * 16]);
         acc += v * x[k];
       }
       a.out[i * a.ld_out + (n - a.n0)] = acc;
