@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 import ktforge
 from ktforge import bench
 from ktforge.cli import commands as cli
+from ktforge.detect.topology import read_live
 
 from .. import host
 
@@ -76,6 +77,14 @@ def test_cli_bench_json_on_a_tiny_layer(monkeypatch: pytest.MonkeyPatch) -> None
     for peaks in by_threads.values():
         assert min(peaks["bf16_dot"], peaks["int8_dot"], peaks["int4_dot"], peaks["read_gb_per_s"]) > 0
     assert "best of" in document["peak_method"]
+    # a cell per NUMA node with usable CPUs and node with memory (one here: this machine's node)
+    topology = read_live()
+    cells = {(c["cpu_node"], c["memory_node"]): c for c in document["node_reads"]}
+    memory = [n.id for n in topology.nodes if n.memory_bytes]
+    assert set(cells) == {(n.id, m) for n in topology.usable_nodes() for m in memory}
+    assert all(
+        c["gb_per_s"] > 0 and c["threads"] == len(topology.node(c["cpu_node"]).usable_cpus) for c in cells.values()
+    )
     [costs] = document["fixed_cost_us"].values()
     assert set(costs) == {"1", "2"} and all(us > 0 for us in costs.values())
     results = document["results"]

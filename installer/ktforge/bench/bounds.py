@@ -6,9 +6,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ktforge import formats
 from ktforge.bench.model import available_memory
+from ktforge.detect.topology import read_live
+from ktforge.kernels import numa
 
 # the instruction (sequence) each element family's multiply-adds run on, per backend (see its
 # peak_ops); a format runs on its element's (data/formats.json)
@@ -153,10 +156,32 @@ def sample_read(peaks: dict[tuple[str, int], Peaks], simds: Sequence[str], threa
 
 
 def measure_read(backend: str, threads: int, size: int, runs: int) -> float:
-    """GB/s of ``threads`` threads streaming a ``size`` buffer (kept between calls), best of ``runs``."""
+    """GB/s of ``threads`` threads streaming a ``size`` buffer (kept between calls), best of ``runs``.
+    Where MoE(numa="auto") splits a layer over nodes, the sum of each share's threads reading its
+    own node's memory, one node after the other: the bound of a layer whose shares read only locally."""
     import ktforge._native as native
 
-    return float(native.measure_read_bandwidth(backend, threads, size, runs)) / 1e9
+    shares = numa.resolve("auto", threads)
+    if not shares:
+        return float(native.measure_read_bandwidth(backend, threads, size, runs)) / 1e9
+    part = size // len(shares)
+    return sum(native.measure_node_read_bandwidth(backend, list(s.cpus), s.node, part, runs) for s in shares) / 1e9
+
+
+def node_reads(backend: str, size: int, runs: int) -> list[dict[str, Any]]:
+    """Read GB/s of each node's usable CPUs from each node's memory this process may use: the
+    local cells (CPUs and memory on one node) and the remote ones, a row a CPU node."""
+    import ktforge._native as native
+
+    topology = read_live()
+    allowed = set(topology.memory_nodes) if topology.memory_nodes is not None else None
+    memories = [n.id for n in topology.nodes if (n.memory_bytes or 0) > 0 and (allowed is None or n.id in allowed)]
+    cells = []
+    for node in topology.usable_nodes():
+        for memory in memories:
+            gb = native.measure_node_read_bandwidth(backend, list(node.usable_cpus), memory, size, runs) / 1e9
+            cells.append({"cpu_node": node.id, "memory_node": memory, "threads": len(node.usable_cpus), "gb_per_s": gb})
+    return cells
 
 
 def peaks_json(peaks: dict[tuple[str, int], Peaks]) -> dict[str, dict[str, dict[str, float]]]:

@@ -127,6 +127,8 @@ class Header:
     budget_bytes: int
     group_size: int  # of the grouped methods
     activations: str  # the int8 activations' scales: per-block or per-token
+    # read GB/s of each NUMA node's CPUs from each node's memory (bounds.node_reads)
+    node_reads: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,8 @@ def _header(state: _Run, budget: int) -> Header:
         state.say(f"fixed cost per call of {backend}")
         fixed[backend] = {str(t): fixed_cost_us(backend, t) for t in threads}
     options = state.options
+    state.say("read bandwidth of each NUMA node's CPUs from each node's memory")
+    nodes = bounds.node_reads(state.simds[0], bounds.read_buffer_bytes(quick=True), 2)
     return Header(
         threads,
         peaks_json(state.peaks),
@@ -205,6 +209,7 @@ def _header(state: _Run, budget: int) -> Header:
         budget,
         options.group_size,
         options.activations,
+        nodes,
     )
 
 

@@ -18,6 +18,15 @@ def format_header(header: dict[str, Any]) -> str:
                 f"read {p['read_gb_per_s']:5.1f} GB/s"
             )
     lines.append(f"  ({header['peak_method']})")
+    cells = header.get("node_reads") or []
+    if cells:
+        text = "; ".join(
+            f"node {c['cpu_node']} CPUs ({c['threads']} thr) <- node {c['memory_node']} memory {c['gb_per_s']:.1f}"
+            for c in cells
+        )
+        several = len({c["cpu_node"] for c in cells}) > 1
+        bound = " (the read bound: the sum of each node's local cell, as MoE(numa='auto') reads)" if several else ""
+        lines.append(f"read bandwidth by NUMA node, GB/s: {text}{bound}")
     for backend, by_threads in header["fixed_cost_us"].items():
         costs = ", ".join(f"{us:.1f} µs on {t} thr" for t, us in by_threads.items())
         lines.append(f"fixed cost per call, {backend}: {costs} (MoE.forward on a tiny layer, median)")
