@@ -295,10 +295,16 @@ def _numa(ev: Evidence) -> NumaSection | None:
     return None
 
 
-def _blis(ev: Evidence) -> BlisSection | None:
+def _blis(ev: Evidence, cpu: CpuSection) -> BlisSection | None:
     if ev.blis is None:
         return None
     libraries = [blis.summarize(c) for c in ev.blis["candidates"]]
+    if "avx512_vnni" in cpu["disabled_features"]:
+        # AOCL's integer GEMM needs VNNI and reads the CPU itself: under a mask that hides it, as on
+        # a CPU without it, no library is usable for it (the probe's right answer used VNNI)
+        for lib in libraries:
+            if lib["gemm_s8s8s32"] == "ok":
+                lib["gemm_s8s8s32"], lib["usable"] = "hidden by cpu.mask", False
     selected = next((lib for lib in libraries if lib["usable"]), None)
     return {
         "searched": ev.blis["searched"],
@@ -343,7 +349,7 @@ def build_report(ev: Evidence) -> MachineReport:
         "source": {"kind": ev.source, "origin": ev.origin},
         "cpu": cpu,
         "amx": amx_info,
-        "blis": _blis(ev),
+        "blis": _blis(ev, cpu),
         "os": {
             "system": system
             or ("Darwin" if ev.sysctl_text else "Linux" if ev.cpuinfo_text or ev.lscpu_text or ev.lscpu_json else None),

@@ -96,9 +96,10 @@ def _blis_gemm(r: Assessment, say: Say) -> Finding:
     usable = common.usable(r)
     if usable is not None and "avx512_vnni" not in usable:
         # without it the library returns without a correct result: not a broken install, the wrong CPU
+        lacks = "which cpu.mask hides" if lib["gemm_s8s8s32"].startswith("hidden") else "which this CPU lacks"
         return say(
             "info",
-            f"{lib['path']}: GEMM {lib['gemm_s8s8s32']}: {AOCL_INT8_NEEDS}, which this CPU lacks; "
+            f"{lib['path']}: GEMM {lib['gemm_s8s8s32']}: {AOCL_INT8_NEEDS}, {lacks}; "
             "the amd-blis backend is not for it (ktforge's own kernels run here)",
         )
     return say(

@@ -53,6 +53,11 @@ std::string Aocl::linked_library() {
 }
 
 void Aocl::verify(Element m) const {
+  // AOCL's integer GEMMs need AVX-512 VNNI and read the CPU themselves (AOCL_ENABLE_INSTRUCTIONS
+  // does not reach them): a mask that hides VNNI refuses them, as a CPU without it would
+  if (m == Element::int8 && cpu_feature_disabled("avx512_vnni"))
+    throw std::invalid_argument(path_ + " (" + version_ + "): aocl_gemm_s8s8s32os32 is refused: AOCL's integer "
+                                "kernels need AVX-512 VNNI, which KTFORGE_DISABLE_CPU_FEATURES hides; use backend='auto'");
   static std::mutex mutex;
   static std::map<std::pair<std::string, int>, std::string> verdicts;  // "" = correct
   std::lock_guard<std::mutex> lock(mutex);
