@@ -42,8 +42,13 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export KTFORGE_EXPECT_SANITIZED=1
 cd "$ROOT"
 if [ $# = 0 ]; then
+  # Less the outlier-accuracy sweep (two magnitudes x every int8-activation format x backend, 80%
+  # of the kernel tests' time, 7 of ASan's 9 minutes): it measures errors on the code paths that
+  # test_moe_correctness and the per-token test below already run here
   set -- tests/kernels tests/checkpoints/test_convert.py \
-    tests/detect/test_extension.py::test_the_build_is_instrumented_exactly_in_the_sanitizer_run -q -p no:cacheprovider
+    tests/detect/test_extension.py::test_the_build_is_instrumented_exactly_in_the_sanitizer_run \
+    --deselect tests/kernels/test_activation_blocks.py::test_outlier_channels_cost_only_their_own_blocks \
+    -q -p no:cacheprovider
 fi
 echo "==> the kernel, API, thread and fork tests on it"
 "$WORK/venv/bin/python" -m pytest "$@"

@@ -20,6 +20,23 @@
 namespace py = pybind11;
 
 namespace kt {
+namespace {
+
+// Bytes per second of the pool's threads each streaming its own `share` of `data`, best of `repeats`.
+double best_read(ThreadPool& pool, const KernelTable& table, const uint8_t* data, std::size_t share, int repeats) {
+  const int threads = pool.size();
+  std::atomic<uint64_t> sink{0};
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    auto start = std::chrono::steady_clock::now();
+    pool.parallel_for(threads, [&](int64_t task, int) { sink += table.read_stream(data + task * share, share); });
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, static_cast<double>(share * threads) / seconds);
+  }
+  return best;
+}
+
+}  // namespace
 
 double measure_peak(const std::string& backend, const std::string& kind, int threads, int64_t iterations) {
   const KernelTable* t = select_backend(backend);
@@ -56,21 +73,13 @@ double measure_read_bandwidth(const std::string& backend, int threads, std::size
   const HugePageBuffer& buffer = cached;
   ThreadPool pool(threads);
   const std::size_t share = bytes / threads / 256 * 256;
-  std::atomic<uint64_t> sink{0};
-  double best = 0;
-  for (int r = 0; r < repeats; ++r) {
-    auto start = std::chrono::steady_clock::now();
-    pool.parallel_for(threads, [&](int64_t task, int) { sink += t->read_stream(buffer.data() + task * share, share); });
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, static_cast<double>(share * threads) / seconds);
-  }
-  return best;  // bytes per second, best of `repeats`
+  return best_read(pool, *t, buffer.data(), share, repeats);
 }
 
 // Read bandwidth of threads pinned to `cpus` (one each, the caller too for the call) streaming a
 // buffer asked of `memory_node` and filled by those threads: one cell of kt bench's node table.
 double measure_node_read_bandwidth(const std::string& backend, const std::vector<int>& cpus, int memory_node,
-                                          std::size_t bytes, int repeats) {
+                                   std::size_t bytes, int repeats) {
   const KernelTable* t = select_backend(backend);
   if (cpus.empty()) throw std::invalid_argument("cpus: name at least one CPU");
   const int threads = static_cast<int>(cpus.size());
@@ -90,14 +99,6 @@ double measure_node_read_bandwidth(const std::string& backend, const std::vector
   prefer_node(buffer.data(), bytes, memory_node);
   const std::size_t share = bytes / threads / 256 * 256;
   pool.parallel_for(threads, [&](int64_t task, int) { std::fill_n(buffer.data() + task * share, share, uint8_t{1}); });
-  std::atomic<uint64_t> sink{0};
-  double best = 0;
-  for (int r = 0; r < repeats; ++r) {
-    auto start = std::chrono::steady_clock::now();
-    pool.parallel_for(threads, [&](int64_t task, int) { sink += t->read_stream(buffer.data() + task * share, share); });
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, static_cast<double>(share * threads) / seconds);
-  }
-  return best;  // bytes per second, best of `repeats`
+  return best_read(pool, *t, buffer.data(), share, repeats);
 }
 }  // namespace kt
