@@ -94,6 +94,21 @@ def test_aocl_whole_experts_run_within_the_shares(monkeypatch: pytest.MonkeyPatc
     assert np.array_equal(one.forward(x, ids, w), split.forward(x, ids, w))
 
 
+def test_amd_blis_on_virtual_nodes_as_a_user_gets_it() -> None:
+    """No variable set: the library an amd-blis build links, else the one the report found, AOCL's
+    threshold measured by each layer (so float-close); refused by name where none is usable."""
+    usable = ktforge.build_info()["blis"] or host.usable_aocl()
+    if not usable:
+        with pytest.raises(ValueError, match=r"kt build --backend amd-blis|gives wrong results|is refused"):
+            ktforge.MoE(E, K, 512, 256, method="int8", backend="amd-blis", numa=virtual_nodes())
+        return
+    one, split = _pair("bf16", "amd-blis", 512, 256)
+    assert len(split.info["numa_shares"]) == 2 and split.info["name"] == "amd-blis"
+    x, ids, w = _inputs(200, 512, seed=5)
+    expected = one.forward(x, ids, w)
+    np.testing.assert_allclose(split.forward(x, ids, w), expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
 def test_each_share_holds_its_columns_in_pages_of_its_node() -> None:
     H, I = 512, 640
     _, split = _pair("bf16", "reference", H, I)

@@ -167,19 +167,14 @@ def memory_policy() -> tuple[str | None, tuple[int, ...]]:
     return name, nodes
 
 
-def read_live(root: str = "/") -> Topology:
-    """The topology of this machine as this process sees it. ``root`` prefixes the sysfs and
-    procfs paths (tests replay a copied tree); the affinity and memory policy are always this
-    process's own where root is "/"."""
-    base = Path(root)
+def read_live() -> Topology:
+    """The topology of this machine as this process sees it."""
+    base = Path("/")
     online_text = _read(base / "sys/devices/system/cpu/online")
     online = tuple(parse_cpu_list(online_text.strip())) if online_text else None
     status = _read(base / "proc/self/status")
-    if root == "/":
-        affinity: tuple[int, ...] | None = tuple(sorted(os.sched_getaffinity(0)))
-        policy, policy_nodes = memory_policy()
-    else:
-        affinity, (policy, policy_nodes) = _status_list(status, "Cpus_allowed_list"), (None, ())
+    affinity = tuple(sorted(os.sched_getaffinity(0)))
+    policy, policy_nodes = memory_policy()
     found = []
     for path in sorted(base.glob("sys/devices/system/node/node[0-9]*"), key=lambda p: int(p.name[4:])):
         cpus = tuple(parse_cpu_list((_read(path / "cpulist") or "").strip()))
