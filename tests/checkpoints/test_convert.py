@@ -199,7 +199,7 @@ def test_output_is_standard_safetensors_with_the_manifest_checksums(tmp_path: Pa
     truth = write_checkpoint(src, "deepseek_v3", dtype="fp8", E=3, H=64, I=40)
     assert kt_convert(src, out, "--quant", "int4", "--group-size", "32").exit_code == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["format"] == "ktforge-moe-experts" and manifest["format_version"] == 2
+    assert manifest["format"] == "ktforge-moe-experts" and manifest["format_version"] == 3
     assert set(manifest["source"]["shards"]) == {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
     entry = manifest["layers"]["2"]
     with safe_open(str(out / entry["file"]), framework="numpy") as f:  # the package reads it
@@ -427,22 +427,25 @@ def test_checksum_mismatch_and_a_different_conversion_in_the_way(tmp_path: Path)
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["format_version"] = 99
     (out / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match="format version 99; this ktforge reads version 2"):
+    with pytest.raises(ValueError, match="format version 99; this ktforge reads version 3"):
         ktforge.MoE.from_pretrained(out, layer=2)
     manifest["format_version"] = 1  # what ktforge wrote before int4's scales were bfloat16
     (out / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match="format version 1 with float32 int4 scales; this ktforge reads version 2"):
+    with pytest.raises(ValueError, match="format version 1 with float32 int4 scales; this ktforge reads version 3"):
         ktforge.MoE.from_pretrained(out, layer=2)
 
 
-def test_an_int8_conversion_of_format_version_1_still_loads(tmp_path: Path) -> None:
-    """Version 2 changed int4's scales only: an int8 conversion made before it loads as it is."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_int8_conversion_of_an_older_format_version_still_loads(tmp_path: Path, version: int) -> None:
+    """Version 2 changed int4's scales only, version 3 added biases and the activation (which 2
+    refused to convert): an int8 conversion made before either loads as it is."""
     src, out = tmp_path / "hf", tmp_path / "converted"
     write_checkpoint(src, "qwen3_moe")
     assert kt_convert(src, out, "--quant", "int8").exit_code == 0
     current = ktforge.MoE.from_pretrained(out, layer=1)
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["format_version"] = 1
+    manifest["format_version"] = version
+    del manifest["activation"], manifest["biases"]  # as the older versions wrote it
     (out / "manifest.json").write_text(json.dumps(manifest))
     older = ktforge.MoE.from_pretrained(out, layer=1)
     x, ids, weights = inputs(current.hidden_size, current.num_experts, current.top_k)

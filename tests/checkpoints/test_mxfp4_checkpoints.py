@@ -102,19 +102,36 @@ def test_gpt_oss_release_runs_with_its_activation_and_biases(gpt_oss: Path, laye
 
 
 @pytest.mark.parametrize("quant", ["mxfp4", "int8"])
-def test_a_conversion_that_would_lose_the_biases_and_activation_is_refused(
-    gpt_oss: Path, quant: str, tmp_path: Path
-) -> None:
-    """kt convert keeps the experts' weights only: gpt-oss's biases and clamped SwiGLU would be lost
-    (54% off the checkpoint's layer), so it says so and writes nothing; DeepSeek-V4's clamp too."""
+def test_a_conversion_keeps_the_biases_and_the_activation(gpt_oss: Path, quant: str, tmp_path: Path) -> None:
+    """gpt-oss's expert biases and clamped SwiGLU (the layer is 54% off without them) and
+    DeepSeek-V4's clamp are kept by kt convert: the converted layer computes exactly what the
+    checkpoint served as it is does (mxfp4, both releases' format), or its layer quantized for
+    the same method (int8)."""
     from ktforge.checkpoints import convert
 
-    with pytest.raises(convert.ConversionError, match=r"experts compute expert biases, swiglu_alpha 1\.702, "):
-        convert.plan(gpt_oss / "release", tmp_path / "out", quant, 32, "auto", None)
-    assert not (tmp_path / "out").exists()
     write_deepseek_v4_flash(tmp_path / "v4", E=3, k=2, H=64, I=32)
-    with pytest.raises(convert.ConversionError, match=r"deepseek_v4 experts compute swiglu_limit 10, which"):
-        convert.plan(tmp_path / "v4", tmp_path / "out4", quant, 32, "auto", None)
+    cases = [(gpt_oss / "release", 8, 2, 64, GPT_OSS_ACTIVATION, True), (tmp_path / "v4", 3, 2, 64, None, False)]
+    for source, E, k, H, activation, biases in cases:
+        out = tmp_path / f"{source.name}-{quant}"
+        with convert.plan(source, out, quant, 32, "auto", None) as planned:
+            manifest = convert.run(planned, 2, lambda *_: None)
+        assert manifest["biases"] is biases
+        assert manifest["activation"] == (activation or {"swiglu_limit": 10.0})
+        converted = ktforge.MoE.from_pretrained(out, layer=1)
+        # the same method from the checkpoint; mxfp4 is both releases' own format: served as they are
+        direct = ktforge.MoE.from_pretrained(source, layer=1, **({} if quant == "mxfp4" else {"method": quant}))
+        for T in (1, 9):
+            x, ids, w = inputs(T, E, k, H)
+            x *= 8  # gate values past the limits
+            assert np.array_equal(converted.forward(x, ids, w), direct.forward(x, ids, w)), (source.name, T)
+        if biases:  # what the conversion kept matters: without it the layer is another one
+            plain = ktforge.MoE.from_pretrained(out, layer=1, activation={"up_offset": 0.0})
+            assert rel_err(plain.forward(x, ids, w), direct.forward(x, ids, w)) > 0.05
+            _, _, kept = convert.load_layer(out, 1)
+            with Checkpoint(source) as checkpoint:
+                source_biases = checkpoint.biases(1)
+            assert kept is not None and source_biases is not None
+            assert all(np.array_equal(a, b) for a, b in zip(kept, source_biases, strict=True))
 
 
 def test_gpt_oss_can_be_requantized(gpt_oss: Path) -> None:

@@ -3,9 +3,12 @@
 Output directory (format ``ktforge-moe-experts``, version 1):
 - ``layer-NNN.safetensors``, one per MoE layer: tensors ``{gate,up,down}.weight`` and, for
   int8/int4, ``{gate,up,down}.scale``, each with the experts as the first axis and the
-  portable layout of :mod:`ktforge.formats.quantize` after it. Nothing depends on thread or NUMA
-  counts: the kernels pack the weights for themselves at load.
-- ``manifest.json``: format and version, method, group size, the layer's sizes, the source
+  portable layout of :mod:`ktforge.formats.quantize` after it; where the experts compute biases
+  (gpt-oss), ``{gate,up,down}.bias`` in float32, as the checkpoint holds them. Nothing depends
+  on thread or NUMA counts: the kernels pack the weights for themselves at load.
+- ``manifest.json``: format and version, method, group size, the layer's sizes, the gated
+  activation where it is not plain SwiGLU (``activation``: gpt-oss's alpha, limit and up + 1,
+  DeepSeek-V4's clamp), the source
   (config/index hashes, each shard's size and header hash) and every tensor's dtype, shape
   and SHA-256. It is written last, atomically: a directory without it is not a conversion.
 - while converting, ``.ktforge-convert.json`` records the finished layers; running the same
@@ -21,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 from collections import deque
 from collections.abc import Callable, Generator
@@ -41,10 +45,13 @@ from ktforge.formats.quantize import METHODS, Quantized, Stored, quantize, shape
 from ktforge.resources import shared_file_mode, write_atomic
 
 Array = np.ndarray[Any, Any]
+ACTIVATION_KEYS = ("swiglu_alpha", "swiglu_limit", "up_offset")  # MoE's gated-activation arguments
 FORMAT = "ktforge-moe-experts"
-FORMAT_VERSION = 2  # 2: int4 group scales are bfloat16 (float32 in 1)
-# Older versions still read, with the methods whose layout has not changed since.
-READS_OLDER = {1: ("bf16", "int8")}
+FORMAT_VERSION = 3  # 3: biases and the activation kept; 2: int4 group scales are bfloat16 (float32 in 1)
+# Older versions still read, with the methods whose layout has not changed since (a version 2
+# conversion is of a checkpoint without biases or another activation: version 2 refused those).
+READS_OLDER = {1: ("bf16", "int8"), 2: METHODS}
+BIASES = ("gate.bias", "up.bias", "down.bias")
 MANIFEST = "manifest.json"
 STATE = ".ktforge-convert.json"
 LOCK = ".ktforge-convert.lock"
@@ -120,13 +127,15 @@ def format_layers(values: list[int]) -> str:
 
 
 def layer_tensors(
-    method: str, experts: int, hidden: int, intermediate: int, group: int
+    method: str, experts: int, hidden: int, intermediate: int, group: int, biases: bool = False
 ) -> dict[str, tuple[str, tuple[int, ...]]]:
     tensors = {}
     for projection in PROJECTIONS:
         N, K = (hidden, intermediate) if projection == "down" else (intermediate, hidden)
         for part, (shape, dtype) in shapes(method, N, K, group).items():
             tensors[f"{projection}.{part}"] = (dtype, (experts, *shape))
+        if biases:
+            tensors[f"{projection}.bias"] = ("F32", (experts, N))
     return tensors
 
 
@@ -182,8 +191,14 @@ def convert_layer(
     checkpoint: Checkpoint, layer: int, options: Options, path: Path, threads: int, advance: Callable[[int], None]
 ) -> dict[str, Any]:
     """Writes one layer file; returns its manifest entry (tensors with SHA-256, bytes)."""
+    biases = checkpoint.biases(layer)  # small ([E, I] and [E, H]): read whole, checked first
     tensors = layer_tensors(
-        options.method, checkpoint.experts, checkpoint.hidden, checkpoint.intermediate, options.group_size
+        options.method,
+        checkpoint.experts,
+        checkpoint.hidden,
+        checkpoint.intermediate,
+        options.group_size,
+        biases is not None,
     )
     metadata = {
         "format": FORMAT,
@@ -212,6 +227,12 @@ def convert_layer(
                     for part, array in q.parts().items():
                         digests[f"{projection}.{part}"].update(as_bytes(array))
                 advance(read)
+        for name, bias in zip(BIASES, biases or (), strict=False):
+            if not np.isfinite(bias).all():
+                raise ConversionError(f"{checkpoint.path}: layer {layer}'s {name.split('.')[0]} biases hold NaN or Inf")
+            for expert in range(checkpoint.experts):
+                writer.write(name, expert, bias[expert])
+            digests[name].update(as_bytes(np.ascontiguousarray(bias)))
         writer.commit()
     except BaseException:
         writer.abort()
@@ -318,7 +339,6 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
             break
     checkpoint = Checkpoint(input_dir, input_type)
     try:
-        _refuse_what_a_conversion_loses(checkpoint)
         options = Options(method, group_size if formats.by_name(method).grouped else 0, input_type)
         chosen = parse_layers(layers, checkpoint.moe_layers)
         header = {
@@ -330,6 +350,8 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
             "intermediate_size": checkpoint.intermediate,
             "num_experts": checkpoint.experts,
             "top_k": checkpoint.top_k,
+            "activation": checkpoint.activation(),  # {}: SwiGLU
+            "biases": bool(checkpoint.arch.biases),
             "source": {"path": str(input_dir.resolve()), **checkpoint.source_identity()},
         }
         lock = _lock_output(output)  # from here to the end of the run: what is read stays true
@@ -343,20 +365,6 @@ def plan(input_dir: Path, output: Path, method: str, group_size: int, input_type
         result.close()
         raise
     return result
-
-
-def _refuse_what_a_conversion_loses(checkpoint: Checkpoint) -> None:
-    """A conversion holds the experts' weights only: an architecture whose layer also computes
-    expert biases or a gated activation other than plain SwiGLU (gpt-oss's clamped one, DeepSeek-V4's
-    clamp) would convert into another layer, so it is refused, naming what would be lost."""
-    lost = [f"{key} {value:g}" for key, value in checkpoint.activation().items()]
-    if checkpoint.arch.biases:
-        lost.insert(0, "expert biases")
-    if lost:
-        raise ConversionError(
-            f"{checkpoint.path}: its {checkpoint.arch.model_type} experts compute {', '.join(lost)}, which a "
-            "conversion does not keep; serve the checkpoint as it is: MoE.from_pretrained(checkpoint, layer)"
-        )
 
 
 def _finished_layers(output: Path, header: dict[str, Any]) -> dict[str, Any]:
@@ -476,6 +484,12 @@ def _manifest_problem(document: object) -> str | None:
     for size in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
         if size in document and not (_is_size(document[size]) and 0 < document[size] < 2**31):
             return f"{size} is not a positive size below 2^31"
+    activation = document.get("activation", {})
+    if not isinstance(activation, dict) or not all(
+        key in ACTIVATION_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for key, v in activation.items()
+    ):
+        return f"its activation is not finite numbers named {', '.join(ACTIVATION_KEYS)}"
     method = document.get("method", "bf16")
     if method not in METHODS or document.get("group_size") not in (None, 0, *formats.by_name(method).group_sizes):
         return "its method or group size is not one ktforge computes"
@@ -509,8 +523,11 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_layer(directory: Path, layer: int, verify: bool = True) -> tuple[dict[str, Any], dict[str, Quantized]]:
-    """The manifest and one converted layer's projections (checksums verified)."""
+def load_layer(
+    directory: Path, layer: int, verify: bool = True
+) -> tuple[dict[str, Any], dict[str, Quantized], tuple[Array, Array, Array] | None]:
+    """The manifest, one converted layer's projections and its biases (gate, up, down; None: the
+    experts have none), checksums verified."""
     manifest = read_manifest(directory)
     entry = manifest["layers"].get(str(layer))
     if entry is None:
@@ -540,4 +557,7 @@ def load_layer(directory: Path, layer: int, verify: bool = True) -> tuple[dict[s
     projections = {
         p: Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale"), arrays.get(f"{p}.zero")) for p in PROJECTIONS
     }
-    return manifest, projections
+    if manifest.get("biases") and not all(name in arrays for name in BIASES):
+        raise ConversionError(f"{path}: the manifest says the experts have biases; the layer holds none")
+    biases = (arrays["gate.bias"], arrays["up.bias"], arrays["down.bias"]) if manifest.get("biases") else None
+    return manifest, projections, biases

@@ -314,7 +314,7 @@ class MoE:
     ) -> MoE:
         from ktforge.checkpoints import convert
 
-        manifest, projections = convert.load_layer(directory, layer, verify)
+        manifest, projections, biases = convert.load_layer(directory, layer, verify)
         stored_group = manifest.get("group_size") or 128
         if method is not None and method != manifest["method"]:
             raise ValueError(
@@ -333,9 +333,11 @@ class MoE:
             threads=threads,
             numa=numa,
             group_size=stored_group,
-            **activation,
+            **(activation or manifest.get("activation") or {}),
         )
         moe.load_quantized(projections["gate"], projections["up"], projections["down"])
+        if biases is not None:
+            moe.load_biases(*biases)
         return moe
 
     @classmethod
