@@ -160,3 +160,40 @@ def test_linear_layers_dequantize_to_the_tools_own_values(method: str, act_order
         wrong = dict(arrays, **{gptq_awq.G_IDX: np.full(K, K // group, np.int32)})
         with pytest.raises(ValueError, match=r"its g_idx names groups outside 0\.\.7"):
             gptq_awq.dense(scheme, wrong, N, K)
+
+
+def test_a_ranks_share_of_an_act_order_layer_is_regrouped_exactly() -> None:
+    # tensor parallel splits down's inputs in halves: each half holds parts of every group, which
+    # the rank makes whole groups of 32 again, each padded with weights of exactly 0
+    import torch
+
+    from ktforge.checkpoints import gptq_awq
+
+    from ..gptq_awq_checkpoints import act_order as act_order_g_idx
+    from ..gptq_awq_checkpoints import gptq
+
+    N, K, group = 64, 512, 128
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(7))
+    g_idx = act_order_g_idx(K, group, seed=11)
+    tensors, expected = gptq(w, group, g_idx)
+    arrays = {f".{name}": value.numpy() for name, value in tensors.items()}
+    scheme = gptq_awq.Scheme("gptq", group, 1)
+    halves = [slice(0, K // 2), slice(K // 2, K)]
+    counts = np.stack([gptq_awq.group_counts(arrays[gptq_awq.G_IDX][h], K // group) for h in halves])
+    assert (counts.sum(axis=0) == group).all() and (counts % 32 != 0).any()  # groups split unevenly
+    sub, length = gptq_awq.regrouped_size(counts, (32, 64, 128))
+    assert sub == 32 and K // 2 < length == max(int((-(-c // 32) * 32).sum()) for c in counts)
+    for rank, h in enumerate(halves):
+        share = dict(arrays, **{gptq_awq.QWEIGHT: arrays[gptq_awq.QWEIGHT][h.start // 8 : h.stop // 8]})
+        share[gptq_awq.G_IDX] = arrays[gptq_awq.G_IDX][h]
+        codes, scale, zero, order = gptq_awq.unpack_regrouped(scheme, share, N, K // 2, sub, length)
+        assert sorted(order[order >= 0].tolist()) == list(range(K // 2))  # every input once
+        q = np.stack([codes & 0x0F, codes >> 4], axis=-1).reshape(N, length).astype(np.float64)
+        values = (q - np.repeat(zero, sub, axis=1)) * np.repeat(scale, sub, axis=1)
+        assert not values[:, order < 0].any(), f"rank {rank}: padding weighs something"
+        assert np.array_equal(values[:, order >= 0], expected[:, h][:, order[order >= 0]]), f"rank {rank}"
+        # a group of 32 never mixes two of the file's groups
+        column_groups = np.where(order >= 0, share[gptq_awq.G_IDX][np.maximum(order, 0)], -1).reshape(-1, sub)
+        assert all(len(set(row[row >= 0].tolist())) <= 1 for row in column_groups)
+    with pytest.raises(ValueError, match=r"its inputs need \d+ columns in groups of 32; the layer has 256"):
+        gptq_awq.unpack_regrouped(scheme, share, N, K // 2, sub, K // 2)

@@ -323,10 +323,12 @@ def test_int8_weights_of_minus_128_are_exact(backend: str, extreme: bool, T: int
         ("q4_k", 32, "bf16", 128),
         ("int4", 64, "int8", 128),
         ("bf16", 128, "q4_k", 32),
+        ("int4z", 64, None, 32),  # only the group differs: a tensor-parallel rank's GPTQ act-order down
+        ("int8g", 128, None, 64),
     ],
 )
 def test_down_in_its_own_format_matches_the_definition(
-    backend: str, method: str, group: int, down: str, down_group: int
+    backend: str, method: str, group: int, down: str | None, down_group: int
 ) -> None:
     # a GGUF's layer whose down tensor has another type than gate and up (llama.cpp's _M mixes)
     E, k, H, I, T = 5, 2, 264, 136, 90
@@ -337,6 +339,7 @@ def test_down_in_its_own_format_matches_the_definition(
         E, k, H, I, method=method, group_size=group, down_method=down, down_group_size=down_group, backend=backend
     )
     moe.load_weights(gate, up, down_w)
+    down = down or method
     assert (moe.method, moe.down_method, moe.info["down_method"]) == (method, down, down)
     reference = expected(x, ids, w, gate, up, down_w, method, group, down_method=(down, down_group))
     assert rel_err(moe.forward(x, ids, w), reference) < 2e-3

@@ -138,3 +138,73 @@ def dense(scheme: Scheme, tensors: dict[str, Array], N: int, K: int) -> Array:
     zeros = ((_nibbles(qzeros) + scheme.zero_offset) & 0x0F).astype(np.float32)  # [G, N]
     result: Array = (q - zeros[g].T) * scales.astype(np.float32)[g].T
     return result
+
+
+def group_counts(g_idx: Array, groups: int) -> Array:
+    """How many of a GPTQ layer's inputs (or of a tensor-parallel rank's share of them) each of its
+    ``groups`` groups holds; ValueError for a g_idx naming other groups."""
+    g = np.asarray(g_idx, dtype=np.int64).reshape(-1)
+    if g.size and (g.min() < 0 or g.max() >= groups):
+        raise ValueError(f"its g_idx names groups outside 0..{groups - 1}")
+    counts: Array = np.bincount(g, minlength=groups)
+    return counts
+
+
+def regrouped_size(counts: Array, sizes: tuple[int, ...]) -> tuple[int, int]:
+    """(group, K) for a rank's share of act-order inputs (``counts``: [experts, groups], how many of
+    each group it holds), each group's inputs made contiguous and padded to whole groups of the
+    returned size: the largest of ``sizes`` that pads no more than the smallest does; K is the
+    most any expert needs."""
+
+    def padded(size: int) -> int:
+        return int((-(-counts // size) * size).sum(axis=-1).max(initial=0))
+
+    least = padded(min(sizes))
+    group = max(size for size in sizes if padded(size) == least)
+    return group, least
+
+
+def unpack_regrouped(
+    scheme: Scheme, tensors: dict[str, Array], N: int, K: int, group: int, length: int
+) -> tuple[Array, Array, Array, Array]:
+    """A GPTQ layer whose K inputs are any of its groups' (a tensor-parallel rank's share of an
+    act-order layer, every group's scales and zero points beside them) as int4z's layout over
+    ``length`` inputs in groups of ``group``: each group's inputs together, then padding to a whole
+    ``group`` (codes equal to the zero point, so padding weighs 0), then groups of scale 0 up to
+    ``length``. Returns (codes [N, length / 2], scales [N, length / group], zero points uint8
+    [N, length / group], and for each of the ``length`` columns the input it takes, -1 for padding)."""
+    qweight, qzeros, scales = (np.asarray(tensors[s]) for s in (QWEIGHT, QZEROS, SCALES))
+    G = scales.shape[0]
+    g = np.asarray(tensors[G_IDX], dtype=np.int64).reshape(-1)
+    if scheme.method != "gptq" or qweight.shape != (K // 8, N) or g.shape != (K,) or qzeros.shape != (G, N // 8):
+        raise ValueError(
+            f"{scheme.method} tensors qweight {list(qweight.shape)}, g_idx {list(g.shape)}, "
+            f"qzeros {list(qzeros.shape)}, scales {list(scales.shape)} do not fit [{N}, {K}]"
+        )
+    counts = group_counts(g, G)
+    need = int((-(-counts // group) * group).sum())
+    if need > length or length % group:
+        raise ValueError(f"its inputs need {need} columns in groups of {group}; the layer has {length}")
+    sorted_inputs = np.argsort(g, kind="stable")
+    order = np.full(length, -1, np.int64)
+    column_group = np.full(length // group, -1, np.int64)  # each new group's old group (-1: none)
+    at = 0
+    for old, count in enumerate(counts):
+        if count == 0:
+            continue
+        first = int(counts[:old].sum())
+        order[at : at + count] = sorted_inputs[first : first + count]
+        span = -(-int(count) // group) * group
+        column_group[at // group : (at + span) // group] = old
+        at += span
+    q = _nibbles(np.ascontiguousarray(qweight.T)).reshape(N, K)  # [N, K] in input order
+    zeros = ((_nibbles(qzeros) + scheme.zero_offset) & 0x0F).T  # [N, G]
+    used = column_group >= 0
+    new_zero = np.full((N, length // group), 8, np.uint8)
+    new_zero[:, used] = zeros[:, column_group[used]]
+    new_scale = np.zeros((N, length // group), np.float32)
+    new_scale[:, used] = scales.T[:, column_group[used]].astype(np.float32)
+    codes = np.repeat(new_zero, group, axis=1)  # padding: the zero point, w = 0
+    real = order >= 0
+    codes[:, real] = q[:, order[real]]
+    return _portable(codes), new_scale, new_zero, order

@@ -198,7 +198,7 @@ class MoE:
             float(swiglu_alpha),
             math.inf if swiglu_limit is None else float(swiglu_limit),
             float(up_offset),
-            down_method or "",
+            self.down_method,  # with its own group, where only the group differs (a rank's GPTQ act-order)
             int(down_group),
             [(list(share.cpus), share.node) for share in self.numa],
         )

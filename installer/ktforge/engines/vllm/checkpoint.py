@@ -116,9 +116,6 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
             scheme = gptq_awq.scheme_of(config, "quantization_config")
             assert scheme is not None  # kind_of said gptq
             self.scheme = scheme
-            self.act_order = bool(config.get("desc_act")) or any(
-                isinstance(rule, dict) and rule.get("desc_act") for rule in (config.get("dynamic") or {}).values()
-            )
 
     @classmethod
     def from_checkpoint(cls, config: dict[str, Any]) -> CheckpointConfig:
@@ -134,7 +131,7 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
         return f"CheckpointConfig(own={self.own!r})"
 
     def __getattr__(self, name: str) -> Any:  # what models and loaders read of vLLM's own config
-        if name in ("own", "kind", "block", "scheme", "act_order", "declared"):
+        if name in ("own", "kind", "block", "scheme", "declared"):
             raise AttributeError(name)
         return getattr(self.own, name)
 
@@ -254,14 +251,9 @@ class CheckpointConfig(QuantizationConfig):  # type: ignore[misc]
             return self.own.get_quant_method(layer, prefix)  # unquantized: ktforge's float method
         own = copy.deepcopy(self.own)
         override_config(own, prefix=prefix)
-        why_not = int4.why_not_experts(layer.moe_config, int(own.group_size))
+        why_not = int4.why_not_experts(layer.moe_config, int(own.group_size), regrouped=True)
         if own.weight_bits != 4:
             why_not = f"its experts are {own.weight_bits}-bit (ktforge serves 4-bit)"
-        elif why_not is None and self.act_order and layer.moe_config.tp_size > 1:
-            why_not = (
-                "an act-order expert's down projection takes any of its inputs in any group, so it cannot be "
-                "split over tensor-parallel ranks; serve it with --enable-expert-parallel (whole experts a rank)"
-            )
         if why_not is not None:
             raise ValueError(
                 f"ktforge: {prefix}: vLLM serves no GPTQ with act-order or asymmetric groups, and {why_not}"

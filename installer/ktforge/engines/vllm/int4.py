@@ -44,16 +44,17 @@ PACK = 8  # 4-bit values an int32 word
 Shapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
-def why_not_experts(moe: Any, group: int) -> str | None:
+def why_not_experts(moe: Any, group: int, regrouped: bool = False) -> str | None:
     """Why this rank's share of a layer's INT4 experts (groups of ``group``) cannot be served as
-    they are (None: it can)."""
+    they are (None: it can); ``regrouped``: down's groups are made anew on this rank (GPTQ with
+    ``g_idx``), so its inputs need not be whole groups."""
     why = why_unsupported(moe)
     if why is not None:
         return why
     inter, hidden = moe.intermediate_size_per_partition, moe.hidden_dim
     if group not in formats.by_name(METHOD).group_sizes:
         return f"its groups are {group} values of K; ktforge's {METHOD} takes {formats.by_name(METHOD).group_sizes}"
-    if hidden % group or inter % group or inter % PACK or hidden % PACK:
+    if hidden % group or (inter % group and not regrouped) or inter % PACK or hidden % PACK:
         return f"this rank's experts ({hidden} x {inter}) are not whole groups of {group} (and words of {PACK})"
     return None
 
@@ -100,21 +101,27 @@ class _Int4Experts(KtforgeMoEMethod):
         experts = next(iter(parts.values())).shape[0]
         return [self.expert({k: v[e] for k, v in parts.items()}, rows, N, K).as_int4z() for e in range(experts)]
 
+    def _projections(self, parts: dict[str, torch.Tensor]) -> tuple[dict[str, list[Quantized]], int]:
+        """Each projection of every expert in int4z's layout, and down's group size."""
+        hidden, inter = self.moe.hidden_dim, self.moe.intermediate_size_per_partition
+        w13 = {k: v for k, v in parts.items() if k.startswith("w13")}
+        w2 = {k: v for k, v in parts.items() if k.startswith("w2")}
+        projections = {
+            "gate": self._projection(w13, slice(0, inter), inter, hidden),
+            "up": self._projection(w13, slice(inter, 2 * inter), inter, hidden),
+            "down": self._projection(w2, slice(0, hidden), hidden, inter),
+        }
+        return projections, self.group
+
     def _pack(self, layer: Any) -> None:
         parts = {name: getattr(layer, name).data for name in self.declared if not name.endswith("_shape")}
         for name, part in parts.items():
             if part.is_floating_point() and not torch.isfinite(part).all():
                 raise ValueError(f"ktforge: {layer.layer_name}.{name} holds NaN or infinite scales")
         experts = parts[self.weights[0]].shape[0]
-        hidden, inter = self.moe.hidden_dim, self.moe.intermediate_size_per_partition
-        w13 = {k: v for k, v in parts.items() if k.startswith("w13")}
-        w2 = {k: v for k, v in parts.items() if k.startswith("w2")}
-        kernels = self.kernels(experts, hidden, inter, METHOD, self.group)
-        projections = {
-            "gate": self._projection(w13, slice(0, inter), inter, hidden),
-            "up": self._projection(w13, slice(inter, 2 * inter), inter, hidden),
-            "down": self._projection(w2, slice(0, hidden), hidden, inter),
-        }
+        projections, down_group = self._projections(parts)
+        hidden, inter = self.moe.hidden_dim, projections["gate"][0].weight.shape[0]
+        kernels = self.kernels(experts, hidden, inter, METHOD, self.group, down_group)
         arrays = {
             f"{p}.{part}": np.stack([getattr(q, part) for q in stored])
             for p, stored in projections.items()
@@ -165,6 +172,12 @@ class KtforgeGptqAwqMoEMethod(_Int4Experts):
         }
         if self.g_idx:  # gate's and up's (each over H), down's (over this rank's I)
             shapes |= {"w13_g_idx": ((experts, 2, hidden), torch.int32), "w2_g_idx": ((experts, inter), torch.int32)}
+            # act-order: a rank's share of down's inputs may be in any group, so every rank keeps all
+            groups = self.moe.intermediate_size // g
+            shapes |= {
+                "w2_scales": ((experts, groups, hidden), torch.float32),
+                "w2_qzeros": ((experts, groups, hidden // PACK), torch.int32),
+            }
         return shapes
 
     def create_weights(
@@ -181,14 +194,16 @@ class KtforgeGptqAwqMoEMethod(_Int4Experts):
         )
         if not self.g_idx:
             return
+        first = self.moe.tp_rank * intermediate_size_per_partition  # this rank's first input of down
         layer.w13_g_idx.data[:] = (torch.arange(hidden_size) // self.group).to(torch.int32)  # a file without g_idx
-        layer.w2_g_idx.data[:] = (torch.arange(intermediate_size_per_partition) // self.group).to(torch.int32)
-        for name in ("w13_g_idx", "w2_g_idx"):
+        layer.w2_g_idx.data[:] = ((torch.arange(intermediate_size_per_partition) + first) // self.group).to(torch.int32)
+        for name in ("w13_g_idx", "w2_g_idx", "w2_scales", "w2_qzeros"):
             getattr(layer, name).weight_loader = self._g_idx_loader(layer)
 
     def _g_idx_loader(self, layer: Any) -> Any:
-        """vLLM's loader has no case for a g_idx: this one puts an expert's in place (down's
-        sliced as its rows are, each group counted from this rank's first)."""
+        """vLLM's loader has no case for a g_idx, nor for down's groups kept whole on every rank:
+        this one puts an expert's in place (down's g_idx sliced as its rows are, its scales and
+        zero points whole)."""
         inter, rank = self.moe.intermediate_size_per_partition, self.moe.tp_rank
 
         def load(  # vLLM's loaders pass these by name
@@ -202,14 +217,62 @@ class KtforgeGptqAwqMoEMethod(_Int4Experts):
             local = layer._map_global_expert_id_to_local_expert_id(expert_id)
             if local == -1:  # another rank's expert
                 return False if return_success else None
-            if shard_id == "w2":
-                first = rank * inter
-                param.data[local].copy_(loaded_weight.narrow(0, first, inter) - first // self.group)
+            if shard_id == "w2" and param is layer.w2_g_idx:
+                param.data[local].copy_(loaded_weight.narrow(0, rank * inter, inter))
+            elif shard_id == "w2":
+                param.data[local].copy_(loaded_weight)
             else:
                 param.data[local, 0 if shard_id == "w1" else 1].copy_(loaded_weight)
             return True if return_success else None
 
         return load
+
+    def _projections(self, parts: dict[str, torch.Tensor]) -> tuple[dict[str, list[Quantized]], int]:
+        """With ``g_idx``, down's inputs on this rank may be any of its groups' (act-order split
+        over tensor-parallel ranks): each group's made contiguous and padded to whole groups of
+        ``regrouped_size``'s (padding weighs 0), gate's and up's rows in that order (zero rows for
+        the padding), so the intermediate activation comes out in it."""
+        if not self.g_idx:
+            return super()._projections(parts)
+        hidden, inter = self.moe.hidden_dim, self.moe.intermediate_size_per_partition
+        w13 = {k: v for k, v in parts.items() if k.startswith("w13")}
+        g_idx = parts["w2_g_idx"].numpy()
+        groups = parts["w2_scales"].shape[1]
+        counts = np.stack([gptq_awq.group_counts(g, groups) for g in g_idx])
+        down_group, length = gptq_awq.regrouped_size(counts, tuple(formats.by_name(METHOD).group_sizes))
+        down, orders = [], []
+        for e in range(g_idx.shape[0]):
+            tensors = {
+                gptq_awq.QWEIGHT: parts["w2_qweight"][e].numpy(),
+                gptq_awq.QZEROS: parts["w2_qzeros"][e].numpy(),
+                gptq_awq.SCALES: parts["w2_scales"][e].numpy(),
+                gptq_awq.G_IDX: g_idx[e],
+            }
+            codes, scale, zero, order = gptq_awq.unpack_regrouped(
+                self.scheme, tensors, hidden, inter, down_group, length
+            )
+            down.append(Quantized(codes, scale, zero))
+            orders.append(order)
+        if length != inter:
+            say_once(
+                "regrouped-act-order",
+                "ktforge: act-order GPTQ experts over %d tensor-parallel ranks: each rank's share of down's "
+                "inputs holds parts of its groups, made whole groups of %d with zero weights: %d of %d columns "
+                "(+%d%%); --enable-expert-parallel keeps whole experts a rank, with no padding",
+                self.moe.tp_size,
+                down_group,
+                length,
+                inter,
+                round(100 * (length - inter) / max(inter, 1)),
+                warning=True,
+            )
+        gate_up = {
+            name: [
+                _rows_in(q, order) for q, order in zip(self._projection(w13, rows, inter, hidden), orders, strict=True)
+            ]
+            for name, rows in (("gate", slice(0, inter)), ("up", slice(inter, 2 * inter)))
+        }
+        return gate_up | {"down": down}, down_group
 
     def expert(self, parts: dict[str, torch.Tensor], rows: slice, N: int, K: int) -> Int4Groups:
         prefix = next(iter(parts)).split("_", 1)[0]  # w13 or w2
@@ -220,11 +283,19 @@ class KtforgeGptqAwqMoEMethod(_Int4Experts):
             gptq_awq.QZEROS: qzeros[:, words].numpy(),
             gptq_awq.SCALES: scales[:, rows].numpy(),
         }
-        if self.g_idx:
-            g_idx = parts[f"{prefix}_g_idx"]
-            tensors[gptq_awq.G_IDX] = (g_idx if prefix == "w2" else g_idx[0 if rows.start == 0 else 1]).numpy()
+        if self.g_idx and prefix == "w13":  # gate's or up's (down's, with g_idx: _projections)
+            tensors[gptq_awq.G_IDX] = parts["w13_g_idx"][0 if rows.start == 0 else 1].numpy()
         codes, scale, zero, order = gptq_awq.unpack(self.scheme, tensors, N, K)
         return Int4Groups(codes, scale, self.group, K, zero.astype(np.int8) - 8, order)
+
+
+def _rows_in(q: Quantized, order: np.ndarray[Any, Any]) -> Quantized:
+    """``q``'s rows in ``order``, a row of zero weights (scale 0) where it says -1."""
+    assert q.scale is not None and q.zero is not None
+    pick, pad = np.maximum(order, 0), order < 0
+    weight, scale, zero = q.weight[pick], q.scale[pick], q.zero[pick]
+    scale[pad] = 0.0
+    return Quantized(weight, scale, zero, q.order)
 
 
 class KtforgeCompressedInt4MoEMethod(_Int4Experts):

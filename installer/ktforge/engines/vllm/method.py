@@ -141,9 +141,9 @@ class KtforgeMoEMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
         )
         super().process_weights_after_loading(layer)
 
-    def kernels(self, experts: int, hidden: int, inter: int, method: str, group: int) -> MoE:
+    def kernels(self, experts: int, hidden: int, inter: int, method: str, group: int, down_group: int = 0) -> MoE:
         """An empty ktforge layer for this vLLM layer: its sizes, top-k and activation, and the
-        threads vLLM gave this rank (its OpenMP threads)."""
+        threads vLLM gave this rank (its OpenMP threads); down in groups of ``down_group`` (0: ``group``)."""
         return MoE(
             experts,
             self.moe.experts_per_token,
@@ -151,6 +151,7 @@ class KtforgeMoEMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
             inter,
             method=method,
             group_size=group,
+            down_group_size=down_group or None,
             threads=torch.get_num_threads(),
             **(activation_of(self.moe) or {}),
         )
