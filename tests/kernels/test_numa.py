@@ -124,6 +124,21 @@ def test_each_share_holds_its_columns_in_pages_of_its_node() -> None:
         assert share["pages_sampled"] > 0 and share["pages_on_node"] == share["pages_sampled"]  # move_pages
 
 
+@pytest.mark.parametrize("method", ["q8_0", "int4", "int8", "fp8", "q4_k", "mxfp4"])
+def test_each_share_holds_its_scales_in_pages_of_its_node_too(method: str) -> None:
+    # the scales, sums and records beside the values: 3% of an int4 matrix's bytes, 6% of a Q8_0's
+    H, I = 512, 640
+    one, split = _pair(method, "reference", H, I)
+    shares = split.info["numa_shares"]
+    values = E * (2 * 320 * H + 256 * I) * formats.by_name(method).bits // 8  # each share's codes alone
+    assert all(s["bytes"] > values for s in shares), [s["bytes"] for s in shares]
+    assert split.info["packed_bytes"] == one.info["packed_bytes"]  # the same bytes, only placed
+    for share in shares:
+        assert share["pages_sampled"] > 0 and share["pages_on_node"] == share["pages_sampled"]
+    x, ids, w = _inputs(40, H, seed=3)
+    assert np.array_equal(split.forward(x, ids, w), one.forward(x, ids, w))
+
+
 def _thread_cpus() -> list[str]:
     lists = []
     for status in Path("/proc/self/task").glob("*/status"):

@@ -33,10 +33,12 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <numeric>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "formats.gen.hpp"  // Element (the packed value families) and Method (the formats)
@@ -318,6 +320,11 @@ struct PackedMatrix {
   // Where a layer's NUMA shares hold the matrix's blocks in their nodes' memory: block b at
   // block_at[b]; empty: every block in `values`, one after another. Kernels read blocks with block().
   std::vector<const uint8_t*> block_at;
+  // Its metadata likewise, per kind below: block b's records at meta_at[b][kind] (nullptr: the kind
+  // is not this matrix's), the vectors then empty; placed_meta_bytes counts what they held.
+  enum MetaKind { kRowScale, kGroupScale, kColsum, kE8m0, kGroupMeta, kBlockScale, kMetaKinds };
+  std::vector<std::array<const uint8_t*, kMetaKinds>> meta_at;
+  std::size_t placed_meta_bytes = 0;
   // int8, fp8: scale[n].
   aligned_vector<float> scale;
   // int4, int8g: bf16 group_scale[block][group][16] (16 consecutive columns per group; int8h:
@@ -351,10 +358,25 @@ struct PackedMatrix {
   std::size_t block_bytes() const { return block_bytes(element, Kp); }
   std::size_t value_bytes() const { return static_cast<std::size_t>(blocks()) * block_bytes(); }
   const uint8_t* block(int b) const { return block_at.empty() ? values + b * block_bytes() : block_at[b]; }
-  const uint16_t* block_scales(int b) const { return group_scale.data() + static_cast<std::size_t>(b) * groups() * 16; }
+  // Each kind's records: where they are (a vector's data), and the bytes a block of them takes
+  std::array<std::pair<const uint8_t*, std::size_t>, kMetaKinds> meta_parts() const {
+    const auto part = [this](const auto& v) {
+      using T = typename std::decay_t<decltype(v)>::value_type;
+      return std::pair<const uint8_t*, std::size_t>{reinterpret_cast<const uint8_t*>(v.data()),
+                                                    blocks() ? v.size() * sizeof(T) / blocks() : 0};
+    };
+    return {part(scale), part(group_scale), part(colsum), part(group_e8m0), part(group_meta), part(block_scale)};
+  }
+  template <typename T>
+  const T* meta(int b, MetaKind kind, const T* own, std::size_t per_block) const {
+    return meta_at.empty() ? own + static_cast<std::size_t>(b) * per_block : reinterpret_cast<const T*>(meta_at[b][kind]);
+  }
+  // int8's 16 row scales of block b
+  const float* row_scales(int b) const { return meta(b, kRowScale, scale.data(), 16); }
+  const uint16_t* block_scales(int b) const { return meta(b, kGroupScale, group_scale.data(), static_cast<std::size_t>(groups()) * 16); }
   int colsum_blocks() const { return Kp / activation_block(element, group, Kp); }
-  const int16_t* block_colsums(int b) const { return colsum.data() + static_cast<std::size_t>(b) * colsum_blocks() * 16; }
-  const uint8_t* block_e8m0(int b) const { return group_e8m0.data() + static_cast<std::size_t>(b) * groups() * 16; }
+  const int16_t* block_colsums(int b) const { return meta(b, kColsum, colsum.data(), static_cast<std::size_t>(colsum_blocks()) * 16); }
+  const uint8_t* block_e8m0(int b) const { return meta(b, kE8m0, group_e8m0.data(), static_cast<std::size_t>(groups()) * 16); }
   std::size_t meta_bytes_per_block() const {
     return q4k_records(element)      ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kQ4kSuperBytes
            : element == Element::q6k || element == Element::q3k
@@ -364,14 +386,16 @@ struct PackedMatrix {
            : element == Element::iq4xs ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kIq4xsSuperBytes
                                      : static_cast<std::size_t>(groups()) * kInt4zGroupBytes;
   }
-  const uint8_t* block_meta(int b) const { return group_meta.data() + static_cast<std::size_t>(b) * meta_bytes_per_block(); }
+  const uint8_t* block_meta(int b) const { return meta(b, kGroupMeta, group_meta.data(), meta_bytes_per_block()); }
   std::size_t metadata_bytes() const {
     return scale.size() * 4 + group_scale.size() * 2 + colsum.size() * 2 + block_scale.size() * 4 + group_e8m0.size() +
-           group_meta.size();
+           group_meta.size() + placed_meta_bytes;
   }
-  const float* fp8_block_scales(int b) const { return block_scale.data() + static_cast<std::size_t>(b) * groups(); }
+  const float* fp8_block_scales(int b) const { return meta(b, kBlockScale, block_scale.data(), groups()); }
   // fp8: block b's 16 row scales, or nullptr where all are 1
-  const float* fp8_row_scales(int b) const { return scale.empty() ? nullptr : scale.data() + b * 16; }
+  const float* fp8_row_scales(int b) const {
+    return meta_at.empty() ? (scale.empty() ? nullptr : scale.data() + b * 16) : row_scales(b);
+  }
 
   static std::size_t block_bytes(Element m, int Kp) {
     return static_cast<std::size_t>(Kp) * (m == Element::bf16 || m == Element::f16 ? 32

@@ -183,10 +183,13 @@ void MoeLayer::pack_experts(GateUpRow gate_up_row, DownRow down_row, Pack pack) 
     pack(down_packed[e], down_rows, I, true);
     if (!shares_.empty()) scatter_to_shares(shares, static_cast<int>(e), gate_up[e], down_packed[e]);
   });
+  std::vector<HugePageBuffer> metadata =
+      shares_.empty() ? std::vector<HugePageBuffer>{} : place_metadata(gate_up, down_packed, preferred);
   gate_up_ = std::move(gate_up);
   down_ = std::move(down_packed);
   weights_ = std::move(arena);
   share_weights_ = std::move(shares);
+  share_metadata_ = std::move(metadata);
   share_preferred_ = std::move(preferred);
   for (std::size_t p = 0; p + 1 < providers_.size(); ++p) providers_[p]->attach(gate_up_, down_, pool(), *providers_.back());
   loaded_ = true;
@@ -273,6 +276,58 @@ void MoeLayer::scatter_to_shares(std::vector<HugePageBuffer>& buffers, int e, Pa
   gate_up.values = down.values = nullptr;  // the staging is the next expert's: every read goes through block_at
 }
 
+std::vector<HugePageBuffer> MoeLayer::place_metadata(std::vector<PackedMatrix>& gate_up,
+                                                     std::vector<PackedMatrix>& down, std::vector<bool>& preferred) {
+  const std::size_t G = shares_.size(), E = gate_up.size();
+  // share g's blocks of a matrix (gate/up's in whole pairs, down's of hidden columns), as scatter_to_shares
+  auto range = [&](const PackedMatrix& m, bool is_down, std::size_t g) {
+    const std::vector<int>& split = is_down ? down_split_ : gate_up_split_;
+    return std::pair<int, int>{std::min(m.blocks(), split[g]), std::min(m.blocks(), split[g + 1])};
+  };
+  // each kind's run of a share's blocks, 64-byte aligned
+  auto run_bytes = [](std::size_t bytes) { return (bytes + 63) / 64 * 64; };
+  auto bytes_of = [&](const PackedMatrix& m, bool is_down, std::size_t g) {
+    const auto [b0, b1] = range(m, is_down, g);
+    std::size_t total = 0;
+    for (const auto& part : m.meta_parts()) total += run_bytes(static_cast<std::size_t>(b1 - b0) * part.second);
+    return total;
+  };
+  std::vector<std::vector<std::size_t>> offset(G, std::vector<std::size_t>(E + 1, 0));
+  std::vector<HugePageBuffer> buffers;
+  std::vector<int64_t> ends;
+  for (std::size_t g = 0; g < G; ++g) {
+    for (std::size_t e = 0; e < E; ++e) offset[g][e + 1] = offset[g][e] + bytes_of(gate_up[e], false, g) + bytes_of(down[e], true, g);
+    buffers.emplace_back(offset[g][E]);
+    if (offset[g][E] && !prefer_node(buffers[g].data(), offset[g][E], shares_[g].node)) preferred[g] = false;
+    ends.push_back(static_cast<int64_t>((g + 1) * E));
+  }
+  for (auto* set : {&gate_up, &down})
+    for (auto& m : *set) m.meta_at.assign(m.blocks(), {});
+  // each share's records copied by its own threads: its pages first touched on its node
+  run_tasks(ends, [&](int64_t task, int) {
+    const std::size_t g = static_cast<std::size_t>(task) / E, e = static_cast<std::size_t>(task) % E;
+    uint8_t* at = buffers[g].data() + offset[g][e];
+    for (PackedMatrix* m : {&gate_up[e], &down[e]}) {
+      const auto [b0, b1] = range(*m, m == &down[e], g);
+      const auto parts = m->meta_parts();
+      for (int kind = 0; kind < PackedMatrix::kMetaKinds; ++kind) {
+        const auto [source, per_block] = parts[kind];
+        if (per_block == 0) continue;
+        std::memcpy(at, source + static_cast<std::size_t>(b0) * per_block, static_cast<std::size_t>(b1 - b0) * per_block);
+        for (int b = b0; b < b1; ++b) m->meta_at[b][kind] = at + static_cast<std::size_t>(b - b0) * per_block;
+        at += run_bytes(static_cast<std::size_t>(b1 - b0) * per_block);
+      }
+    }
+  });
+  for (auto* set : {&gate_up, &down})
+    for (auto& m : *set) {  // every read goes through meta_at now: the vectors' memory is given back
+      const std::size_t placed = m.metadata_bytes();
+      m.scale = {}, m.group_scale = {}, m.colsum = {}, m.group_e8m0 = {}, m.group_meta = {}, m.block_scale = {};
+      m.placed_meta_bytes = placed;
+    }
+  return buffers;
+}
+
 std::vector<ShareFacts> MoeLayer::share_facts() const {
   std::vector<ShareFacts> facts;
   for (std::size_t g = 0; g < shares_.size(); ++g) {
@@ -282,14 +337,21 @@ std::vector<ShareFacts> MoeLayer::share_facts() const {
     const int I = config_.intermediate, H = config_.hidden;  // a gate/up block pair is 16 columns of I
     f.gate_up_columns = std::min(I, gate_up_split_[g + 1] * 8) - std::min(I, gate_up_split_[g] * 8);
     f.down_columns = std::min(H, down_split_[g + 1] * 16) - std::min(H, down_split_[g] * 16);
-    f.bytes = g < share_weights_.size() ? share_weights_[g].size() : 0;
+    const std::size_t value_bytes = g < share_weights_.size() ? share_weights_[g].size() : 0;
+    const std::size_t meta_bytes = g < share_metadata_.size() ? share_metadata_[g].size() : 0;
+    f.bytes = value_bytes + meta_bytes;
     f.preferred = g < share_preferred_.size() && share_preferred_[g];
     f.policy = -1;
-    if (f.bytes) {
+    if (value_bytes) {
       f.policy = policy_at(share_weights_[g].data()).mode;
-      const Placement p = placement(share_weights_[g].data(), f.bytes, f.node, 1024);
+      const Placement p = placement(share_weights_[g].data(), value_bytes, f.node, 1024);
       f.pages_sampled = p.pages;
       f.pages_on_node = p.on_node;
+    }
+    if (meta_bytes) {  // the scales and records, sampled too
+      const Placement p = placement(share_metadata_[g].data(), meta_bytes, f.node, 256);
+      f.pages_sampled += p.pages;
+      f.pages_on_node += p.on_node;
     }
     facts.push_back(f);
   }

@@ -136,6 +136,7 @@ class MoeLayer {
   // gate+up pairs), down [down_split_[g], [g + 1]); its blocks in share_weights_[g].
   std::vector<int> gate_up_split_, down_split_;
   std::vector<HugePageBuffer> share_weights_;
+  std::vector<HugePageBuffer> share_metadata_;  // each share's blocks' scales and records (place_metadata)
   std::vector<bool> share_preferred_;
   // Runs tasks[0, ends.back()) on the pool: share g's [ends[g - 1], ends[g]) on its threads.
   void run_tasks(const std::vector<int64_t>& ends, const std::function<void(int64_t, int)>& fn,
@@ -143,6 +144,10 @@ class MoeLayer {
   // After packing expert e into its usual contiguous values: its blocks moved into the shares'
   // buffers, which allocate_shares made (each asked of its node and first touched by its threads).
   void scatter_to_shares(std::vector<HugePageBuffer>& buffers, int e, PackedMatrix& gate_up, PackedMatrix& down) const;
+  // The packed experts' metadata moved into one buffer a share, on its node like its values;
+  // `preferred[g]` cleared where the node refused the request.
+  std::vector<HugePageBuffer> place_metadata(std::vector<PackedMatrix>& gate_up, std::vector<PackedMatrix>& down,
+                                             std::vector<bool>& preferred);
   std::vector<HugePageBuffer> allocate_shares(std::size_t gate_up_block, std::size_t down_block,
                                               std::vector<bool>& preferred);
   pid_t pool_pid_;

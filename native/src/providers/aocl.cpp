@@ -89,7 +89,7 @@ class AoclProvider final : public Provider {
         accumulate(acc.data(), m, N, xs.data(), kb == 0, c.out, c.ld_out);
       }
       for (int i = 0; i < m; ++i)
-        for (int n = 0; n < N; ++n) c.out[i * c.ld_out + n] *= w.scale[n];
+        for (int n = 0; n < N; ++n) c.out[i * c.ld_out + n] *= w.row_scales(n / 16)[n % 16];
     } else {
       aocl_.gemm_bf16(m, N, Kp, reinterpret_cast<const uint16_t*>(a.data()), Kp, b, c.out);
     }

@@ -45,7 +45,7 @@ void gemm_int8(const GemmArgs& a) {
           acc += static_cast<int32_t>(x[k]) * panel[k / 4 * 64 + k % 4];
         sum += static_cast<float>(acc) * act.scales(r)[kb];
       }
-      a.out[i * a.ld_out + (n - a.n0)] = sum * w.scale[n];
+      a.out[i * a.ld_out + (n - a.n0)] = sum * w.row_scales(n / 16)[n % 16];
     }
   }
 }

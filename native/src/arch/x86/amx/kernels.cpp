@@ -200,7 +200,7 @@ void int8_blocks(const GemmArgs& g, const uint8_t* a, int64_t stride, int blk, b
   }
   for (int i = 0; i < rows; ++i) {
     float* out = g.out + static_cast<int64_t>(i0 + i) * g.ld_out + (blk * 16 - g.n0);
-    for (int n = 0; n < cols; ++n) out[n] = acc[i * 32 + n] * g.w->scale[blk * 16 + n];
+    for (int n = 0; n < cols; ++n) out[n] = acc[i * 32 + n] * g.w->row_scales(blk + n / 16)[n % 16];
   }
 }
 

@@ -328,7 +328,7 @@ void gemm(const GemmArgs& a) {
       }
       if (w.element == Element::int8)
         dispatch<kRows, 1, Int8Tile>(m, 1, static_cast<const int8_t* const*>(rows), static_cast<const float* const*>(bxs),
-                                     reinterpret_cast<const int8_t*>(w.block(blk)), w.scale.data() + blk * 16,
+                                     reinterpret_cast<const int8_t*>(w.block(blk)), w.row_scales(blk),
                                      w.Kp / 4, act.token_scales ? w.Kp / 4 : act.block / 4, out, a.ld_out);
       else if (w.element == Element::int8g)
         dispatch<kRows, 1, Int8gTiles<false>::Tile>(m, 1, static_cast<const int8_t* const*>(rows),

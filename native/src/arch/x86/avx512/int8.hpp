@@ -63,9 +63,9 @@ __attribute__((noinline)) void int8_tile(const uint8_t* const* x, const float* c
 }
 
 // m rows of nb blocks of 16 outputs: the tiles' sums ([m][nb * 16]) times the weights' row scales
-void int8_finish(const float* sums, int m, int nb, const float* w_scale, float* out, int64_t ld) {
+void int8_finish(const float* sums, int m, int nb, const PackedMatrix& w, int b0, float* out, int64_t ld) {
   for (int j = 0; j < nb; ++j) {
-    const __m512 ws = _mm512_loadu_ps(w_scale + j * 16);
+    const __m512 ws = _mm512_loadu_ps(w.row_scales(b0 + j));
     for (int i = 0; i < m; ++i)
       _mm512_storeu_ps(out + i * ld + j * 16, _mm512_mul_ps(_mm512_loadu_ps(sums + (i * nb + j) * 16), ws));
   }
@@ -101,7 +101,7 @@ void gemm_int8_decode(const GemmArgs& a, int flush, int block_steps) {
                                                    static_cast<const int8_t* const*>(panel),
                                                    static_cast<const int16_t* const*>(colsum), 0, w.Kp / 4, flush,
                                                    block_steps, static_cast<float*>(sums));
-    int8_finish(sums, a.m, nb, w.scale.data() + b0 * 16, a.out + (b0 * 16 - a.n0), a.ld_out);
+    int8_finish(sums, a.m, nb, w, b0, a.out + (b0 * 16 - a.n0), a.ld_out);
   }
 }
 
@@ -146,7 +146,7 @@ void gemm_int8(const GemmArgs& a) {
     }
     for (int c = 0; c < chunks; ++c) {
       const int i0 = c * kInt8Rows, m = std::min(kInt8Rows, a.m - i0);
-      int8_finish(partial.data() + c * per_chunk, m, nb, w.scale.data() + b0 * 16,
+      int8_finish(partial.data() + c * per_chunk, m, nb, w, b0,
                   a.out + i0 * a.ld_out + (b0 * 16 - a.n0), a.ld_out);
     }
   }
