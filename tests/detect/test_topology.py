@@ -35,6 +35,7 @@ MACHINES = {
     "epyc-9135-2s-nps1-cpu-compress": (2, 0, [[0], [1]], 32),
     "threadripper-3960x-nps4": (4, 0, [[0, 1, 2, 3]], 48),
     "xeon-c5n-18xlarge-2s": (2, 0, [[0], [1]], 72),
+    "xeon-8480-2s-snc4": (8, 0, [[0, 1, 2, 3], [4, 5, 6, 7]], 112),
 }
 
 
@@ -71,6 +72,16 @@ def test_auto_makes_one_share_a_cpu_node_with_its_memory(name: str) -> None:
     for share, node in zip(shares, [n for n in topo.nodes if n.cpus], strict=True):
         assert (share.node == node.id) == bool(node.memory_bytes)  # a CPU-only node: its nearest memory
         assert topo.node(share.node).memory_bytes
+
+
+def test_sapphire_rapids_snc4_runs_a_pool_a_sub_node() -> None:
+    # two Xeon 8480+ with SNC4: 8 nodes of 14 cores, 12 within a socket, 21 across
+    topo = replay("xeon-8480-2s-snc4")
+    assert topo.mode().startswith("sub-NUMA")
+    shares = numa.resolve("auto", None, topo)
+    assert [(len(s.cpus), s.node) for s in shares] == [(14, n) for n in range(8)]
+    half = numa.resolve("auto", 56, topo)  # 56 threads: 7 a sub-node, each on its own node's CPUs
+    assert [len(s.cpus) for s in half] == [7] * 8 and all(set(s.cpus) <= set(topo.node(s.node).cpus) for s in half)
 
 
 def test_a_cpu_node_without_memory_takes_the_nearest_memory() -> None:
