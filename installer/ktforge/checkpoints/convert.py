@@ -192,6 +192,9 @@ def convert_layer(
 ) -> dict[str, Any]:
     """Writes one layer file; returns its manifest entry (tensors with SHA-256, bytes)."""
     biases = checkpoint.biases(layer)  # small ([E, I] and [E, H]): read whole, checked first
+    for name, bias in zip(BIASES, biases or (), strict=False):
+        if not np.isfinite(bias).all():
+            raise ConversionError(f"{checkpoint.path}: layer {layer}'s {name.split('.')[0]} biases hold NaN or Inf")
     tensors = layer_tensors(
         options.method,
         checkpoint.experts,
@@ -228,8 +231,6 @@ def convert_layer(
                         digests[f"{projection}.{part}"].update(as_bytes(array))
                 advance(read)
         for name, bias in zip(BIASES, biases or (), strict=False):
-            if not np.isfinite(bias).all():
-                raise ConversionError(f"{checkpoint.path}: layer {layer}'s {name.split('.')[0]} biases hold NaN or Inf")
             for expert in range(checkpoint.experts):
                 writer.write(name, expert, bias[expert])
             digests[name].update(as_bytes(np.ascontiguousarray(bias)))

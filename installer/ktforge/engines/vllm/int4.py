@@ -198,9 +198,9 @@ class KtforgeGptqAwqMoEMethod(_Int4Experts):
         layer.w13_g_idx.data[:] = (torch.arange(hidden_size) // self.group).to(torch.int32)  # a file without g_idx
         layer.w2_g_idx.data[:] = ((torch.arange(intermediate_size_per_partition) + first) // self.group).to(torch.int32)
         for name in ("w13_g_idx", "w2_g_idx", "w2_scales", "w2_qzeros"):
-            getattr(layer, name).weight_loader = self._g_idx_loader(layer)
+            getattr(layer, name).weight_loader = self._act_order_loader(layer)
 
-    def _g_idx_loader(self, layer: Any) -> Any:
+    def _act_order_loader(self, layer: Any) -> Any:
         """vLLM's loader has no case for a g_idx, nor for down's groups kept whole on every rank:
         this one puts an expert's in place (down's g_idx sliced as its rows are, its scales and
         zero points whole)."""
