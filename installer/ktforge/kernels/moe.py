@@ -118,8 +118,8 @@ class MoE:
         activations: how the formats with int8 activations quantize each projection's input:
             "per-block" (a scale per block of K, ``info["activations"]`` says which: as fine as
             llama.cpp's or finer) or "per-token" (one scale a token: less accurate where a few
-            channels are large, and the group-32 formats' prefill a few percent faster on
-            AVX-512, per-row int8's about 15%; docs/kernels.md, "Activations").
+            channels are large, and the group-32 formats' and per-row int8's prefill about 8%
+            faster on AVX-512; docs/kernels.md, "Activations").
         numa: "auto" (one worker pool a NUMA node with CPUs this process may use, where there
             are two or more, each node's columns of every expert in its own memory; else one
             pool), "off" (one pool), a list of node ids, or a list of
