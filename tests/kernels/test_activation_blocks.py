@@ -6,6 +6,7 @@ fails these tests (the last assertion shows it would, on the same input)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -51,13 +52,48 @@ def outlier_layer(factor: float, seed: int) -> tuple[Any, Any]:
     return (gate, up, down), x
 
 
+def _frozen(*arrays: Any) -> None:
+    for a in arrays:
+        a.setflags(write=False)
+
+
+# The float64 references depend on the format and the input, not on the backend: computed once
+# for all backends (half of the kernel tests' time when each backend's case made its own).
+@functools.lru_cache(maxsize=4)
+def outlier_case(method: str, group: int, factor: float) -> tuple[Any, Any, list[Any]]:
+    """outlier_layer's weights and input for ``method``, and the weights the format stores (read-only)."""
+    floats, x_all = outlier_layer(factor, seed=len(method))
+    dense = [np.stack([dequantized(w, method, group) for w in projection]) for projection in floats]
+    _frozen(*floats, x_all, *dense)
+    return floats, x_all, dense
+
+
+@functools.lru_cache(maxsize=32)
+def references(method: str, group: int, factor: float, T: int, blocks: tuple[int, int]) -> dict[str, Any]:
+    """The first T tokens, their routing, and the layer over the stored weights with exact
+    activations ("exact"), int8 activations a scale per ``blocks`` ("blocked") and a scale per token
+    ("per_token")."""
+    _, x_all, dense = outlier_case(method, group, factor)
+    x = x_all[:T]
+    ids, w = routing(T, E, K_TOP, seed=T)
+    found = {
+        "x": x,
+        "ids": ids,
+        "w": w,
+        "exact": float_reference(x, ids, w, *dense),
+        "blocked": int8_activations_reference(x, ids, w, *dense, block=blocks),
+        "per_token": int8_activations_reference(x, ids, w, *dense, block=(H, I)),
+    }
+    _frozen(*found.values())
+    return found
+
+
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize(("method", "group"), CASES)
 @pytest.mark.parametrize("factor", [20.0, 100.0])
 def test_outlier_channels_cost_only_their_own_blocks(method: str, group: int, backend: str, factor: float) -> None:
     f = formats.by_name(method)
-    floats, x_all = outlier_layer(factor, seed=len(method))
-    dense = [np.stack([dequantized(w, method, group) for w in projection]) for projection in floats]
+    floats, _, _ = outlier_case(method, group, factor)
     moe = ktforge.MoE(E, K_TOP, H, I, method=method, group_size=group, backend=backend)
     moe.load_weights(*floats)
     block, down_block = blocks_of(moe)
@@ -68,12 +104,10 @@ def test_outlier_channels_cost_only_their_own_blocks(method: str, group: int, ba
         "down": f"int8, a scale per {down_block} values of K",
     }
     for T in (2, 70):  # decode, and 35 tokens an expert (the prefill kernels; AMX tiles from 32)
-        x = x_all[:T]
-        ids, w = routing(T, E, K_TOP, seed=T)
-        y = moe.forward(x, ids, w)
-        exact = float_reference(x, ids, w, *dense)  # the file's weights, exact activations
-        blocked = int8_activations_reference(x, ids, w, *dense, block=(block, down_block))
-        per_token = int8_activations_reference(x, ids, w, *dense, block=(H, I))
+        ref = references(method, group, factor, T, (block, down_block))
+        y = moe.forward(ref["x"], ref["ids"], ref["w"])
+        # the file's weights with exact activations, with the scheme's, with a scale per token
+        exact, blocked, per_token = ref["exact"], ref["blocked"], ref["per_token"]
         assert int8_layer_error(y, blocked) < 1e-4, T  # the scheme, computed
         # no further from the exact layer than the scheme itself, and so far closer than a scale
         # per token that one could not pass for the other
@@ -100,23 +134,19 @@ def test_a_scale_per_token_on_request(method: str, backend: str) -> None:
     """MoE(activations="per-token"): one scale a token, the scheme computed, and at outlier
     channels worse than per block."""
     group = (formats.by_name(method).group_sizes or (128,))[0]
-    floats, x_all = outlier_layer(100.0, seed=len(method))
-    dense = [np.stack([dequantized(w, method, group) for w in projection]) for projection in floats]
+    floats, _, _ = outlier_case(method, group, 100.0)
     moe = ktforge.MoE(E, K_TOP, H, I, method=method, group_size=group, backend=backend, activations="per-token")
     moe.load_weights(*floats)
     assert moe.activations == "per-token"
     assert moe.info["activations"] == {"gate_up": "int8, a scale per token", "down": "int8, a scale per token"}
     for T in (2, 70):
-        x = x_all[:T]
-        ids, w = routing(T, E, K_TOP, seed=T)
-        y = moe.forward(x, ids, w)
+        ref = references(method, group, 100.0, T, blocks_of(moe))
+        y = moe.forward(ref["x"], ref["ids"], ref["w"])
         # 3e-4: a token's step is set by its outlier, so a value a hair from a rounding boundary moves
         # an output further than per block (the schemes differ by over 1e-2 here)
-        assert int8_layer_error(y, int8_activations_reference(x, ids, w, *dense, block=(H, I))) < 3e-4, T
-        exact = float_reference(x, ids, w, *dense)
-        blocked = int8_activations_reference(x, ids, w, *dense, block=blocks_of(moe))
+        assert int8_layer_error(y, ref["per_token"]) < 3e-4, T
         if group <= 32:
-            assert rel_err(y, exact) > 1.5 * rel_err(blocked, exact), T
+            assert rel_err(y, ref["exact"]) > 1.5 * rel_err(ref["blocked"], ref["exact"]), T
 
 
 def test_activations_choice_is_checked() -> None:
