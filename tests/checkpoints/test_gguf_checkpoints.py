@@ -98,9 +98,26 @@ def bf16_activations_reference(
     return out
 
 
+# ids gguf-py 0.19 does not name: those ggml removed (ggml.h keeps them as comments), and Q2_0,
+# which ggml.h gained after gguf-py 0.19 (llama.cpp's ggml-common.h: 64 values, a float16 and 16 bytes)
+REMOVED_FROM_GGML = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8"}
+REMOVED_FROM_GGML |= {36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}
+NEWER_THAN_GGUF_PY = {42: ("Q2_0", (64, 18))}
+
+
 def test_the_type_table_is_ggmls() -> None:
-    # ids and block sizes as gguf-py (llama.cpp's own Python package) states them
-    for row in json.loads(data_path("gguf_types.json").read_text())["types"]:
+    # every id of ggml's enum, with ids and block sizes as gguf-py (llama.cpp's own Python package) states them
+    rows = json.loads(data_path("gguf_types.json").read_text())["types"]
+    assert [row["id"] for row in rows] == list(range(len(rows)))
+    known = {kind.value for kind in gguf.GGMLQuantizationType}
+    assert known | set(REMOVED_FROM_GGML) | set(NEWER_THAN_GGUF_PY) == set(range(len(rows)))
+    for row in rows:
+        if row["id"] in REMOVED_FROM_GGML:
+            assert (row["name"], row["block"], row["served_as"]) == (REMOVED_FROM_GGML[row["id"]], None, None)
+            continue
+        if row["id"] in NEWER_THAN_GGUF_PY:
+            assert (row["name"], tuple(row["block"])) == NEWER_THAN_GGUF_PY[row["id"]]
+            continue
         kind = gguf.GGMLQuantizationType[row["name"]]
         assert kind.value == row["id"] and tuple(gguf.GGML_QUANT_SIZES[kind]) == tuple(row["block"]), row["name"]
         assert row["served_as"] is None or row["served_as"] in ktforge.formats.names()
@@ -263,7 +280,9 @@ def test_split_files_and_a_directory_load_as_the_whole_file(tmp_path: Path) -> N
         got = ktforge.MoE.from_pretrained(path, 0, backend="reference").forward(x, ids, w)
         assert np.array_equal(got, whole), path
     shutil.copy(parts[0], tmp_path / parts[0].name)
-    with pytest.raises(GgufError, match=r"00002-of-00002\.gguf are missing"):
+    with pytest.raises(
+        GgufError, match=r"part 1 of a split model of 2 parts; 1 of them are missing \(.*00002-of-00002\.gguf\)"
+    ):
         ktforge.MoE.from_pretrained(tmp_path / parts[0].name, 0)
     shutil.copy(fixture("BF16"), tmp_path)
     with pytest.raises(GgufError, match="holds 2 GGUF models"):

@@ -175,3 +175,93 @@ def test_a_directory_with_a_checkpoint_and_a_gguf_says_so(tmp_path: Path) -> Non
     with pytest.raises(GgufError, match=r"holds a checkpoint \('config\.json'\) and GGUF files"):
         ktforge.MoE.from_pretrained(tmp_path, 0)
     assert (FIXTURES / "split").is_dir()
+
+
+def test_a_split_of_many_parts_with_the_others_missing_is_one_short_line(tmp_path: Path) -> None:
+    first = tmp_path / "m-00001-of-99999.gguf"
+    shutil.copy(fixture("Q4_K"), first)
+    with pytest.raises(GgufError) as refused:
+        GgufModel(first)
+    message = str(refused.value)
+    assert "part 1 of a split model of 99999 parts; 99998 of them are missing" in message
+    assert "m-00002-of-99999.gguf" in message and "and 99995 more" in message
+    assert len(message) < 300 + len(str(first)) and "\n" not in message
+
+
+def with_extra_tensor(path: Path, raw_type: gguf.GGMLQuantizationType, values: int) -> Path:
+    """The Q4_K fixture's tensors and metadata, and an attention tensor ``blk.0.attn_q.weight`` of
+    16 rows of ``values`` in ``raw_type`` (arbitrary bytes: only its size matters), written by gguf-py."""
+    source = gguf.GGUFReader(fixture("Q4_K"))
+    writer = gguf.GGUFWriter(str(path), "qwen3moe")
+    for field in source.fields.values():
+        if field.types and field.types[0] == gguf.GGUFValueType.UINT32 and field.name.startswith("qwen3moe."):
+            writer.add_uint32(field.name, int(field.parts[-1][0]))
+    for t in source.tensors:
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[raw_type]
+    raw = np.random.default_rng(0).integers(0, 255, (16, values // block_values * block_bytes), dtype=np.uint8)
+    writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=raw_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def retyped(path: Path, name: str, type_id: int, first_dim: int | None = None) -> Path:
+    """``path`` with tensor ``name``'s ggml type id (and its first dimension, ne[0]) rewritten."""
+    data = bytearray(path.read_bytes())
+    at = tensor_entry(data, name)
+    (n_dims,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, type_id)
+    if first_dim is not None:
+        struct.pack_into("<Q", data, at + 4, first_dim)
+    path.write_bytes(bytes(data))
+    return path
+
+
+# a type ktforge does not compute, in a tensor outside the experts: (written as, ggml id, ne[0] then)
+OUTSIDE_THE_EXPERTS = {
+    "NVFP4": (gguf.GGMLQuantizationType.NVFP4, 40, None),
+    "Q1_0": (gguf.GGMLQuantizationType.Q1_0, 41, None),
+    "Q2_0": (gguf.GGMLQuantizationType.Q4_0, 42, 512),  # Q4_0's 8 blocks of 18 bytes a row are Q2_0's 8
+    "Q4_0_4_4": (gguf.GGMLQuantizationType.Q8_0, 31, None),  # removed from ggml: its size unknown
+    "type id 139": (gguf.GGMLQuantizationType.Q8_0, 139, None),  # not ggml's (a fork's)
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OUTSIDE_THE_EXPERTS))
+def test_a_type_outside_the_experts_does_not_sink_the_file(kind: str, tmp_path: Path) -> None:
+    raw_type, type_id, first_dim = OUTSIDE_THE_EXPERTS[kind]
+    path = retyped(with_extra_tensor(tmp_path / "x.gguf", raw_type, 256), "blk.0.attn_q.weight", type_id, first_dim)
+    with GgufModel(path) as model:
+        info = model.tensors["blk.0.attn_q.weight"]
+        assert info.type.name == kind
+        written = 16 * 256 // gguf.GGML_QUANT_SIZES[raw_type][0] * gguf.GGML_QUANT_SIZES[raw_type][1]
+        if info.type.sized:  # ggml's size of it: the bytes the writer wrote
+            assert model.data(info.name).nbytes == info.nbytes == written
+        else:  # skipped, never read
+            with pytest.raises(GgufError, match=rf"attn_q\.weight is {kind}, which cannot be read"):
+                model.data(info.name)
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    ids = np.array([[0, 1], [2, 3], [1, 2]], dtype=np.int32)
+    w = np.full((3, 2), 0.5, dtype=np.float32)
+    alone = ktforge.MoE.from_pretrained(fixture("Q4_K"), 0, backend="reference").forward(x, ids, w)
+    beside = ktforge.MoE.from_pretrained(path, 0, backend="reference").forward(x, ids, w)
+    assert np.array_equal(alone, beside)
+
+
+@pytest.mark.parametrize(
+    ("type_id", "why"),
+    [
+        (139, r"is type id 139, which ktforge does not compute: it is not one of ggml's types \(ids 0-42\)"),
+        (31, r"is Q4_0_4_4, which ktforge does not compute: removed from ggml"),
+    ],
+)
+def test_an_expert_tensor_of_a_type_ktforge_cannot_read_is_named(type_id: int, why: str, tmp_path: Path) -> None:
+    path = tmp_path / "e.gguf"
+    shutil.copy(fixture("Q4_K"), path)
+    retyped(path, "blk.0.ffn_up_exps.weight", type_id)
+    with pytest.raises(GgufError, match=r"blk\.0\.ffn_up_exps\.weight " + why) as refused:
+        ktforge.MoE.from_pretrained(path, 0)
+    assert "\n" not in str(refused.value)

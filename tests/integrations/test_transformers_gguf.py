@@ -41,6 +41,10 @@ def test_the_experts_run_on_the_ggufs_own_values() -> None:
         ours = model(prompt).logits.float()
     # the same values; ours with int8 activations, eager with exact ones
     assert float((ours - eager).abs().max() / eager.abs().max()) < TOLERANCE["int8"]
+    # a second load of the same file says so, and the layer stays as it was
+    with pytest.raises(ValueError, match=r"already loaded by ktforge .* load the model again first") as refused:
+        kt_hf.load_checkpoint(model, MODEL)
+    assert "\n" not in str(refused.value) and kt_hf.packed_layer(modules[0]) is layer
 
 
 def test_a_gguf_of_another_model_is_refused() -> None:

@@ -47,16 +47,41 @@ class GgufError(ValueError):
 class GgmlType:
     name: str
     id: int
-    block_values: int
+    block_values: int  # 0: a size this reader cannot compute (an id ggml removed, or not ggml's)
     block_bytes: int
     served_as: str | None  # the format that keeps its values exactly; None: refused
     why: str
 
+    @property
+    def sized(self) -> bool:
+        return self.block_values > 0
+
 
 @cache
 def ggml_types() -> dict[int, GgmlType]:
+    """Every id of ggml's ggml_type (data/gguf_types.json), removed ones included."""
     rows = json.loads(data_path("gguf_types.json").read_text())["types"]
-    return {r["id"]: GgmlType(r["name"], r["id"], r["block"][0], r["block"][1], r["served_as"], r["why"]) for r in rows}
+    types = {}
+    for r in rows:
+        values, size = r["block"] or (0, 0)
+        types[r["id"]] = GgmlType(r["name"], r["id"], values, size, r["served_as"], r["why"])
+    return types
+
+
+def ggml_type(type_id: int) -> GgmlType:
+    """The type of id ``type_id``; one past ggml's ids is named as not ggml's (a fork's own)."""
+    known = ggml_types()
+    if type_id in known:
+        return known[type_id]
+    return GgmlType(
+        f"type id {type_id}",
+        type_id,
+        0,
+        0,
+        None,
+        f"it is not one of ggml's types (ids 0-{max(known)}): a fork's own type (ik_llama.cpp's IQ2_K and the like) "
+        "that llama.cpp does not read either",
+    )
 
 
 @dataclass(frozen=True)
@@ -147,6 +172,14 @@ class GgufFile:
         if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
             raise GgufError(f"{self.path}: general.alignment is {shown(alignment)}, not a power of two")
         start = -(-cursor.pos // alignment) * alignment
+        # a tensor of a type whose size is unknown extends to the next tensor (or the file's end):
+        # it can be skipped, never read
+        for i, (name, shape, kind, offset, nbytes) in enumerate(infos):
+            if nbytes < 0:
+                end = infos[i + 1][3] if i + 1 < len(infos) else self.size - start
+                if end <= offset:
+                    raise GgufError(f"{self.path}: tensor {shown(name)} ({kind.name}) has no bytes before the next")
+                infos[i] = (name, shape, kind, offset, end - offset)
         self.tensors: dict[str, TensorInfo] = {}
         expected = 0  # each tensor at the running offset, as llama.cpp requires: no overlap, no gap
         for name, shape, kind, offset, nbytes in infos:
@@ -166,22 +199,21 @@ class GgufFile:
             raise GgufError(f"{self.path}: tensor {shown(name)} has {n_dims} dimensions; GGUF allows {MAX_DIMS}")
         dims = [cursor.take("Q") for _ in range(n_dims)]
         type_id, offset = cursor.take("I"), cursor.take("Q")
-        types = ggml_types()
-        if type_id not in types:
-            raise GgufError(
-                f"{self.path}: tensor {shown(name)} has ggml type {type_id}, which this reader does not know"
-            )
-        kind, shape = types[type_id], tuple(reversed(dims))
-        if shape and shape[-1] % kind.block_values:
+        kind, shape = ggml_type(type_id), tuple(reversed(dims))
+        if kind.sized and shape and shape[-1] % kind.block_values:
             raise GgufError(f"{self.path}: tensor {shown(name)}'s rows ({shape[-1]}) are not whole {kind.name} blocks")
         count = math.prod(shape)  # Python integers: a product past int64 is caught, not wrapped
         if count >= 2**62:
             raise GgufError(f"{self.path}: tensor {shown(name)}'s dimensions {list(dims)} hold more than 2^62 values")
-        return name, shape, kind, offset, count // kind.block_values * kind.block_bytes
+        return name, shape, kind, offset, count // kind.block_values * kind.block_bytes if kind.sized else -1
 
     def data(self, info: TensorInfo) -> np.ndarray[Any, Any]:
         """The tensor's bytes, uint8 ``[..., rows, blocks a row * block bytes]``: a copy read now
         (a file that shrank meanwhile is a GgufError naming it and the tensor)."""
+        if not info.type.sized:
+            raise GgufError(
+                f"{self.path}: tensor {info.name} is {info.type.name}, which cannot be read: {info.type.why}"
+            )
         flat = np.empty(info.nbytes, dtype=np.uint8)
         view, done = flat.data, 0
         while done < info.nbytes:
@@ -230,7 +262,11 @@ def model_files(path: str | Path) -> list[Path]:
     parts = [target.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
     missing = [p.name for p in parts if not p.is_file()]
     if missing:
-        raise GgufError(f"{target} is part of a split model whose parts {', '.join(missing)} are missing")
+        named = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise GgufError(
+            f"{target} is part {int(match['index'])} of a split model of {count} parts; "
+            f"{len(missing)} of them are missing ({named})"
+        )
     try:  # the other parts are the directory's own (or its hub snapshot's blobs): no link leads elsewhere
         return [p if p == target else member(target.parent, p.name, f"{target.parent}: split part") for p in parts]
     except UnsafePath as error:

@@ -460,6 +460,13 @@ def _modules_of_layers(
             f"of this {type(model).__name__}"
         )
     for name, module, _ in modules:
+        packed = _packed.get(module)
+        if packed is not None and packed.released:
+            raise ValueError(
+                f"{name}'s experts were already loaded by ktforge (load_checkpoint, or packing with "
+                "release_torch_weights) and transformers' copy released: they run on ktforge now; to load "
+                f"{directory} instead, load the model again first"
+            )
         reason = why_unsupported(module, layout_only=True)
         if reason is not None:
             raise ValueError(f"{name} cannot run on ktforge's kernels: {reason}")
