@@ -24,6 +24,7 @@
 #include "arch/features.hpp"
 #include "blis/aocl.hpp"
 #include "kernels/registry.hpp"
+#include "kernels/lattice.hpp"
 #include "kernels/pack.hpp"
 #include "kernels/scalar.hpp"
 #include "moe/layer.hpp"
@@ -187,6 +188,7 @@ class PyMoE {
       return {values.data(), values.shape(2), scales.data(), groups * 4, zero.data(), groups};
     }
     if (k_quant(element_of(method))) return super_block_weights(values, scales, N, K, name, method);
+    if (lattice(element_of(method))) return lattice_weights(values, scales, N, K, name, method);
     if (legacy(element_of(method))) return legacy_weights(values, scales, N, K, name, method);
     if (element_of(method) == Element::bf16 || floats(element_of(method))) {  // values only (scale: unused)
       const Element e = element_of(method);  // bf16: a mixed layer's projection
@@ -284,6 +286,25 @@ class PyMoE {
           throw std::invalid_argument(scale_name + (parts.halves == 2 ? " holds a d or dmin that is not finite"
                                                                       : " holds a d that is not finite"));
     return {values.data(), values.shape(2), scales.data(), supers * parts.record_bytes};
+  }
+
+  // GGUF's i-quants (ktforge.formats.quantize): values uint8 [E, N, Kp / 256 * (block bytes - 2)],
+  // the file's blocks less their d, and the d, float16 (as uint16) [E, N, Kp / 256].
+  MoeLayer::QuantizedWeights lattice_weights(const py::array& values, const py::array& scales, py::ssize_t N,
+                                             py::ssize_t K, const char* name, Method method) {
+    const Element e = element_of(method);
+    const py::ssize_t E = layer_.config().experts, supers = (K + kQ4kSuperBlock - 1) / kQ4kSuperBlock;
+    const std::string scale_name = std::string(name) + "_scale", format = format_info(method).name;
+    if (!values.dtype().is(py::dtype::of<uint8_t>()))
+      throw std::invalid_argument(std::string(name) + " must be uint8 (" + format + "'s blocks, less their d)");
+    if (!scales.dtype().is(py::dtype::of<uint16_t>()))
+      throw std::invalid_argument(scale_name + " must be float16 (passed as uint16: the blocks' d)");
+    require(values, {E, N, supers * (lattice_block_bytes(e) - 2)}, name);
+    require(scales, {E, N, supers}, scale_name.c_str());
+    const auto* d = static_cast<const uint16_t*>(scales.data());
+    if (std::any_of(d, d + scales.size(), [](uint16_t v) { return (v & 0x7C00) == 0x7C00; }))
+      throw std::invalid_argument(scale_name + " holds a d that is not finite");
+    return {values.data(), values.shape(2), scales.data(), supers * 2};
   }
 
   // GGUF's Q4_0, Q4_1, Q5_0, Q5_1 (ktforge.formats.quantize): values uint8 [E, N, Kg / 2] (two

@@ -33,6 +33,10 @@ ELEMENTS = (
     "iq4xs",
     "q3k",
     "q2k",
+    "iq2xxs",
+    "iq2xs",
+    "iq3xxs",
+    "iq1s",
     "q40",
     "q41",
     "q50",
@@ -106,8 +110,8 @@ class Format:
         return self.bits / 8 + extra
 
 
-def _type_bytes(name: str) -> int:
-    return {"f32": 4, "f16": 2, "bf16": 2, "e8m0": 1, "u8": 1, "i8": 1, "u4": 1}[name]
+def _type_bytes(name: str) -> float:
+    return {"f32": 4, "f16": 2, "bf16": 2, "e8m0": 1, "u16": 2, "u8": 1, "i8": 1, "u4": 0.5}[name]
 
 
 def _format(row: dict[str, object]) -> Format:
@@ -315,7 +319,14 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "cpp":
         folder = Path(argv[1])
         folder.mkdir(parents=True, exist_ok=True)
-        for name, text in (("formats.gen.hpp", cpp_text()), ("providers.gen.hpp", providers_text())):
+        from ktforge.formats import lattice
+
+        generated = (
+            ("formats.gen.hpp", cpp_text()),
+            ("providers.gen.hpp", providers_text()),
+            ("lattice_grids.gen.hpp", lattice.cpp_text()),
+        )
+        for name, text in generated:
             target = folder / name
             if not target.exists() or target.read_text() != text:  # unchanged files keep builds incremental
                 target.write_text(text)

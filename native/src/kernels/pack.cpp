@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "kernels/iq4.hpp"
+#include "kernels/lattice.hpp"
 #include "kernels/legacy.hpp"
 #include "kernels/q6k.hpp"
 #include "kernels/scalar.hpp"
@@ -65,7 +66,7 @@ void begin_quantized(PackedMatrix& out) {
     out.group_e8m0.assign(static_cast<std::size_t>(out.Np) * out.groups(), kE8m0One);
   } else if (legacy(out.element)) {
     begin_legacy(out);
-  } else if (k_quant(out.element)) {
+  } else if (k_quant(out.element) || lattice(out.element)) {
     out.group_meta.assign(static_cast<std::size_t>(out.blocks()) * out.meta_bytes_per_block(), 0);  // zero weights
   } else if (out.element == Element::int4z) {
     out.group_meta.assign(static_cast<std::size_t>(out.blocks()) * out.groups() * kInt4zGroupBytes, 0);
@@ -416,6 +417,13 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
       pack_legacy_floats(out, n, row.data());
       continue;
     }
+    if (lattice(method)) {  // the file's blocks, then regrouped as a file's are
+      std::vector<uint8_t> codes(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock) * (lattice_block_bytes(method) - 2));
+      std::vector<uint16_t> d(out.Kp / kQ4kSuperBlock);
+      quantize_lattice_row(method, row.data(), out.Kp, codes.data(), d.data());
+      put_lattice_row(out, n, codes.data(), d.data());
+      continue;
+    }
     if (iq4(method)) {
       std::vector<uint8_t> records(static_cast<std::size_t>(out.Kp / kQ4kSuperBlock + 1) * kIq4xsRowRecordBytes);
       quantize_iq4_row(row.data(), out.Kp, method == Element::iq4xs, q.data(), bits.data(), records.data());
@@ -485,6 +493,8 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
       if (row.values) {
         put_int4z_row(out, n, q.data(), static_cast<const float*>(row.scales), static_cast<const uint8_t*>(row.zeros));
       }
+    } else if (lattice(method)) {  // the file's blocks less d, and d; a missing row keeps d 0: zero weights
+      if (row.values) put_lattice_row(out, n, static_cast<const uint8_t*>(row.values), static_cast<const uint16_t*>(row.scales));
     } else if (legacy(method)) {  // a missing row keeps begin_legacy's zero scales
       if (row.values) put_legacy_row(out, n, static_cast<const uint8_t*>(row.values), static_cast<const uint16_t*>(row.scales));
     } else if (super_block_rows(method)) {

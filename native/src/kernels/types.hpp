@@ -59,8 +59,14 @@ inline bool k_quant(Element m) {
 inline bool q4k_records(Element m) { return m == Element::q4k || m == Element::q5k; }
 // Plain floats (GGUF's F16, F32): fp32 FMA on the exact activations, no scales.
 inline bool floats(Element m) { return m == Element::f16 || m == Element::f32; }
+// GGUF's i-quants (llama.cpp's IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S): per 8 values of K (IQ3_XXS: per
+// 4) an index into a fixed grid of small values (kernels/lattice.hpp), with signs, per 16 or 32 a
+// 4-bit (IQ1_S: 3-bit) scale, per super-block of 256 a float16 d.
+inline bool lattice(Element m) {
+  return m == Element::iq2xxs || m == Element::iq2xs || m == Element::iq3xxs || m == Element::iq1s;
+}
 inline int k_step(Element m, int group) {
-  return m == Element::bf16 || floats(m) ? 32 : m == Element::int8 ? 64 : k_quant(m) ? kQ4kSuperBlock : group;
+  return m == Element::bf16 || floats(m) ? 32 : m == Element::int8 ? 64 : k_quant(m) || lattice(m) ? kQ4kSuperBlock : group;
 }
 // GGUF's Q4_0, Q4_1, Q5_0 and Q5_1, a float16 d per group of 32: q40 w = d * (q - 8), q50 w = d *
 // (q - 16), their d int8h's group scales; q41, q51 w = d * q + m, d and m per 16-column block and
@@ -77,12 +83,12 @@ inline int legacy_offset(Element m) { return m == Element::q40 ? 8 : m == Elemen
 // Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
 inline bool grouped(Element m) {
   return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z ||
-         m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m);
+         m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m) || lattice(m);
 }
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
 inline bool int8_activations(Element m) {
   return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z ||
-         m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m);
+         m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m) || lattice(m);
 }
 // GGUF's IQ4_NL and IQ4_XS: int4's nibbles, each a code of a fixed non-linear grid (llama.cpp's
 // kvalues_iq4nl), w = scale * kIq4Values[code]. IQ4_NL: a float16 scale per 32 (int8h's scales);
@@ -116,7 +122,15 @@ inline bool nibbles(Element m) {
 }
 // int8g's layout and kernels, its scales bfloat16 (int8g) or float16 (int8h)
 inline bool int8_groups(Element m) { return m == Element::int8g || m == Element::int8h; }
-inline bool group_sums(Element m) { return int8_groups(m) || nibbles(m) || k_quant(m) || legacy(m); }
+inline bool group_sums(Element m) { return int8_groups(m) || nibbles(m) || k_quant(m) || legacy(m) || lattice(m); }
+
+// The i-quants' panels: per 16-column block a chunk per 32 values of K, the file's bits of those
+// 32 values of its 16 columns regrouped so a line (8 values of K x 16 columns) reads at fixed
+// places; their float16 d in group_meta, d[16] a super-block (kernels/lattice.hpp says the rest).
+constexpr int kLatticeChunkValues = 32, kLatticeSuperBytes = 16 * 2;
+inline int lattice_chunk_bytes(Element m) {
+  return m == Element::iq2xxs ? 128 : m == Element::iq2xs ? 144 : m == Element::iq3xxs ? 192 : 96;
+}
 
 // int4z: per 16-column block and group, 16 float32 scales then 16 zero points (uint8, in
 // [0, 15]): one 80-byte record, so a tile reads one pointer a block.
@@ -384,6 +398,7 @@ struct PackedMatrix {
            : element == Element::q2k ? static_cast<std::size_t>(groups() / kQ6kGroupsPerSuper) * kQ2kSuperBytes
            : legacy_mins(element)    ? static_cast<std::size_t>(groups()) * kLegacyGroupBytes
            : element == Element::iq4xs ? static_cast<std::size_t>(groups() / kQ4kGroupsPerSuper) * kIq4xsSuperBytes
+           : lattice(element)          ? static_cast<std::size_t>(Kp / kQ4kSuperBlock) * kLatticeSuperBytes
                                      : static_cast<std::size_t>(groups()) * kInt4zGroupBytes;
   }
   const uint8_t* block_meta(int b) const { return meta(b, kGroupMeta, group_meta.data(), meta_bytes_per_block()); }
@@ -398,6 +413,7 @@ struct PackedMatrix {
   }
 
   static std::size_t block_bytes(Element m, int Kp) {
+    if (lattice(m)) return static_cast<std::size_t>(Kp / kLatticeChunkValues) * lattice_chunk_bytes(m);
     return static_cast<std::size_t>(Kp) * (m == Element::bf16 || m == Element::f16 ? 32
                                            : nibbles(m) || m == Element::q40 || m == Element::q41 ? 8
                                            : m == Element::q5k || m == Element::q50 || m == Element::q51 ? 10

@@ -6,11 +6,48 @@
 #include <cctype>
 #include <vector>
 
+#include "kernels/lattice.hpp"
 #include "kernels/pack.hpp"
 #include "kernels/scalar.hpp"
 #include "python/arrays.hpp"
 
 namespace kt {
+
+namespace {
+
+// Weights [..., K] float32 -> an i-quant's portable layout: the GGUF blocks less their d (uint8
+// [..., Kp / 256 * (block bytes - 2)]) and the d (float16 bits [..., Kp / 256]), K padded to 256.
+py::tuple quantize_lattice_weights(const py::array& w, Element method) {
+  if (w.ndim() < 1) throw std::invalid_argument("weights need at least one dimension");
+  if (!(w.flags() & py::array::c_style)) throw std::invalid_argument("weights must be C-contiguous");
+  const DType dtype = dtype_of(w, "weights");
+  const py::ssize_t K = w.shape(w.ndim() - 1), rows = K ? w.size() / K : 0;
+  const py::ssize_t Kp = (K + kQ4kSuperBlock - 1) / kQ4kSuperBlock * kQ4kSuperBlock, supers = Kp / kQ4kSuperBlock;
+  const py::ssize_t bytes = supers * (lattice_block_bytes(method) - 2);
+  std::vector<py::ssize_t> q_shape(w.shape(), w.shape() + w.ndim()), d_shape = q_shape;
+  q_shape.back() = bytes, d_shape.back() = supers;
+  py::array_t<uint8_t> codes(q_shape);
+  py::array_t<uint16_t> d(d_shape);
+  const auto* src = static_cast<const char*>(w.data());
+  const std::size_t elem = dtype == DType::f32 ? 4 : 2;
+  int64_t bad_row = -1;
+  {
+    py::gil_scoped_release release;
+    std::vector<float> row(Kp, 0.f);
+    for (py::ssize_t r = 0; r < rows && bad_row < 0; ++r) {
+      for (py::ssize_t k = 0; k < K; ++k)
+        row[k] = dtype == DType::f32 ? reinterpret_cast<const float*>(src + r * K * elem)[k]
+                                     : bf16_to_f32(reinterpret_cast<const uint16_t*>(src + r * K * elem)[k]);
+      if (!quantize_lattice_row(method, row.data(), static_cast<int>(Kp), codes.mutable_data() + r * bytes,
+                                d.mutable_data() + r * supers))
+        bad_row = r;
+    }
+  }
+  if (bad_row >= 0) throw std::invalid_argument("weights contain NaN or infinite values (row " + std::to_string(bad_row) + ")");
+  return py::make_tuple(codes, d);
+}
+
+}  // namespace
 
 // Weights [..., K] float32 -> the portable layout of ktforge.formats.quantize: int8 values and one
 // float32 scale per row; int8g: int8 values and a bfloat16 scale (its uint16 bits) per group of
@@ -27,6 +64,7 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
   if (method == Element::int8h)
     throw std::invalid_argument("q8_0 serves GGUF Q8_0 tensors as they are (or packs floats in load_weights); "
                                 "kt convert writes int8g, its bfloat16-scaled peer");
+  if (lattice(method)) return quantize_lattice_weights(w, method);
   if (k_quant(method) || iq4(method) || legacy(method) || floats(method)) {
     std::string ggml = method_name;  // the ggml type's name: q4_k -> Q4_K
     std::transform(ggml.begin(), ggml.end(), ggml.begin(), [](unsigned char c) { return std::toupper(c); });

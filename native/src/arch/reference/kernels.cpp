@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "arch/features.hpp"
+#include "kernels/lattice.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/rowops.hpp"
 #include "kernels/scalar.hpp"
@@ -189,6 +190,13 @@ float legacy_negated_m(const PackedMatrix& w, int block, int g, int c) {
   return -legacy_half(w, block, g, kLegacyMins + 2 * c);
 }
 
+// the i-quants: each value the grid's, signed (IQ1_S: 8 times it plus the group's shift), per group
+// d * (2 ls + 1) * their factor (kernels/lattice.hpp)
+template <Element E>
+int lattice_code(const uint8_t* block, int c, int k) {
+  return lattice_value(E, block, c, k);
+}
+
 // fp8: per group, the sum of code * 2^-120 times x * 2^64 over the group (fp32, in k order, as
 // the SIMD kernels), times block scale * 2^56; the row's scale at the end.
 void gemm_fp8(const GemmArgs& a) {
@@ -253,6 +261,10 @@ void gemm(const GemmArgs& a) {
     case Element::q2k: return gemm_grouped(a, plane_code<Q2kLine>, q2k_scale, 1.f, no_zero, q2k_min);
     case Element::iq4nl: return gemm_grouped(a, iq4_value, f16_group_scale);
     case Element::iq4xs: return gemm_grouped(a, iq4_value, iq4xs_scale);
+    case Element::iq2xxs: return gemm_grouped(a, lattice_code<Element::iq2xxs>, lattice_scale);
+    case Element::iq2xs: return gemm_grouped(a, lattice_code<Element::iq2xs>, lattice_scale);
+    case Element::iq3xxs: return gemm_grouped(a, lattice_code<Element::iq3xxs>, lattice_scale);
+    case Element::iq1s: return gemm_grouped(a, lattice_code<Element::iq1s>, lattice_scale);
   }
 }
 
@@ -265,6 +277,7 @@ std::string describe(Element m) {
          : m == Element::int4z ? "scalar int32 dot per group, less zero points"
          : q4k_records(m)     ? "scalar int32 dot per group, less mins"
          : iq4(m)             ? "scalar int32 dot per group of IQ4 grid values"
+         : lattice(m)         ? "scalar int32 dot per group of signed i-quant grid values"
          : m == Element::int8h ? "scalar int32 dot per group, float16 scales"
          : m == Element::q6k  ? "scalar int32 dot per group of 16, less 32 times the activation sum"
          : m == Element::q3k  ? "scalar int32 dot per group of 16, less 4 times the activation sum"

@@ -166,6 +166,7 @@ inline __m256 load_scales(const uint16_t* bf16) {
 // namespace (they use prefetch_panel and load_scales)
 #include "arch/x86/avx2/floats.hpp"
 #include "arch/x86/avx2/nibbles.hpp"
+#include "arch/x86/avx2/lattice.hpp"
 
 namespace kt {
 namespace {
@@ -278,9 +279,20 @@ void nibble_rows_of(int m, const int8_t* const* rows, const int32_t* const* sums
   dispatch<kRows, 1, NibbleTile<Codes>::template Tile>(m, 1, rows, sums, xs, w.block(blk), Codes::scales_of(w, blk),
                                                        w.groups(), w.group, out, ld);
 }
+// an i-quant's rows against block blk
+template <class Codes>
+void lattice_rows_of(int m, const int8_t* const* rows, const int32_t* const* sums, const float* const* xs, const PackedMatrix& w,
+                     int blk, float* out, int64_t ld) {
+  dispatch<kRows, 1, LatticeTile<Codes>::template Tile>(m, 1, rows, sums, xs, w.block(blk), LatticeTile<Codes>::scales_of(w, blk),
+                                                         w.groups(), w.group, out, ld);
+}
 void nibble_rows(Element e, int m, const int8_t* const* rows, const int32_t* const* sums, const float* const* xs,
                  const PackedMatrix& w, int blk, float* out, int64_t ld) {
   const auto run = e == Element::int4z   ? nibble_rows_of<Int4zCodes>
+                   : e == Element::iq2xxs ? lattice_rows_of<Iq2xxsCodes>
+                   : e == Element::iq2xs  ? lattice_rows_of<Iq2xsCodes>
+                   : e == Element::iq3xxs ? lattice_rows_of<Iq3xxsCodes>
+                   : e == Element::iq1s   ? lattice_rows_of<Iq1sCodes>
                    : e == Element::q4k   ? nibble_rows_of<Q4kCodes>
                    : e == Element::q5k   ? nibble_rows_of<Q5kCodes>
                    : e == Element::q6k   ? nibble_rows_of<Q6kCodes>
@@ -357,6 +369,7 @@ std::string describe(Element m) {
          : m == Element::int4z ? "avx2 maddubs on unpacked nibbles, less zero points"
          : m == Element::q4k   ? "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group"
          : iq4(m)              ? "avx2 maddubs on the IQ4 grid's values looked up, sign on the weights, per group"
+         : lattice(m)          ? "avx2 maddubs on the i-quant grid's values gathered, sign on the activations, per group"
          : m == Element::q5k   ? "avx2 maddubs on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group"
          : m == Element::q6k   ? "avx2 maddubs on 6-bit codes (nibbles and high bits), Q6_K's scales per group of 16"
          : m == Element::q3k   ? "avx2 maddubs on 3-bit codes (two bit planes), Q3_K's scales folded in int32 per super-block"

@@ -116,6 +116,8 @@ inline __m512 load_scales(const uint16_t* bf16) {
 // nibble_tile (int4, fp4) and its codes, in this file's unnamed namespace (they use
 // kStreamAheadLines, dpbusd and load_scales)
 #include "arch/x86/avx512/nibbles.hpp"
+// the i-quants' tile and codes, likewise
+#include "arch/x86/avx512/lattice.hpp"
 
 namespace kt {
 namespace {
@@ -301,6 +303,11 @@ template <class Codes>
 void gemm_nibbles(const GemmArgs& a) {
   gemm_grouped<NibbleTile<Codes>::template Tile, nibble_rows<Codes>(), kInt4Blocks, kInt4DecodeBlocks, Codes>(a);
 }
+// GGUF's i-quants: 6 rows as the other looked-up codes (their gathers and signs take registers)
+template <class Codes>
+void gemm_lattice(const GemmArgs& a) {
+  gemm_grouped<LatticeTile<Codes>::template Tile, 6, kInt4Blocks, kInt4DecodeBlocks, LatticeTile<Codes>>(a);
+}
 void gemm_int8g(const GemmArgs& a) {
   gemm_grouped<Int8gTiles<false>::Tile, kInt8gRows, kInt8gBlocks, kInt8gDecodeBlocks>(a);
 }
@@ -331,6 +338,10 @@ void gemm(const GemmArgs& a) {
     case Element::q51: return gemm_nibbles<Q51Codes>(a);
     case Element::iq4nl: return gemm_nibbles<Iq4nlCodes>(a);
     case Element::iq4xs: return gemm_nibbles<Iq4xsCodes>(a);
+    case Element::iq2xxs: return gemm_lattice<Iq2xxsCodes>(a);
+    case Element::iq2xs: return gemm_lattice<Iq2xsCodes>(a);
+    case Element::iq3xxs: return gemm_lattice<Iq3xxsCodes>(a);
+    case Element::iq1s: return gemm_lattice<Iq1sCodes>(a);
     case Element::int8g: return gemm_int8g(a);
     case Element::int8h: return gemm_int8h(a);
 #else
@@ -352,9 +363,11 @@ std::string describe(Element m) {
 #endif
 #ifdef __AVX512VNNI__
   const std::string dot = "avx512 vpdpbusd", without = "", iq4_grid = " on the IQ4 grid's values looked up (+ 128), per group";
+  const std::string lattice_grid = " on the i-quant grid's values gathered and signed (+ 128), per group";
 #else
   const std::string dot = "avx2 maddubs", without = " (no VNNI)";
   const std::string iq4_grid = " on the IQ4 grid's values looked up, sign on the weights, per group";
+  const std::string lattice_grid = " on the i-quant grid's values gathered, sign on the activations, per group";
 #endif
 #ifdef __AVX512BF16__
   if (m == Element::fp8)
@@ -378,6 +391,7 @@ std::string describe(Element m) {
                            : legacy_mins(m)      ? " on unsigned codes, float16 scales and mins per group"
                            : legacy(m)           ? " on unsigned codes less their offset, float16 scales per group"
                            : iq4(m)              ? iq4_grid
+                           : lattice(m)          ? lattice_grid
                                                  : " on unpacked nibbles";
   return dot + what + without;
 }
