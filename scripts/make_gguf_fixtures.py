@@ -12,6 +12,17 @@ with a Python that has `gguf` and `llama-cpp-python` (a source build of llama.cp
 `--mixed` remakes only the F32 file (the float32 source every other type is quantized from) and
 the mixed-type files, from the per-type files already there (gguf-py alone: their tensors stay as
 llama.cpp quantized them).
+
+`--iquants BIN` makes the i-quant files (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, and two mixes as
+Unsloth's UD-Q2_K_XL and UD-IQ1_S have them) with llama.cpp's own tools in BIN: llama-imatrix
+makes the importance matrix the 2-bit and 1-bit types need, from a runnable copy of the tiny model
+(a byte vocabulary, attention) over a text of common words, and llama-quantize uses it. Build
+them from the llama.cpp source that llama-cpp-python's sdist vendors:
+
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36   # vendor/llama.cpp inside
+    cmake -S llama.cpp -B build -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF && \
+      cmake --build build --target llama-quantize llama-imatrix -j
+    python scripts/make_gguf_fixtures.py tests/fixtures/gguf --iquants build/bin
 """
 
 from __future__ import annotations
@@ -166,6 +177,91 @@ def write_mixed(target: Path) -> None:
         copy_with(target / f"qwen3moe-{stem}.gguf", readers, readers["down"])
 
 
+# the i-quant files: stem -> llama-quantize's type for every tensor (--pure), with the imatrix
+IQUANTS = {"IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ3_XXS": "IQ3_XXS", "IQ1_S": "IQ1_S"}
+# mixes as Unsloth's dynamic quants have them: the experts' types, the rest in the base type
+IQUANT_MIXES = {
+    "mixed-ud-q2_k_xl": ("Q4_K", {"ffn_gate_exps": "iq2_xs", "ffn_up_exps": "iq2_xs", "ffn_down_exps": "iq3_xxs"}),
+    "mixed-ud-iq1_s": ("Q4_K", {"ffn_gate_exps": "iq1_s", "ffn_up_exps": "iq1_s", "ffn_down_exps": "iq2_xxs"}),
+}
+BYTE_VOCAB = 3 + 256  # <unk>, <s>, </s> and a token per byte: llama.cpp's SPM tokenizer reads any text
+
+
+def write_runnable_source(path: Path) -> None:
+    """The F32 fixture's experts and router in a model llama.cpp runs: attention, norms, an output
+    head and a byte vocabulary (what llama-imatrix needs to read a text)."""
+    rng = np.random.default_rng(2026)
+    arrays = tensors(rng)
+    arrays["token_embd.weight"] = rng.standard_normal((BYTE_VOCAB, HIDDEN), np.float32) * 0.5
+    arrays["output.weight"] = rng.standard_normal((BYTE_VOCAB, HIDDEN), np.float32) * 0.05
+    for name, size in (
+        ("attn_norm", HIDDEN),
+        ("ffn_norm", HIDDEN),
+        ("attn_q_norm", HEAD_DIM),
+        ("attn_k_norm", HEAD_DIM),
+    ):
+        arrays[f"blk.0.{name}.weight"] = np.ones(size, np.float32)
+    for name, rows in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM)):
+        arrays[f"blk.0.attn_{name}.weight"] = rng.standard_normal((rows, HIDDEN), np.float32) * 0.05
+    arrays["blk.0.attn_output.weight"] = rng.standard_normal((HIDDEN, HEADS * HEAD_DIM), np.float32) * 0.05
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTER)
+    writer.add_expert_feed_forward_length(INTER)
+    writer.add_vocab_size(BYTE_VOCAB)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(1e6)
+    writer.add_expert_count(EXPERTS)
+    writer.add_expert_used_count(TOP_K)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"<0x{b:02X}>".encode() for b in range(256)])
+    writer.add_token_scores([0.0] * BYTE_VOCAB)
+    writer.add_token_types([2, 3, 3] + [6] * 256)  # unknown, control, control, then bytes
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    for name, array in arrays.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_iquants(target: Path, tools: Path) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tools)}
+    with tempfile.TemporaryDirectory() as tmp:
+        source, text, imatrix = Path(tmp) / "runnable-F32.gguf", Path(tmp) / "text.txt", Path(tmp) / "imatrix.gguf"
+        write_runnable_source(source)
+        words = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from"]
+        text.write_text(" ".join(np.random.default_rng(1).choice(words, 4000)))
+        run = [str(tools / "llama-imatrix"), "-m", str(source), "-f", str(text), "-o", str(imatrix), "-c", "128"]
+        subprocess.run([*run, "-t", "2"], check=True, env=env, capture_output=True)
+        quantize_tool = [str(tools / "llama-quantize"), "--imatrix", str(imatrix)]
+        # the output head and the token embeddings have no importance data: Q4_K, as llama.cpp's mixes
+        outside = ["--output-tensor-type", "q4_k", "--token-embedding-type", "q4_k"]
+        for stem, kind in IQUANTS.items():
+            out = target / f"qwen3moe-{stem}.gguf"
+            run = [*quantize_tool, "--pure", *outside, str(source), str(out), kind, "2"]
+            subprocess.run(run, check=True, env=env, capture_output=True)
+        for stem, (base, types) in IQUANT_MIXES.items():
+            overrides = [arg for name, kind in types.items() for arg in ("--tensor-type", f"{name}={kind}")]
+            out = target / f"qwen3moe-{stem}.gguf"
+            subprocess.run(
+                [*quantize_tool, *overrides, str(source), str(out), base, "2"], check=True, env=env, capture_output=True
+            )
+
+
 def main(folder: str, mixed_only: bool = False) -> int:
     target = Path(folder)
     target.mkdir(parents=True, exist_ok=True)
@@ -193,5 +289,11 @@ def main(folder: str, mixed_only: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--mixed"]
-    sys.exit(main(args[0] if args else "tests/fixtures/gguf", mixed_only="--mixed" in sys.argv[1:]))
+    argv = sys.argv[1:]
+    if "--iquants" in argv:
+        at = argv.index("--iquants")
+        folder = Path(next((a for a in argv[:at] if not a.startswith("--")), "tests/fixtures/gguf"))
+        write_iquants(folder, Path(argv[at + 1]).resolve())
+        sys.exit(0)
+    args = [a for a in argv if a != "--mixed"]
+    sys.exit(main(args[0] if args else "tests/fixtures/gguf", mixed_only="--mixed" in argv))

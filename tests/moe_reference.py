@@ -348,10 +348,11 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         xq, sx = quantize_blocks(x, block, kp)
         return xq.reshape(x.shape[0], kp // size, size), np.repeat(sx, block // size, axis=1)[:, None, :]
 
-    if method == "mxfp4":  # the weights' values exact
-        wd = dequantize_mxfp4(*quantize_mxfp4(w))
-        xg, sxg = per_group(wd.shape[1], 32)
-        acc = np.einsum("mgk,ngk->mng", xg.astype(np.float64), wd.reshape(wd.shape[0], -1, 32))
+    if method == "mxfp4" or method in LATTICE:  # the weights' values exact
+        wd = dequantize_mxfp4(*quantize_mxfp4(w)) if method == "mxfp4" else lattice_padded(w, method)
+        size = 32 if method == "mxfp4" else group
+        xg, sxg = per_group(wd.shape[1], size)
+        acc = np.einsum("mgk,ngk->mng", xg.astype(np.float64), wd.reshape(wd.shape[0], -1, size))
         return (acc * sxg).sum(axis=-1).astype(F32)
     if method == "int4z":  # exact int32 group sums of (q - zero) * x, scaled per group
         wq, sw, zw = quantize_int4z(w, group)
@@ -394,6 +395,20 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
     return (acc * sw[None] * sxg).sum(axis=-1).astype(F32)
 
 
+# GGUF's i-quants: their values are ktforge's own quantizer's (a grid search no mirror here would
+# repeat in less than minutes), written as GGUF blocks that tests/kernels/test_lattice.py holds to
+# gguf-py's dequantization; the kernels' sums over them are what this module computes.
+LATTICE = ("iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s")
+
+
+def lattice_padded(w: Array, method: str) -> Array:
+    """float64 [N, Kp] (K zero-padded to 256) of the weights MoE.load_weights packs ``w`` into."""
+    from ktforge.formats.quantize import dequantize, quantize
+
+    kp = -(-w.shape[1] // 256) * 256
+    return dequantize(quantize(w, method, 16 if method == "iq2_xs" else 32), method, kp).astype(np.float64)
+
+
 def dequantized(w: Array, method: str, group: int) -> Array:
     """float64 [N, K] of the weights MoE.load_weights packs float32 ``w`` [N, K] into, in a grouped
     int8-activation format (this module's mirrors of its quantizers)."""
@@ -424,6 +439,8 @@ def dequantized(w: Array, method: str, group: int) -> Array:
         return grouped(q - offset, d, 32, m)
     if method in ("iq4_nl", "iq4_xs"):
         return grouped(*quantize_iq4(w, method == "iq4_xs"), 32)
+    if method in LATTICE:
+        return lattice_padded(w, method)[:, :k]  # type: ignore[no-any-return]
     if method == "q8_0":
         return grouped(*quantize_q8_0(w), 32)
     q, scale = quantize_int8_groups(w, group) if method == "int8g" else quantize_groups(w, group)

@@ -48,6 +48,10 @@ SERVED = {
     "IQ4_XS": "iq4_xs",
     "Q3_K": "q3_k",
     "Q2_K": "q2_k",
+    "IQ2_XXS": "iq2_xxs",
+    "IQ2_XS": "iq2_xs",
+    "IQ3_XXS": "iq3_xxs",
+    "IQ1_S": "iq1_s",
 }
 # packed bytes of the experts / the file's bytes of them: the repack's cost
 GROWTH = {
@@ -67,6 +71,10 @@ GROWTH = {
     "IQ4_XS": 138 / 136,
     "Q3_K": 114 / 110,
     "Q2_K": 1.0,
+    "IQ2_XXS": 1.0,
+    "IQ2_XS": 1.0,
+    "IQ3_XXS": 1.0,
+    "IQ1_S": 1.0,
 }
 
 
@@ -181,7 +189,7 @@ def test_the_packed_experts_take_the_files_bytes_or_at_most_the_repacks_growth(n
     assert ratio == pytest.approx(GROWTH[name], rel=1e-9)
 
 
-@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ3_S", "IQ1_M", "TQ2_0"])
+@pytest.mark.parametrize("name", ["IQ2_S", "IQ3_S", "IQ1_M", "TQ2_0"])
 def test_a_type_without_a_kernel_is_refused_naming_the_type_and_tensor(name: str, tmp_path: Path) -> None:
     # the F32 file with its gate experts relabelled as a lattice (or ternary) type by gguf-py's
     # GGUFWriter, bytes of that type's size: refused before any is read
@@ -236,6 +244,10 @@ MIXED = {
     "mixed-bf16": ("q4_k", "bf16"),
     "mixed-q6k": ("q4_k", "q6_k"),
     "mixed-q5k": ("q5_k", "q6_k"),
+    # Unsloth's dynamic quants, as llama.cpp's quantizer makes them with an importance matrix (the
+    # attention and the rest Q4_K/Q6_K): UD-Q2_K_XL's experts, and UD-IQ1_S's
+    "mixed-ud-q2_k_xl": ("iq2_xs", "iq3_xxs"),
+    "mixed-ud-iq1_s": ("iq1_s", "iq2_xxs"),
 }
 
 

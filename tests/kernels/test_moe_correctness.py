@@ -85,6 +85,13 @@ def test_matches_the_definition(backend: str, method: str, shape: tuple[int, int
         # each, q3_k 0.35 at the median and 0.60 at most, q2_k 0.54 and 1.54 (q4_k: 0.13, 0.25)
         "q3_k": 0.8,
         "q2_k": 2.0,
+        # the i-quants, from ktforge's own grid search (no importance matrix): over the same 5
+        # layers iq2_xxs 0.53 at the median and 1.11 at most, iq2_xs 0.48 and 1.36, iq3_xxs 0.31
+        # and 0.56, iq1_s (1.56 bits a weight) 0.99 and 3.08
+        "iq2_xxs": 2.0,
+        "iq2_xs": 2.0,
+        "iq3_xxs": 0.8,
+        "iq1_s": 4.0,
         "q4_0": 0.3,
         "q4_1": 0.3,
         "q5_0": 0.15,

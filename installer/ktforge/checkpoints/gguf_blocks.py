@@ -8,6 +8,7 @@ the parts of the format the type is served as (data/gguf_types.json).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -206,6 +207,18 @@ def iq4_xs(data: Array) -> Quantized:
     return Quantized(_pairs(codes), np.ascontiguousarray(record.astype(np.uint8)))
 
 
+def _lattice(block_bytes: int) -> Callable[[Array], Quantized]:
+    """An i-quant (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S: float16 d, then the block's other bytes) ->
+    its format: the blocks less d, as they are, and the d."""
+
+    def repack(data: Array) -> Quantized:
+        blocks = _blocks(data, block_bytes)
+        d = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0]
+        return Quantized(np.ascontiguousarray(blocks[..., 2:]).reshape(*blocks.shape[:-2], -1), d)
+
+    return repack
+
+
 # the format each served type repacks into (data/gguf_types.json's served_as) -> its repack
 REPACK = {
     "BF16": bf16,
@@ -224,4 +237,5 @@ REPACK = {
     "Q2_K": q2_k,
     "IQ4_NL": iq4_nl,
     "IQ4_XS": iq4_xs,
+    **{name: _lattice(size) for name, size in (("IQ2_XXS", 66), ("IQ2_XS", 74), ("IQ3_XXS", 98), ("IQ1_S", 50))},
 }

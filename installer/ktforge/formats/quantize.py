@@ -61,6 +61,13 @@ Hugging Face checkpoints):
   super-block: d and dmin (float16), then a byte a group of 16 as the file has it, sc in its low
   nibble and m in its high: ``w = d * sc * q - dmin * m``. A GGUF's own, repacked;
   MoE.load_weights packs floats to it.
+- iq2_xxs, iq2_xs, iq3_xxs, iq1_s (elements iq2xxs, iq2xs, iq3xxs, iq1s): GGUF's i-quants, K
+  zero-padded to a multiple of 256: ``weight`` uint8 ``[..., N, Kg / 256 * (block bytes - 2)]``,
+  the file's blocks (66, 74, 98, 50 bytes) less their float16 d, as the file has them, ``scale``
+  float16 ``[..., N, Kg / 256]``, the d (:func:`lattice_values` dequantizes them as
+  ggml-quants.c does). A GGUF's own; MoE.load_weights and this module's ``quantize`` pack floats
+  to the same blocks (a nearest-grid-point search; llama.cpp's quantizer, with an importance
+  matrix, writes the files people download).
 - q4_0, q4_1, q5_0, q5_1 (elements q40, q41, q50, q51): GGUF's Q4_0, Q4_1, Q5_0 and Q5_1, K
   zero-padded to ``Kg``, a multiple of 32: ``weight`` uint8 ``[..., N, Kg / 2]``, unsigned codes
   two a byte (even k low; q5_0, q5_1: ``[..., N, Kg]``, one 5-bit code a byte), ``scale`` float16
@@ -414,7 +421,7 @@ def lattice_values(element: str, codes: Array, d: Array) -> Array:
         index = qs | (_bits(qh, 3 * lines, 3) << 8)
         scale = d32 * (2 * ((qh >> 12) & 7) + 1).astype(np.float32)[..., None]
         shift = np.where(qh & 0x8000, np.float32(-0.125), np.float32(0.125))[..., None, None]
-        values = scale[..., None] * (_grid("iq1s")[index] + shift)  # [..., S, ib, line, 8]
+        values: Array = scale[..., None] * (_grid("iq1s")[index] + shift)  # [..., S, ib, line, 8]
         return values.reshape(*codes.shape[:-1], -1)
     if element == "iq2xs":
         q16 = np.ascontiguousarray(blocks[..., :64]).view("<u2").reshape(*blocks.shape[:-1], 8, 4).astype(np.uint32)
@@ -442,8 +449,8 @@ def lattice_values(element: str, codes: Array, d: Array) -> Array:
         parity ^= (s7 >> bit) & 1
     signs = _bits(s7 | (parity << 7), np.arange(8, dtype=np.uint32), 1)  # [..., S, ib, line, 8]
     scale = d32 * (np.float32(0.5) + ls.astype(np.float32)) * factor  # as gguf-py: d * (0.5 + ls) * f
-    values = scale[..., None] * grid * np.where(signs == 1, np.float32(-1), np.float32(1))
-    return values.reshape(*codes.shape[:-1], -1)
+    signed: Array = scale[..., None] * grid * np.where(signs == 1, np.float32(-1), np.float32(1))
+    return signed.reshape(*codes.shape[:-1], -1)
 
 
 Q4K_RECORD = 20  # bytes of q4_k's portable record: d, dmin (float16), sc[8], m[8]
@@ -498,6 +505,12 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
         return {"weight": ((N, K), weight)}
     if f.element == "int8":
         return {"weight": ((N, K), weight), "scale": ((N,), scale or "F32")}
+    if f.element in LATTICE_BLOCK_BYTES:  # the blocks less d, and the d
+        supers = -(-K // 256)
+        return {
+            "weight": ((N, supers * (LATTICE_BLOCK_BYTES[f.element] - 2)), weight),
+            "scale": ((N, supers), scale or "F16"),
+        }
     if f.super_block is not None:
         supers = -(-K // f.super_block.values)
         per_byte = 2 if f.element in ("q4k", "iq4xs") else 1  # the others' codes a byte each

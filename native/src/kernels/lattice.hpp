@@ -96,5 +96,7 @@ void put_lattice_row(PackedMatrix& out, int n, const uint8_t* codes, const uint1
 // signs kept, their parity mended at the least cost): what load_weights packs floats to. False if
 // w holds NaN or infinity.
 bool quantize_lattice_row(Element m, const float* w, int Kp, uint8_t* codes, uint16_t* d);
+// Row n of `out` from Kp finite floats (load_weights checks them): quantize_lattice_row, then put_lattice_row.
+void pack_lattice_floats(PackedMatrix& out, int n, const float* row);
 
 }  // namespace kt
