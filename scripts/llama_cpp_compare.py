@@ -25,6 +25,10 @@ from gguf-py's own dequantization of the quantized file).
 
     python scripts/llama_cpp_compare.py --pairs bf16:bf16,q8_0:int8g,q8_0:int8,q4_0:int4 --tokens 1,4,512 --rounds 5
     python scripts/llama_cpp_compare.py --pairs q4_k:gguf,q8_0:gguf,q4_0:gguf,bf16:gguf
+    python scripts/llama_cpp_compare.py --pairs iq2_xxs:gguf,iq2_xs:gguf,iq3_xxs:gguf,iq1_s:gguf --layers 1
+
+The i-quants' files are written by ktforge's quantizer (llama.cpp's needs an importance matrix
+that its Python binding cannot pass); both sides then run the same file.
 """
 
 from __future__ import annotations
@@ -64,7 +68,16 @@ LLAMA_FTYPES = {
     "iq4_nl": 25,
     "iq4_xs": 30,
     "mxfp4": 38,  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+    "iq2_xxs": 19,
+    "iq2_xs": 20,
+    "iq3_xxs": 23,
+    "iq1_s": 24,
 }
+# llama.cpp's quantizer takes these only with an importance matrix, which llama_model_quantize
+# cannot be handed from Python: their files are written here, every weight whose rows are whole
+# blocks of 256 in the type by ktforge's quantizer (blocks gguf-py reads as llama.cpp defines them:
+# tests/kernels/test_lattice.py), the rest as the bf16 source has them
+LATTICE = {"iq2_xxs": "IQ2_XXS", "iq2_xs": "IQ2_XS", "iq3_xxs": "IQ3_XXS", "iq1_s": "IQ1_S"}
 DECODE_CONTEXT = 16
 MODEL_VERSION = 3  # of the GGUF models written (2: attention output zero; 3: pure); in their file names
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ktforge"
@@ -188,6 +201,48 @@ def quantize_gguf(source: Path, target: Path, quant: str, embeddings: int | None
     params.nthread = os.cpu_count() or 1
     if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params) != 0:
         raise SystemExit(f"llama_model_quantize failed for {target}")
+
+
+def write_lattice_gguf(source: Path, target: Path, quant: str) -> None:
+    """``source`` (a bf16 GGUF) with its weights of whole 256-value rows in ``quant``, by ktforge's
+    quantizer (this process's ktforge), an expert at a time on every core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import gguf
+
+    from ktforge.formats.quantize import quantize
+
+    kind = gguf.GGMLQuantizationType[LATTICE[quant]]
+    group = 16 if quant == "iq2_xs" else 32
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(target), "qwen3moe")
+    for field in reader.fields.values():
+        if field.name.startswith(("GGUF.", "general.architecture")):
+            continue
+        value = LLAMA_FTYPES[quant] if field.name == "general.file_type" else field.contents()
+        kinds = field.types
+        writer.add_key_value(field.name, value, kinds[0], sub_type=kinds[-1] if len(kinds) > 1 else None)
+
+    def blocks(matrix: Any) -> Any:  # bf16 bits [N, K] -> the type's blocks [N, K / 256 * bytes]
+        q = quantize(_bf16_floats(matrix), quant, group)
+        rows, supers = q.scale.shape
+        d = np.ascontiguousarray(q.scale).view(np.uint8).reshape(rows, supers, 2)
+        return np.concatenate([d, q.weight.reshape(rows, supers, -1)], axis=-1).reshape(rows, -1)
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for t in reader.tensors:
+            data = np.asarray(t.data)
+            shape = tuple(reversed(t.shape.tolist()))
+            if t.tensor_type != gguf.GGMLQuantizationType.BF16 or len(shape) < 2 or shape[-1] % 256:
+                writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+                continue
+            bits = data.view(np.uint16).reshape(-1, *shape[-2:])
+            packed = np.stack(list(pool.map(blocks, bits))).reshape(*shape[:-1], -1)
+            writer.add_tensor(t.name, packed, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def llama_weight_error(model: Path, weights: Path) -> float:
@@ -396,7 +451,10 @@ def prepare_models(python: Path, weights: Path, work: Path, layers: int, quant: 
             source = work / f"model-v{MODEL_VERSION}-{layers}l-{label}-bf16-source.gguf"
             if not source.is_file():
                 _worker_call(python, "write-gguf", weights, layers, source, narrow)
-            _worker_call(python, "quantize", source, target, quant)
+            if quant in LATTICE:
+                write_lattice_gguf(source, target, quant)
+            else:
+                _worker_call(python, "quantize", source, target, quant)
         models[label] = target
     return models
 

@@ -187,11 +187,13 @@ IQUANT_MIXES = {
 BYTE_VOCAB = 3 + 256  # <unk>, <s>, </s> and a token per byte: llama.cpp's SPM tokenizer reads any text
 
 
-def write_runnable_source(path: Path) -> None:
-    """The F32 fixture's experts and router in a model llama.cpp runs: attention, norms, an output
-    head and a byte vocabulary (what llama-imatrix needs to read a text)."""
-    rng = np.random.default_rng(2026)
-    arrays = tensors(rng)
+def write_runnable_source(path: Path, whole_model: bool = False) -> None:
+    """The F32 fixture's experts and router (``whole_model``: the transformers model's, 768 wide) in
+    a model llama.cpp runs: attention, norms, an output head and a byte vocabulary (what
+    llama-imatrix needs to read a text)."""
+    rng = np.random.default_rng(7 if whole_model else 2026)
+    arrays = model_tensors(rng) if whole_model else tensors(rng)
+    inter = MODEL_INTER if whole_model else INTER
     arrays["token_embd.weight"] = rng.standard_normal((BYTE_VOCAB, HIDDEN), np.float32) * 0.5
     arrays["output.weight"] = rng.standard_normal((BYTE_VOCAB, HIDDEN), np.float32) * 0.05
     for name, size in (
@@ -208,8 +210,8 @@ def write_runnable_source(path: Path) -> None:
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(INTER)
-    writer.add_expert_feed_forward_length(INTER)
+    writer.add_feed_forward_length(inter)
+    writer.add_expert_feed_forward_length(inter)
     writer.add_vocab_size(BYTE_VOCAB)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
@@ -260,6 +262,16 @@ def write_iquants(target: Path, tools: Path) -> None:
             subprocess.run(
                 [*quantize_tool, *overrides, str(source), str(out), base, "2"], check=True, env=env, capture_output=True
             )
+        # the whole tiny model transformers loads (gguf_file=), its experts as UD-Q2_K_XL's
+        model, model_imatrix = Path(tmp) / "model-runnable-F32.gguf", Path(tmp) / "model-imatrix.gguf"
+        write_runnable_source(model, whole_model=True)
+        run = [str(tools / "llama-imatrix"), "-m", str(model), "-f", str(text), "-o", str(model_imatrix), "-c", "128"]
+        subprocess.run([*run, "-t", "2"], check=True, env=env, capture_output=True)
+        base, types = IQUANT_MIXES["mixed-ud-q2_k_xl"]
+        overrides = [arg for name, kind in types.items() for arg in ("--tensor-type", f"{name}={kind}")]
+        run = [str(tools / "llama-quantize"), "--imatrix", str(model_imatrix), *overrides, str(model)]
+        out = target / "qwen3moe-model-UD-Q2_K_XL.gguf"
+        subprocess.run([*run, str(out), base, "2"], check=True, env=env, capture_output=True)
 
 
 def main(folder: str, mixed_only: bool = False) -> int:

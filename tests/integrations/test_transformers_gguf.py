@@ -52,3 +52,21 @@ def test_a_gguf_of_another_model_is_refused() -> None:
     other = MODEL.parent / "qwen3moe-Q4_K.gguf"  # 256-wide experts: another model's sizes
     with pytest.raises(ValueError, match="is not the GGUF of this model"):
         kt_hf.load_checkpoint(model, other)
+
+
+def test_an_unsloth_style_i_quant_model_runs_its_experts_as_stored() -> None:
+    # UD-Q2_K_XL's experts (gate/up IQ2_XS, down IQ3_XXS), the attention Q4_K/Q6_K, as llama.cpp's
+    # quantizer writes them with an importance matrix
+    path = MODEL.parent / "qwen3moe-model-UD-Q2_K_XL.gguf"
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    prompt = torch.randint(0, 259, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        eager = model(prompt).logits.float()  # transformers' experts on gguf-py's dequantization
+    assert kt_hf.load_checkpoint(model, path) == [0]
+    layer = kt_hf.packed_layer(_experts_modules(model)[0])
+    assert (layer.method, layer.down_method) == ("iq2_xs", "iq3_xxs")
+    with GgufCheckpoint(path) as checkpoint:
+        assert layer.info["packed_bytes"] == checkpoint.source_bytes(0)  # the file's size
+    with torch.inference_mode():
+        ours = model(prompt).logits.float()
+    assert float((ours - eager).abs().max() / eager.abs().max()) < TOLERANCE["int8"]

@@ -31,6 +31,10 @@ DOT_PEAK = {
     "iq4xs": "int4_dot",
     "q3k": "int4_dot",  # int8 dot products on codes built from two bit planes, as q6k's
     "q2k": "int4_dot",  # q3k's, one plane
+    "iq2xxs": "int4_dot",  # int8 dot products on grid points gathered and signed in registers
+    "iq2xs": "int4_dot",
+    "iq3xxs": "int4_dot",
+    "iq1s": "int4_dot",
     "q40": "int4_dot",  # int4's, float16 scales
     "q41": "int4_dot",
     "q50": "int4_dot",  # q5k's codes
