@@ -225,6 +225,7 @@ def write_lattice_gguf(source: Path, target: Path, quant: str) -> None:
 
     def blocks(matrix: Any) -> Any:  # bf16 bits [N, K] -> the type's blocks [N, K / 256 * bytes]
         q = quantize(_bf16_floats(matrix), quant, group)
+        assert q.scale is not None  # the blocks' d
         rows, supers = q.scale.shape
         d = np.ascontiguousarray(q.scale).view(np.uint8).reshape(rows, supers, 2)
         return np.concatenate([d, q.weight.reshape(rows, supers, -1)], axis=-1).reshape(rows, -1)
