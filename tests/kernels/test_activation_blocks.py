@@ -145,8 +145,9 @@ def test_a_scale_per_token_on_request(method: str, backend: str) -> None:
         # 3e-4: a token's step is set by its outlier, so a value a hair from a rounding boundary moves
         # an output further than per block (the schemes differ by over 1e-2 here)
         assert int8_layer_error(y, ref["per_token"]) < 3e-4, T
-        if group <= 32:
-            assert rel_err(y, ref["exact"]) > 1.5 * rel_err(ref["blocked"], ref["exact"]), T
+        if group <= 32:  # blocks of 256 (Q8_K's: 4 over H here, an outlier in each) gain less than 32's
+            gain = 1.25 if formats.by_name(method).activation_block == "super_block" else 1.5
+            assert rel_err(y, ref["exact"]) > gain * rel_err(ref["blocked"], ref["exact"]), T
 
 
 def test_activations_choice_is_checked() -> None:

@@ -279,20 +279,9 @@ void nibble_rows_of(int m, const int8_t* const* rows, const int32_t* const* sums
   dispatch<kRows, 1, NibbleTile<Codes>::template Tile>(m, 1, rows, sums, xs, w.block(blk), Codes::scales_of(w, blk),
                                                        w.groups(), w.group, out, ld);
 }
-// an i-quant's rows against block blk
-template <class Codes>
-void lattice_rows_of(int m, const int8_t* const* rows, const int32_t* const* sums, const float* const* xs, const PackedMatrix& w,
-                     int blk, float* out, int64_t ld) {
-  dispatch<kRows, 1, LatticeTile<Codes>::template Tile>(m, 1, rows, sums, xs, w.block(blk), LatticeTile<Codes>::scales_of(w, blk),
-                                                         w.groups(), w.group, out, ld);
-}
 void nibble_rows(Element e, int m, const int8_t* const* rows, const int32_t* const* sums, const float* const* xs,
                  const PackedMatrix& w, int blk, float* out, int64_t ld) {
   const auto run = e == Element::int4z   ? nibble_rows_of<Int4zCodes>
-                   : e == Element::iq2xxs ? lattice_rows_of<Iq2xxsCodes>
-                   : e == Element::iq2xs  ? lattice_rows_of<Iq2xsCodes>
-                   : e == Element::iq3xxs ? lattice_rows_of<Iq3xxsCodes>
-                   : e == Element::iq1s   ? lattice_rows_of<Iq1sCodes>
                    : e == Element::q4k   ? nibble_rows_of<Q4kCodes>
                    : e == Element::q5k   ? nibble_rows_of<Q5kCodes>
                    : e == Element::q6k   ? nibble_rows_of<Q6kCodes>
@@ -324,6 +313,10 @@ void gemm(const GemmArgs& a) {
     }
     if (floats(w.element)) {
       w.element == Element::f16 ? gemm_floats_block<Element::f16>(a, blk) : gemm_floats_block<Element::f32>(a, blk);
+      continue;
+    }
+    if (lattice(w.element)) {
+      lattice_gemm_block(a, blk);
       continue;
     }
     for (int i0 = 0; i0 < a.m; i0 += kRows) {

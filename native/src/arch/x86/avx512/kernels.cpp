@@ -306,7 +306,7 @@ void gemm_nibbles(const GemmArgs& a) {
 // GGUF's i-quants: 6 rows as the other looked-up codes (their gathers and signs take registers)
 template <class Codes>
 void gemm_lattice(const GemmArgs& a) {
-  gemm_grouped<LatticeTile<Codes>::template Tile, 6, kInt4Blocks, kInt4DecodeBlocks, LatticeTile<Codes>>(a);
+  gemm_lattice_rows<Codes, 6, kInt4Blocks, kDecodeRows, kInt4DecodeBlocks>(a);
 }
 void gemm_int8g(const GemmArgs& a) {
   gemm_grouped<Int8gTiles<false>::Tile, kInt8gRows, kInt8gBlocks, kInt8gDecodeBlocks>(a);
