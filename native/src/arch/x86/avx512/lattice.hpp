@@ -16,7 +16,6 @@
 #include <array>
 #include <cstdint>
 #include <tuple>
-#include <type_traits>
 
 #include "kernels/lattice.hpp"
 
@@ -54,29 +53,6 @@ inline void lattice_signed(__m512i s7, __m512i& lo, __m512i& hi) {
   lo = _mm512_mask_sub_epi8(lo, neg_lo, zero, lo), hi = _mm512_mask_sub_epi8(hi, neg_hi, zero, hi);
 }
 
-// Decode's other form, for the 8-value grids: a line's 16 columns as two vectors of 8 qwords
-// (columns 0-7, 8-15), each column's 8 values in its qword, as gathered: no permute a line; the
-// activations broadcast as a qword pair, each column's two dword sums added once a group.
-inline void lattice_gather_pairs(const void* grid, __m512i index, __m512i& a, __m512i& b) {
-  a = _mm512_i32gather_epi64(_mm512_castsi512_si256(index), grid, 8);
-  b = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(index, 1), grid, 8);
-}
-inline __mmask64 lattice_qword_signs(__m256i s8) {  // 8 columns' sign bytes (dwords) -> a bit a value
-  const __m512i wide = _mm512_cvtepu32_epi64(s8);
-  const __m512i spread = _mm512_shuffle_epi8(wide, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8)));
-  return _mm512_test_epi8_mask(spread, _mm512_set1_epi64(static_cast<long long>(0x8040201008040201ull)));
-}
-inline void lattice_signed_pairs(__m512i s7, __m512i& a, __m512i& b) {
-  const __m512i folded = _mm512_and_si512(_mm512_xor_si512(s7, _mm512_srli_epi32(s7, 4)), _mm512_set1_epi32(15));
-  const __m512i parity = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(0x6996), folded), _mm512_set1_epi32(1));
-  const __m512i signs = _mm512_or_si512(s7, _mm512_slli_epi32(parity, 7));
-  const __mmask64 neg_a = lattice_qword_signs(_mm512_castsi512_si256(signs));
-  const __mmask64 neg_b = lattice_qword_signs(_mm512_extracti64x4_epi64(signs, 1));
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
-  a = _mm512_xor_si512(a, offset), b = _mm512_xor_si512(b, offset);
-  a = _mm512_mask_sub_epi8(a, neg_a, zero, a), b = _mm512_mask_sub_epi8(b, neg_b, zero, b);
-}
-
 inline __m512i load16_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline __m512i load16_u16(const uint8_t* p) {
   return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -101,13 +77,6 @@ struct Iq2xxsCodes : Chunks<128> {
     const __m512i aux = _mm512_loadu_si512(c + 64);
     lattice_signed(_mm512_and_si512(_mm512_srli_epi32(aux, 7 * l), _mm512_set1_epi32(127)), lo, hi);
   }
-  static void pairs(const uint8_t* panel, int g, int group, int s, __m512i& a, __m512i& b) {
-    const uint8_t* c = chunk(panel, g, group);
-    const int l = line(g, group, s);
-    lattice_gather_pairs(kIq2xxsGrid, load16_u8(c + l * 16), a, b);
-    const __m512i aux = _mm512_loadu_si512(c + 64);
-    lattice_signed_pairs(_mm512_and_si512(_mm512_srli_epi32(aux, 7 * l), _mm512_set1_epi32(127)), a, b);
-  }
   static __m512i odd(const uint8_t* panel, int g, int group) {
     return Chunks::odd(_mm512_srli_epi32(_mm512_loadu_si512(chunk(panel, g, group) + 64), 28));
   }
@@ -118,11 +87,6 @@ struct Iq2xsCodes : Chunks<144> {
     const __m512i q = load16_u16(chunk(panel, g, group) + line(g, group, s) * 32);
     lattice_gather8(kIq2xsGrid, _mm512_and_si512(q, _mm512_set1_epi32(511)), lo, hi);
     lattice_signed(_mm512_srli_epi32(q, 9), lo, hi);
-  }
-  static void pairs(const uint8_t* panel, int g, int group, int s, __m512i& a, __m512i& b) {
-    const __m512i q = load16_u16(chunk(panel, g, group) + line(g, group, s) * 32);
-    lattice_gather_pairs(kIq2xsGrid, _mm512_and_si512(q, _mm512_set1_epi32(511)), a, b);
-    lattice_signed_pairs(_mm512_srli_epi32(q, 9), a, b);
   }
   static __m512i odd(const uint8_t* panel, int g, int group) {
     const int sub = g * group % kLatticeChunkValues / 16;  // lines 0-1's ls in the low nibble, 2-3's in the high
@@ -167,17 +131,6 @@ struct Iq1sCodes : Chunks<96> {
     const __mmask16 down = _mm512_test_epi32_mask(qh, _mm512_set1_epi32(0x8000));
     const __m512i shift = _mm512_mask_blend_epi32(down, _mm512_set1_epi32(0x01010101), _mm512_set1_epi32(-1));
     lo = _mm512_add_epi8(lo, shift), hi = _mm512_add_epi8(hi, shift);
-  }
-  static void pairs(const uint8_t* panel, int g, int group, int s, __m512i& a, __m512i& b) {
-    const uint8_t* c = chunk(panel, g, group);
-    const int l = line(g, group, s);
-    const __m512i qh = load16_u16(c + 64);
-    const __m512i high = _mm512_and_si512(_mm512_srli_epi32(qh, 3 * l), _mm512_set1_epi32(7));
-    lattice_gather_pairs(iq1s_offset_grid(), _mm512_or_si512(load16_u8(c + l * 16), _mm512_slli_epi32(high, 8)), a, b);
-    const __mmask16 down = _mm512_test_epi32_mask(qh, _mm512_set1_epi32(0x8000));
-    const __m512i up = _mm512_set1_epi64(0x0101010101010101ll), minus = _mm512_set1_epi64(-1);
-    a = _mm512_add_epi8(a, _mm512_mask_blend_epi64(static_cast<__mmask8>(down), up, minus));
-    b = _mm512_add_epi8(b, _mm512_mask_blend_epi64(static_cast<__mmask8>(down >> 8), up, minus));
   }
   static __m512i odd(const uint8_t* panel, int g, int group) {
     return Chunks::odd(_mm512_and_si512(_mm512_srli_epi32(load16_u16(chunk(panel, g, group) + 64), 12), _mm512_set1_epi32(7)));
@@ -260,86 +213,13 @@ __attribute__((noinline)) void lattice_tile(const int8_t* const* x, const int32_
   }
 }
 
-// lattice_tile's decode form for the 8-value grids (Codes::pairs): a line's columns as gathered,
-// the group's two dword sums of each column added once, 128 times its activation sum taken off
-template <class Codes, int M, int NB>
-__attribute__((noinline)) void lattice_pair_tile(const int8_t* const* x, const int32_t* const* gsum,
-                                                 const float* const* x_scale, const uint8_t* const* panel,
-                                                 const uint8_t* const* meta, int groups, int group, float* out, int64_t ld,
-                                                 bool token_scales, const uint8_t* const* odds, float factor) {
-  const int lines = group / 8, per_super = kQ4kSuperBlock / group;
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd_lanes = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  __m512 accf[M][NB];
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < NB; ++j) accf[i][j] = _mm512_setzero_ps();
-  for (int super = 0; super < groups / per_super; ++super) {
-    __m512i folded[M][NB];
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < NB; ++j) folded[i][j] = _mm512_setzero_si512();
-    for (int g = super * per_super; g < (super + 1) * per_super; ++g) {
-      __m512i acc_a[M][NB], acc_b[M][NB];
-      for (int i = 0; i < M; ++i)
-        for (int j = 0; j < NB; ++j) acc_a[i][j] = acc_b[i][j] = _mm512_setzero_si512();
-      for (int s = 0; s < lines; ++s) {
-        const int p = g * lines + s;
-        for (int j = 0; j < NB; ++j) {
-          if (s == 0)
-            for (int o = 0; o < 128; o += 64)
-              _mm_prefetch(reinterpret_cast<const char*>(Codes::chunk(panel[j], g, group)) + kStreamAheadLines * 64 + o,
-                           _MM_HINT_T1);
-          __m512i a, b;
-          Codes::pairs(panel[j], g, group, s, a, b);
-          for (int i = 0; i < M; ++i) {
-            const __m512i pair = _mm512_set1_epi64(*reinterpret_cast<const int64_t*>(x[i] + 8 * p));
-            acc_a[i][j] = dpbusd(acc_a[i][j], a, pair);
-            acc_b[i][j] = dpbusd(acc_b[i][j], b, pair);
-          }
-        }
-      }
-      for (int j = 0; j < NB; ++j) {
-        const __m512i odd = Codes::odd(odds[j], g, group);
-        for (int i = 0; i < M; ++i) {
-          const __m512i sums = _mm512_sub_epi32(_mm512_add_epi32(_mm512_permutex2var_epi32(acc_a[i][j], even, acc_b[i][j]),
-                                                                 _mm512_permutex2var_epi32(acc_a[i][j], odd_lanes, acc_b[i][j])),
-                                                _mm512_set1_epi32(128 * gsum[i][g]));
-          folded[i][j] = _mm512_add_epi32(folded[i][j], _mm512_mullo_epi32(sums, odd));
-        }
-      }
-    }
-    for (int j = 0; j < NB; ++j) {
-      const __m512 d = _mm512_mul_ps(
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta[j] + super * kLatticeSuperBytes))),
-          _mm512_set1_ps(factor));
-      for (int i = 0; i < M; ++i) {
-        const __m512 sums = _mm512_cvtepi32_ps(folded[i][j]);
-        accf[i][j] = token_scales ? _mm512_fmadd_ps(sums, d, accf[i][j])
-                                  : _mm512_fmadd_ps(_mm512_mul_ps(sums, d), _mm512_set1_ps(x_scale[i][super]), accf[i][j]);
-      }
-    }
-  }
-  for (int i = 0; i < M; ++i) {
-    const __m512 once = _mm512_set1_ps(token_scales ? x_scale[i][0] : 1.f);
-    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(out + i * ld + j * 16, token_scales ? _mm512_mul_ps(accf[i][j], once) : accf[i][j]);
-  }
-}
-
-// Codes with the pair form (the 8-value grids) decode with it
-template <class Codes, class = void>
-struct HasPairs : std::false_type {};
-template <class Codes>
-struct HasPairs<Codes, std::void_t<decltype(&Codes::pairs)>> : std::true_type {};
-
 // lattice_tile as dispatch takes a tile
 template <class Codes>
 struct LatticeTile {
   template <int M, int NB>
   struct Tile {
     template <typename... A>
-    static void run(A... a) {
-      if constexpr (HasPairs<Codes>::value) lattice_pair_tile<Codes, M, NB>(a...);
-      else lattice_tile<Codes, M, NB>(a...);
-    }
+    static void run(A... a) { lattice_tile<Codes, M, NB>(a...); }
   };
 };
 
