@@ -85,6 +85,7 @@ def tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
 # intermediate size transformers assumes for qwen3_moe (its GGUF key map has no
 # expert_feed_forward_length: Qwen3-30B-A3B's 768).
 MODEL_INTER, HEADS, KV_HEADS, HEAD_DIM = 768, 4, 2, 64
+BYTE_VOCAB = 3 + 256  # <unk>, <s>, </s> and a token per byte: llama.cpp's SPM tokenizer reads any text
 
 
 def model_tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -110,23 +111,33 @@ def model_tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return out
 
 
-def write_source(path: Path, arrays: dict[str, np.ndarray], inter: int = INTER) -> None:
+def write_source(path: Path, arrays: dict[str, np.ndarray], inter: int = INTER, byte_vocabulary: bool = False) -> None:
+    """A float32 qwen3moe GGUF of ``arrays``; ``byte_vocabulary``: with BYTE_VOCAB tokens (llama.cpp's
+    SPM tokenizer: a token a byte), so llama.cpp can read text with it."""
     writer = gguf.GGUFWriter(str(path), ARCH)
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(inter)
     writer.add_expert_feed_forward_length(inter)
-    writer.add_vocab_size(VOCAB)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_key_length(64)
-    writer.add_value_length(64)
+    writer.add_vocab_size(BYTE_VOCAB if byte_vocabulary else VOCAB)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(1e6)
     writer.add_expert_count(EXPERTS)
     writer.add_expert_used_count(TOP_K)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if byte_vocabulary:
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"<0x{b:02X}>".encode() for b in range(256)])
+        writer.add_token_scores([0.0] * BYTE_VOCAB)
+        writer.add_token_types([2, 3, 3] + [6] * 256)  # unknown, control, control, then bytes
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
     for name, array in arrays.items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()
@@ -184,7 +195,6 @@ IQUANT_MIXES = {
     "mixed-ud-q2_k_xl": ("Q4_K", {"ffn_gate_exps": "iq2_xs", "ffn_up_exps": "iq2_xs", "ffn_down_exps": "iq3_xxs"}),
     "mixed-ud-iq1_s": ("Q4_K", {"ffn_gate_exps": "iq1_s", "ffn_up_exps": "iq1_s", "ffn_down_exps": "iq2_xxs"}),
 }
-BYTE_VOCAB = 3 + 256  # <unk>, <s>, </s> and a token per byte: llama.cpp's SPM tokenizer reads any text
 
 
 def write_runnable_source(path: Path, whole_model: bool = False) -> None:
@@ -206,35 +216,7 @@ def write_runnable_source(path: Path, whole_model: bool = False) -> None:
     for name, rows in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM)):
         arrays[f"blk.0.attn_{name}.weight"] = rng.standard_normal((rows, HIDDEN), np.float32) * 0.05
     arrays["blk.0.attn_output.weight"] = rng.standard_normal((HIDDEN, HEADS * HEAD_DIM), np.float32) * 0.05
-    writer = gguf.GGUFWriter(str(path), ARCH)
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(256)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(inter)
-    writer.add_expert_feed_forward_length(inter)
-    writer.add_vocab_size(BYTE_VOCAB)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(1e6)
-    writer.add_expert_count(EXPERTS)
-    writer.add_expert_used_count(TOP_K)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"<0x{b:02X}>".encode() for b in range(256)])
-    writer.add_token_scores([0.0] * BYTE_VOCAB)
-    writer.add_token_types([2, 3, 3] + [6] * 256)  # unknown, control, control, then bytes
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    for name, array in arrays.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_source(path, arrays, inter, byte_vocabulary=True)
 
 
 def write_iquants(target: Path, tools: Path) -> None:
