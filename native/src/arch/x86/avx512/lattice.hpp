@@ -8,7 +8,8 @@
 // each value + 128 (the unsigned operand of vpdpbusd; 128 times the group's activation sum is
 // taken off), negated where its sign bit is set (signs: 7 bits and their parity, tested a byte at
 // a time). IQ1_S's values are 8 times the grid's plus the group's shift of +-1, from a table of
-// 8 g + 128 made once. A group's int32 sums are scaled by d * (2 ls + 1) * the type's factor.
+// 8 g + 128 made once. A group's int32 sums times its 2 ls + 1 fold in int32 over the super-block,
+// scaled once by d times the type's factor (lattice_tile).
 #pragma once
 
 #include <immintrin.h>
