@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ktforge.formats.quantize import Quantized
+from ktforge import formats
+from ktforge.checkpoints.gguf_file import ggml_types
+from ktforge.formats.quantize import LATTICE_BLOCK_BYTES, Quantized
 
 Array = np.ndarray[Any, Any]
 
@@ -220,7 +222,7 @@ def _lattice(block_bytes: int) -> Callable[[Array], Quantized]:
 
 
 # the format each served type repacks into (data/gguf_types.json's served_as) -> its repack
-REPACK = {
+REPACK: dict[str, Callable[[Array], Quantized]] = {
     "BF16": bf16,
     "F16": f16,
     "F32": f32,
@@ -237,5 +239,10 @@ REPACK = {
     "Q2_K": q2_k,
     "IQ4_NL": iq4_nl,
     "IQ4_XS": iq4_xs,
-    **{name: _lattice(size) for name, size in (("IQ2_XXS", 66), ("IQ2_XS", 74), ("IQ3_XXS", 98), ("IQ1_S", 50))},
+}
+# the i-quants served: their blocks as the type table sizes them
+REPACK |= {
+    t.name: _lattice(t.block_bytes)
+    for t in ggml_types().values()
+    if t.served_as is not None and formats.by_name(t.served_as).element in LATTICE_BLOCK_BYTES
 }

@@ -225,19 +225,19 @@ struct LatticeTile {
 };
 
 // Block b of w decoded (DecodedCodes' layout) into `to`, Kp * 16 bytes of values then the groups' odd
-void decode_lattice_block(const PackedMatrix& w, int b, uint8_t* to, void (*decode)(const uint8_t*, int, int, int, __m512i&, __m512i&),
-                          __m512i (*odd)(const uint8_t*, int, int)) {
+template <class Codes>
+void decode_lattice_block(const PackedMatrix& w, int b, uint8_t* to) {
   const uint8_t* panel = w.block(b);
   const int lines = w.group / 8;
   uint8_t* odds = to + static_cast<std::size_t>(w.Kp) * 16;
   for (int g = 0; g < w.groups(); ++g) {
     for (int s = 0; s < lines; ++s) {
       __m512i lo, hi;
-      decode(panel, g, w.group, s, lo, hi);
+      Codes::decode(panel, g, w.group, s, lo, hi);
       uint8_t* line = to + static_cast<std::size_t>(g * lines + s) * 128;
       _mm512_storeu_si512(line, lo), _mm512_storeu_si512(line + 64, hi);
     }
-    _mm512_storeu_si512(odds + g * 64, odd(panel, g, w.group));
+    _mm512_storeu_si512(odds + g * 64, Codes::odd(panel, g, w.group));
   }
 }
 
@@ -265,7 +265,7 @@ void gemm_lattice_rows(const GemmArgs& a) {
         continue;
       }
       uint8_t* to = scratch.data() + j * decoded_bytes;
-      decode_lattice_block(w, b0 + j, to, Codes::decode, Codes::odd);
+      decode_lattice_block<Codes>(w, b0 + j, to);
       panel[j] = to, odds[j] = to + static_cast<std::size_t>(w.Kp) * 16;
     }
     for (int i0 = 0; i0 < a.m; i0 += Rows) {
