@@ -28,7 +28,10 @@ from gguf-py's own dequantization of the quantized file).
     python scripts/llama_cpp_compare.py --pairs iq2_xxs:gguf,iq2_xs:gguf,iq3_xxs:gguf,iq1_s:gguf --layers 1
 
 The i-quants' files are written by ktforge's quantizer (llama.cpp's needs an importance matrix
-that its Python binding cannot pass); both sides then run the same file.
+that its Python binding cannot pass), NVFP4's as ModelOpt quantizes and llama.cpp's converter
+packs (llama.cpp's quantizer has no NVFP4): both sides then run the same file.
+
+    python scripts/llama_cpp_compare.py --pairs nvfp4:gguf,mxfp4:gguf --layers 1
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ LLAMA_FTYPES = {
     "iq2_xs": 20,
     "iq3_xxs": 23,
     "iq1_s": 24,
+    "nvfp4": 39,  # LLAMA_FTYPE_MOSTLY_NVFP4: llama.cpp converts ModelOpt checkpoints to it, its quantizer cannot
 }
 # llama.cpp's quantizer takes these only with an importance matrix, which llama_model_quantize
 # cannot be handed from Python: their files are written here, every weight whose rows are whole
@@ -246,13 +250,64 @@ def write_lattice_gguf(source: Path, target: Path, quant: str) -> None:
     writer.close()
 
 
+def nvfp4_blocks(w: Any) -> tuple[Any, float]:
+    """One matrix [N, K] (float32) as ModelOpt quantizes a tensor (global = max|w| / (6 * 448), per 16
+    values the float8_e4m3fn of max|w| / 6 / global, E2M1 codes), packed as llama.cpp's converter packs
+    it ([4 scale bytes, then per 16 values 8 bytes: j low, j + 8 high] per 64): the blocks and the
+    global scale (the ``.scale`` tensor's value for the expert)."""
+    import ml_dtypes
+
+    glob = float(np.abs(w).max()) / (6 * 448) or 1.0
+    groups = w.reshape(w.shape[0], -1, 16)
+    scale = (np.abs(groups).max(axis=-1) / 6 / glob).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+    step = scale.astype(np.float32)[..., None] * np.float32(glob)
+    values = np.divide(groups, step, out=np.zeros_like(groups), where=step > 0)
+    codes = values.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0x0F  # [N, G, 16]
+    qs = (codes[..., :8] | (codes[..., 8:] << 4)).reshape(w.shape[0], -1, 32)
+    d = scale.view(np.uint8).reshape(w.shape[0], -1, 4)
+    return np.concatenate([d, qs], axis=-1).reshape(w.shape[0], -1), glob
+
+
+def write_nvfp4_gguf(source: Path, target: Path) -> None:
+    """``source`` (a bf16 GGUF) with its expert tensors in NVFP4 (``nvfp4_blocks``, an expert at a time)
+    and each one's global scale in the ``.scale`` tensor beside it, as llama.cpp's converter writes a
+    ModelOpt checkpoint; the rest (and the narrow model's down, 16 wide) as the source has them."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(target), "qwen3moe")
+    for field in reader.fields.values():
+        if field.name.startswith(("GGUF.", "general.architecture")):
+            continue
+        value = LLAMA_FTYPES["nvfp4"] if field.name == "general.file_type" else field.contents()
+        kinds = field.types
+        writer.add_key_value(field.name, value, kinds[0], sub_type=kinds[-1] if len(kinds) > 1 else None)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        shape = tuple(reversed(t.shape.tolist()))
+        if "_exps.weight" not in t.name or shape[-1] % 64:  # NVFP4 rows are whole blocks of 64
+            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+            continue
+        experts = [nvfp4_blocks(_bf16_floats(m)) for m in data.view(np.uint16).reshape(shape)]
+        writer.add_tensor(t.name, np.stack([b for b, _ in experts]), raw_dtype=gguf.GGMLQuantizationType.NVFP4)
+        writer.add_tensor(t.name.replace(".weight", ".scale"), np.array([g for _, g in experts], np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def llama_weight_error(model: Path, weights: Path) -> float:
-    """Relative RMS error of expert 0's gate rows in the file, dequantized by gguf-py."""
+    """Relative RMS error of expert 0's gate rows in the file, dequantized by gguf-py (times the
+    expert's ``.scale``, NVFP4's tensor scale, where the file has one)."""
     import gguf
 
     reader = gguf.GGUFReader(str(model))
-    tensor = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate_exps.weight")
+    tensors = {t.name: t for t in reader.tensors}
+    tensor = tensors["blk.0.ffn_gate_exps.weight"]
     values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # [E, I, H]
+    if "blk.0.ffn_gate_exps.scale" in tensors:
+        values = values * np.asarray(tensors["blk.0.ffn_gate_exps.scale"].data)[:, None, None]
     truth = _bf16_floats(load_layer(weights, 0)[0][0])
     return _rel_rms(values[0], truth[: values.shape[1]])  # the 16-wide model holds the first rows
 
@@ -454,6 +509,8 @@ def prepare_models(python: Path, weights: Path, work: Path, layers: int, quant: 
                 _worker_call(python, "write-gguf", weights, layers, source, narrow)
             if quant in LATTICE:
                 write_lattice_gguf(source, target, quant)
+            elif quant == "nvfp4":
+                write_nvfp4_gguf(source, target)
             else:
                 _worker_call(python, "quantize", source, target, quant)
         models[label] = target

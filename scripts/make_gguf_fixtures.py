@@ -13,6 +13,10 @@ with a Python that has `gguf` and `llama-cpp-python` (a source build of llama.cp
 the mixed-type files, from the per-type files already there (gguf-py alone: their tensors stay as
 llama.cpp quantized them).
 
+`--nvfp4 LLAMA_CPP` makes the NVFP4 file from the F32 one: compressed-tensors' NVFP4 quantizer,
+then llama.cpp's converter's own packing of a ModelOpt checkpoint (LLAMA_CPP: the llama.cpp source,
+for its conversion package), with each expert's tensor scale in a ``.scale`` tensor as it writes it.
+
 `--iquants BIN` makes the i-quant files (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, and two mixes as
 Unsloth's UD-Q2_K_XL and UD-IQ1_S have them) with llama.cpp's own tools in BIN: llama-imatrix
 makes the importance matrix the 2-bit and 1-bit types need, from a runnable copy of the tiny model
@@ -282,8 +286,61 @@ def main(folder: str, mixed_only: bool = False) -> int:
     return 0
 
 
+def nvfp4_modelopt(w: np.ndarray) -> tuple[object, object, float]:
+    """compressed-tensors' NVFP4 of w [N, K] (its NVFP4A16 preset) in ModelOpt's layout: the packed
+    codes (uint8 [N, K / 2]), weight_scale (float8_e4m3fn [N, K / 16]) and weight_scale_2 (1 / its
+    global scale)."""
+    import torch
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+
+    scheme = preset_name_to_scheme("NVFP4A16", ["Linear"])
+    x = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    global_scale = generate_gparam(x.min(), x.max())
+    groups = x.reshape(x.shape[0], -1, 16)
+    scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), scheme.weights, global_scale=global_scale)
+    state = {"weight": x, "weight_scale": scale, "weight_global_scale": global_scale}
+    packed = NVFP4PackedCompressor.compress(state, scheme)
+    return packed["weight_packed"], packed["weight_scale"], float(1 / global_scale)
+
+
+def write_nvfp4(target: Path, llama_cpp: Path) -> None:
+    """qwen3moe-NVFP4.gguf: the F32 file's experts quantized by compressed-tensors' NVFP4 and packed
+    as llama.cpp's converter packs a ModelOpt checkpoint (its ModelBase._nvfp4_pack, one tensor a
+    projection; each expert's weight_scale_2 in the ``.scale`` tensor beside it); the rest as is."""
+    sys.path.insert(0, str(llama_cpp))
+    from conversion.base import ModelBase
+
+    base = gguf.GGUFReader(target / "qwen3moe-F32.gguf")
+    writer = gguf.GGUFWriter(str(target / "qwen3moe-NVFP4.gguf"), ARCH)
+    for field in base.fields.values():
+        if not field.name.startswith(("GGUF.", "general.architecture")):
+            kind = field.types[0]
+            sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    for tensor in base.tensors:
+        data = np.asarray(tensor.data)
+        if "_exps.weight" not in tensor.name:
+            writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
+            continue
+        packed = [nvfp4_modelopt(expert) for expert in data]
+        raws = [ModelBase._nvfp4_pack(codes, scale)[0] for codes, scale, _ in packed]
+        writer.add_tensor(tensor.name, np.stack(raws), raw_dtype=gguf.GGMLQuantizationType.NVFP4)
+        writer.add_tensor(tensor.name.replace(".weight", ".scale"), np.array([s for *_, s in packed], np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    if "--nvfp4" in argv:
+        at = argv.index("--nvfp4")
+        folder = Path(next((a for a in argv[:at] if not a.startswith("--")), "tests/fixtures/gguf"))
+        write_nvfp4(folder, Path(argv[at + 1]).resolve())
+        sys.exit(0)
     if "--iquants" in argv:
         at = argv.index("--iquants")
         folder = Path(next((a for a in argv[:at] if not a.startswith("--")), "tests/fixtures/gguf"))

@@ -147,6 +147,28 @@ def dequantize_fp8_blocks(codes: Array, scale: Array, rows: int, group: int) -> 
     return codes.astype(np.float64) * per_value
 
 
+def quantize_mxfp8(w: Array) -> tuple[Array, Array]:
+    """mxfp8 weights as MoE.load_weights packs them: [N, K] -> E4M3 codes [N, K] (ml_dtypes'
+    float8_e4m3fn of w / 2^s, round to nearest even) and E8M0 codes [N, ceil(K / 32)]: per row and
+    32 values the least power of two 2^s with max|w| / 2^s <= 448 (1 for a group of zeros)."""
+    n, k = w.shape
+    kp = -(-k // 32) * 32
+    padded = np.zeros((n, kp), dtype=F32)
+    padded[:, :k] = w
+    max_abs = np.abs(padded.reshape(n, -1, 32)).max(axis=-1).astype(np.float64)
+    with np.errstate(divide="ignore"):
+        s = np.where(max_abs > 0, np.ceil(np.log2(max_abs / 448.0)), 0).astype(np.int64)
+    per_value = np.repeat(np.ldexp(1.0, s), 32, axis=1)[:, :k]
+    codes = (np.asarray(w, np.float64) / per_value).astype(F32).astype(ml_dtypes.float8_e4m3fn)
+    return codes, (s + 127).astype(np.uint8)
+
+
+def dequantize_mxfp8(codes: Array, e8m0: Array) -> Array:
+    """float64 [N, K] of E4M3 codes and their E8M0 scales per 32 values."""
+    per_value = np.repeat(np.ldexp(1.0, e8m0.astype(np.int64) - 127), 32, axis=-1)[..., : codes.shape[-1]]
+    return codes.astype(np.float64) * per_value  # type: ignore[no-any-return]
+
+
 def quantize_int4z(w: Array, group: int) -> tuple[Array, Array, Array]:
     """Asymmetric INT4 (GPTQ's and compressed-tensors' min/max grid): [N, K] -> q [N, Kp] in [0, 15],
     scale [N, G] float32, zero [N, G] in [0, 15]; per group the range [min(w, 0), max(w, 0)] in 15
@@ -314,6 +336,39 @@ def dequantize_mxfp4(codes: Array, e8m0: Array) -> Array:
     return (values.reshape(*e8m0.shape, -1) * scale[..., None]).reshape(codes.shape)
 
 
+def ue4m3(codes: Array) -> Array:
+    """float64 of UE4M3 codes (NVFP4's group scales): ml_dtypes' float8_e4m3fn decoding."""
+    return codes.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # type: ignore[no-any-return]
+
+
+def quantize_nvfp4(w: Array) -> tuple[Array, Array, Array]:
+    """NVFP4 weights as NVIDIA ModelOpt quantizes a tensor, each row its own tensor: [N, K] -> E2M1
+    codes [N, Kp] (K zero-padded to 16), UE4M3 codes [N, Kp / 16] and the global scales [N]:
+    global = max|w| / (6 * 448) (1 for a zero row), per 16 values ml_dtypes' float8_e4m3fn of max|w| /
+    6 / global, the codes ml_dtypes' float4_e2m1fn of w / (scale * global), all in float32."""
+    n, k = w.shape
+    kp = -(-k // 16) * 16
+    padded = np.zeros((n, kp), dtype=F32)
+    padded[:, :k] = w
+    amax = np.abs(padded).max(axis=1)
+    glob = np.where(amax >= np.finfo(F32).tiny, amax / F32(6 * 448), F32(1)).astype(F32)
+    grouped = padded.reshape(n, kp // 16, 16)
+    wanted = np.minimum(np.abs(grouped).max(axis=-1) / F32(6) / glob[:, None], F32(448))
+    codes = wanted.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    scale = (ue4m3(codes).astype(F32) * glob[:, None]).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = np.where(scale[..., None] > 0, grouped / scale[..., None], F32(0)).astype(F32)
+    e2m1 = values.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0x0F
+    return e2m1.reshape(n, kp), codes, glob
+
+
+def dequantize_nvfp4(codes: Array, scale_codes: Array, glob: Array) -> Array:
+    """float64 [N, Kp] of E2M1 codes, their UE4M3 group scales and each row's global scale."""
+    values = codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+    grouped = values.reshape(*scale_codes.shape, -1) * ue4m3(scale_codes)[..., None]
+    return grouped.reshape(codes.shape) * glob.astype(np.float64)[..., None]  # type: ignore[no-any-return]
+
+
 def int8_matmul(a: Array, q: Array, scale: Array) -> Array:
     """int8 weights q [N, K] with a scale a row against activations a [M, K] as the kernels take
     them: exact int32 sums per activation block of K (activation_block), each times the block's
@@ -333,8 +388,12 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
     if method in ("f16", "f32"):  # exact fp32 activations, the weights as float16 (or float32)
         wd = w.astype(np.float16 if method == "f16" else F32).astype(np.float64)
         return (np.asarray(x, np.float64) @ wd.T).astype(F32)
-    if method == "fp8":  # exact fp32 activations
-        wd = dequantize_fp8_blocks(*quantize_fp8_blocks(w, group), 16, group)
+    if method in ("fp8", "mxfp8"):  # exact fp32 activations
+        wd = (
+            dequantize_fp8_blocks(*quantize_fp8_blocks(w, group), 16, group)
+            if method == "fp8"
+            else dequantize_mxfp8(*quantize_mxfp8(w))
+        )
         return (np.asarray(x, np.float64) @ wd.T).astype(F32)
     if method == "int8":
         return int8_matmul(x, *quantize_rows(w, 127))
@@ -348,9 +407,15 @@ def _matmul(x: Array, w: Array, method: str, group: int) -> Array:
         xq, sx = quantize_blocks(x, block, kp)
         return xq.reshape(x.shape[0], kp // size, size), np.repeat(sx, block // size, axis=1)[:, None, :]
 
-    if method == "mxfp4" or method in LATTICE:  # the weights' values exact
-        wd = dequantize_mxfp4(*quantize_mxfp4(w)) if method == "mxfp4" else lattice_padded(w, method)
-        size = 32 if method == "mxfp4" else group
+    if method in ("mxfp4", "nvfp4") or method in LATTICE:  # the weights' values exact
+        wd = (
+            dequantize_mxfp4(*quantize_mxfp4(w))
+            if method == "mxfp4"
+            else dequantize_nvfp4(*quantize_nvfp4(w))
+            if method == "nvfp4"
+            else lattice_padded(w, method)
+        )
+        size = {"mxfp4": 32, "nvfp4": 16}.get(method, group)
         xg, sxg = per_group(wd.shape[1], size)
         acc = np.einsum("mgk,ngk->mng", xg.astype(np.float64), wd.reshape(wd.shape[0], -1, size))
         return (acc * sxg).sum(axis=-1).astype(F32)
@@ -425,6 +490,8 @@ def dequantized(w: Array, method: str, group: int) -> Array:
         return q.astype(np.float64) * scale[:, None].astype(np.float64)  # type: ignore[no-any-return]
     if method == "mxfp4":
         return dequantize_mxfp4(*quantize_mxfp4(w))[:, :k]
+    if method == "nvfp4":
+        return dequantize_nvfp4(*quantize_nvfp4(w))[:, :k]
     if method == "int4z":
         q, scale, zero = quantize_int4z(w, group)
         return grouped(q.reshape(n, -1, group) - zero[..., None], scale, group)

@@ -55,6 +55,9 @@ class MoELayer:
         gate_zero: np.ndarray[Any, Any] | None = None,
         up_zero: np.ndarray[Any, Any] | None = None,
         down_zero: np.ndarray[Any, Any] | None = None,
+        gate_global: np.ndarray[Any, Any] | None = None,
+        up_global: np.ndarray[Any, Any] | None = None,
+        down_global: np.ndarray[Any, Any] | None = None,
     ) -> None: ...
     def forward(
         self,
@@ -75,7 +78,7 @@ def quantize_weights(
     fp8_scale: np.ndarray[Any, Any] | None = None,
     block_rows: int = 128,
     block_cols: int = 128,
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]: ...
+) -> tuple[np.ndarray[Any, Any], ...]: ...  # nvfp4: codes, scale codes and each row's tensor scale
 def dequantize_fp8(
     weights: np.ndarray[Any, Any], scale: np.ndarray[Any, Any], block_rows: int, block_cols: int
 ) -> np.ndarray[Any, Any]: ...

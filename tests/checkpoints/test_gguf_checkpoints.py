@@ -44,6 +44,7 @@ SERVED = {
     "Q5_K": "q5_k",
     "Q6_K": "q6_k",
     "MXFP4": "mxfp4",
+    "NVFP4": "nvfp4",
     "IQ4_NL": "iq4_nl",
     "IQ4_XS": "iq4_xs",
     "Q3_K": "q3_k",
@@ -67,6 +68,7 @@ GROWTH = {
     "Q5_K": 180 / 176,
     "Q6_K": 1.0,
     "MXFP4": 1.0,
+    "NVFP4": 148 / 144,  # a float32 tensor scale a row (the file's: one an expert, in .scale)
     "IQ4_NL": 1.0,
     "IQ4_XS": 138 / 136,
     "Q3_K": 114 / 110,
@@ -83,11 +85,20 @@ def fixture(name: str) -> Path:
 
 
 def tool_dense(path: Path, layer: int = 0) -> list[np.ndarray[Any, Any]]:
-    """gate, up, down as gguf-py dequantizes the file's tensors, float64."""
+    """gate, up, down as gguf-py dequantizes the file's tensors, float64, each expert times its
+    ``.scale`` where the file has one (NVFP4's tensor scale, which llama.cpp multiplies the expert's
+    output by)."""
     reader = gguf.GGUFReader(path)
     tensors = {t.name: t for t in reader.tensors}
-    named = [tensors[f"blk.{layer}.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")]
-    return [gguf_dequantize(t.data, t.tensor_type).astype(np.float64) for t in named]
+    dense = []
+    for p in ("gate", "up", "down"):
+        t = tensors[f"blk.{layer}.ffn_{p}_exps.weight"]
+        values = gguf_dequantize(t.data, t.tensor_type).astype(np.float32)
+        scale = tensors.get(f"blk.{layer}.ffn_{p}_exps.scale")
+        if scale is not None:
+            values = values * np.asarray(scale.data, np.float32)[:, None, None]
+        dense.append(values.astype(np.float64))
+    return dense
 
 
 def bf16_activations_reference(

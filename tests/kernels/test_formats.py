@@ -95,8 +95,9 @@ def test_int8g_at_group_32_is_llama_cpps_q8_0_in_bytes_and_accuracy() -> None:
 def test_unknown_formats_and_groups_are_refused_by_name() -> None:
     with pytest.raises(
         ValueError,
-        match="method must be one of bf16, int8, int8g, int4, fp8, mxfp4, int4z, q8_0, q4_k, q5_k, iq4_nl, iq4_xs, "
-        "q6_k, q3_k, q2_k, iq2_xxs, iq2_xs, iq3_xxs, iq1_s, q4_0, q4_1, q5_0, q5_1, f16, f32, got 'fp6'",
+        match="method must be one of bf16, int8, int8g, int4, fp8, mxfp4, nvfp4, mxfp8, int4z, q8_0, q4_k, q5_k, "
+        "iq4_nl, iq4_xs, q6_k, q3_k, q2_k, iq2_xxs, iq2_xs, iq3_xxs, iq1_s, q4_0, q4_1, q5_0, q5_1, f16, f32, "
+        "got 'fp6'",
     ):
         ktforge.MoE(4, 2, 64, 48, method="fp6")
     with pytest.raises(ValueError, match="group_size must be 32, 64 or 128, got 48"):

@@ -16,7 +16,8 @@ import pytest
 
 import ktforge
 from ktforge.formats import lattice
-from ktforge.formats.quantize import LATTICE_BLOCK_BYTES, dequantize, quantize
+from ktforge.formats.lattice_values import LATTICE_BLOCK_BYTES
+from ktforge.formats.quantize import dequantize, quantize
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
 # format -> its ggml type, and the group its scales cover

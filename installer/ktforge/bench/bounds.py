@@ -21,7 +21,9 @@ DOT_PEAK = {
     "int8g": "int8_dot",
     "int4": "int4_dot",
     "fp8": "bf16_dot",
+    "mxfp8": "bf16_dot",  # fp8's, a scale per 32 values of each column
     "fp4": "int4_dot",  # int4's dot products, on codes looked up by one byte shuffle
+    "nvfp4": "int4_dot",  # fp4's, its UE4M3 group scales widened through float16
     "int4z": "int4_dot",  # int4's, less the zero points per group
     "q4k": "int4_dot",  # int4z's, with Q4_K's scales and mins per group
     "int8h": "int8_dot",  # int8g's, float16 scales

@@ -8,7 +8,9 @@ weights ``[N, K]`` in Hugging Face orientation: float as stored, or a quantized 
 128 x 128 block, from ``quantization_config.weight_block_size``; compressed-tensors' channel,
 block and tensor scales; DeepSeek-V4's E8M0 ``.scale``), INT4 with its group scales and zero
 points (compressed-tensors' ``pack-quantized``, GPTQ's and AWQ's layouts: ``packed``,
-``gptq_awq``), or MXFP4 (gpt-oss's fused blocks, DeepSeek-V4-Flash's FP4, compressed-tensors').
+``gptq_awq``), MXFP4 (gpt-oss's fused blocks, DeepSeek-V4-Flash's FP4, compressed-tensors') or
+NVFP4 (ModelOpt's and compressed-tensors': ``nvfp4``), or MXFP8 (E4M3 with an E8M0 scale per 32:
+MiniMax-M3's, compressed-tensors' ``mxfp8-quantized``, ModelOpt's).
 Every failure names the file and the tensor.
 """
 
@@ -17,21 +19,24 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
 from ktforge import formats
-from ktforge.checkpoints import gptq_awq
+from ktforge.checkpoints import fp4, fp8, gptq_awq
 from ktforge.checkpoints import packed as ct_packed
 from ktforge.checkpoints.safetensors_io import SafetensorsError, SafetensorsFile
 from ktforge.files import UnsafePath, canonical, leaves_directory, member, open_regular, read_json, shown
-from ktforge.formats.quantize import Fp8Blocks, Int4Groups, Mxfp4Groups, Stored
+from ktforge.formats.quantize import Fp8Blocks, Int4Groups, Mxfp4Groups, Mxfp8Groups, Nvfp4Groups, Stored
 from ktforge.resources import data_path, load_toml
 
 Array = np.ndarray[Any, Any]
+P = ParamSpec("P")
+R = TypeVar("R")
 PROJECTIONS = ("gate", "up", "down")
 INPUT_TYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32", "fp8": "F8_E4M3"}
 INDEX_NAME = "model.safetensors.index.json"
@@ -137,7 +142,7 @@ class Checkpoint:
             raise CheckpointError(
                 f"{config_path}: {field} = {self.top_k} routes to more experts than there are ({self.experts})"
             )
-        self.fp8_block = self._fp8_block(config_path)
+        self.fp8_block = self._checked(fp8.block_of, self.config.get("quantization_config"), str(config_path))
         quantization = self.config.get("quantization_config")
         # DeepSeek-V4-Flash: its experts FP4-packed (top-level, or in the quantization config)
         expert_dtype = self.config.get(
@@ -147,6 +152,7 @@ class Checkpoint:
         try:
             self.packed_scheme = ct_packed.scheme_of(quantization, str(config_path)) if quantization else None
             self.linear_scheme = gptq_awq.scheme_of(quantization, str(config_path)) if quantization else None
+            self.modelopt_nvfp4 = fp4.is_modelopt_nvfp4(self.config, self.path)
         except ValueError as error:
             raise CheckpointError(str(error)) from None
         self._files: dict[str, SafetensorsFile] = {}
@@ -157,31 +163,6 @@ class Checkpoint:
         except BaseException:
             self.close()  # the shards read so far
             raise
-
-    def _fp8_block(self, config_path: Path) -> tuple[int, int]:
-        """The FP8 block size, checked: DeepSeek-V3's quantization_config.weight_block_size, or
-        compressed-tensors' block_structure of its weights (channel and tensor scales are told
-        by their shapes)."""
-        quantization = self.config.get("quantization_config")
-        if quantization is None:
-            return (128, 128)
-        if not isinstance(quantization, dict):
-            raise CheckpointError(f"{config_path}: quantization_config must be an object, got {shown(quantization)}")
-        groups = quantization.get("config_groups")
-        groups = groups.values() if isinstance(groups, dict) else ()
-        weights = [g.get("weights") for g in groups if isinstance(g, dict)]
-        structures = [w["block_structure"] for w in weights if isinstance(w, dict) and w.get("block_structure")]
-        block = quantization.get("weight_block_size", structures[0] if structures else [128, 128])
-        if (
-            not isinstance(block, list)
-            or len(block) != 2
-            or not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b < 2**31 for b in block)
-        ):
-            raise CheckpointError(
-                f"{config_path}: quantization_config.weight_block_size must be two positive integers below 2^31, "
-                f"got {str(block)[:80]}"
-            )
-        return (block[0], block[1])
 
     # ---- where tensors are ------------------------------------------------------------
 
@@ -305,7 +286,9 @@ class Checkpoint:
         shape and zero points)."""
         name = self.arch.tensor_name(layer, expert, projection)
         found = []
-        suffixes = dict.fromkeys((*FP8_SCALE_SUFFIXES, *ct_packed.SUFFIXES, MXFP4_BLOCKS, MXFP4_SCALES))
+        suffixes = dict.fromkeys(
+            (*FP8_SCALE_SUFFIXES, *ct_packed.SUFFIXES, MXFP4_BLOCKS, MXFP4_SCALES, fp4.SCALE_2, fp4.GLOBAL_SCALE)
+        )
         base = name.removesuffix(".weight")
         siblings = (*(base + s for s in gptq_awq.SUFFIXES), base + SCALE_SIBLING)
         for tensor in (name, *(name + s for s in suffixes), *siblings):
@@ -355,10 +338,14 @@ class Checkpoint:
         if name not in self.weight_map and name + ct_packed.PACKED in self.weight_map:
             if self.packed_scheme is not None and self.packed_scheme.method == "mxfp4":
                 return self._ct_mxfp4(name, projection, why)
+            if self.packed_scheme is not None and self.packed_scheme.method == "nvfp4":
+                return self._nvfp4(name, ct_packed.PACKED, projection, why)
             return self._int4_groups(name, projection, why)
         f, w = self._tensor(name, f"layer {layer}, expert {expert}, {projection}")
         where = f"{f.path}: tensor {shown(name)}"
         dtype = f.info(name).dtype
+        if self.modelopt_nvfp4 and dtype == "U8":
+            return self._nvfp4(name, "", projection, why)
         if self.input_type != "auto" and dtype != INPUT_TYPES[self.input_type]:
             raise CheckpointError(f"{where} is {dtype}, but the input type was given as {self.input_type}")
         if w.shape != self.shape(projection) and not (dtype == "I8" and self.fp4_experts):
@@ -394,7 +381,11 @@ class Checkpoint:
             return "int4" if exact else "int4z"
         f, _ = self._tensor(name, f"layer {layer}, expert 0, gate")
         dtype = f.info(name).dtype
-        return "fp8" if dtype == "F8_E4M3" else "mxfp4" if dtype == "I8" and self.fp4_experts else None
+        if dtype == "U8" and self.modelopt_nvfp4:
+            return "nvfp4"
+        if dtype == "F8_E4M3":
+            return "mxfp8" if self._microscaled(name, *self.shape("gate")) else "fp8"
+        return "mxfp4" if dtype == "I8" and self.fp4_experts else None
 
     def packed_group(self) -> int:
         """The group size packed INT4 is served at: its scheme's, or for the channel strategy (a scale
@@ -406,38 +397,40 @@ class Checkpoint:
         return next((g for g in (128, 64, 32) if self.hidden % g == 0 and self.intermediate % g == 0), 32)
 
     def _fused_mxfp4(self, name: str, expert: int, projection: str, why: str) -> Mxfp4Groups:
-        """One expert's rows of gpt-oss's fused MXFP4 tensors: ``{name}_blocks`` uint8 [E, N, K / 32,
-        16] and ``{name}_scales`` uint8 [E, N, K / 32] (E8M0), N interleaving gate and up."""
-        N, K = self.shape(projection)
-        rows = 2 * N if projection != "down" else N
+        """One expert's rows of gpt-oss's fused MXFP4 tensors (checkpoints/fp4.py)."""
         f, blocks = self._item(name + MXFP4_BLOCKS, expert, why)
         _, scales = self._item(name + MXFP4_SCALES, expert, f"the scales of {name}")
         where = f"{f.path}: tensor {shown(name + MXFP4_BLOCKS)}"
-        groups = -(-K // 32)
-        if blocks.shape != (rows, groups, 16) or scales.shape != (rows, groups):
-            raise CheckpointError(
-                f"{where}: an expert's blocks {list(blocks.shape)} and scales {list(scales.shape)}; "
-                f"config.json implies {[rows, groups, 16]} and {[rows, groups]}"
-            )
-        if projection != "down":  # gate's rows are the even ones, up's the odd
-            start = 0 if projection == "gate" else 1
-            blocks, scales = blocks[start::2], scales[start::2]
-        return Mxfp4Groups(np.ascontiguousarray(blocks.reshape(N, groups * 16)), np.ascontiguousarray(scales), K)
+        return self._checked(fp4.mxfp4_fused, blocks, scales, *self.shape(projection), projection, where)
 
     def _ct_mxfp4(self, name: str, projection: str, why: str) -> Mxfp4Groups:
-        """compressed-tensors' mxfp4-pack-quantized weight: ``_packed`` uint8 [N, K / 2], ``_scale``
-        uint8 [N, K / 32]."""
-        N, K = self.shape(projection)
+        """compressed-tensors' mxfp4-pack-quantized weight (checkpoints/fp4.py)."""
         f, codes = self._tensor(name + ct_packed.PACKED, why)
-        _, scale = self._tensor(name + ct_packed.SCALE, f"the scales of {name}")
+        scale_file, scale = self._tensor(name + ct_packed.SCALE, f"the scales of {name}")
+        dtype = scale_file.info(name + ct_packed.SCALE).dtype
         where = f"{f.path}: tensor {shown(name + ct_packed.PACKED)}"
-        groups = -(-K // 32)
-        if codes.dtype != np.uint8 or codes.shape != (N, groups * 16) or scale.shape != (N, groups):
-            raise CheckpointError(
-                f"{where}: {codes.dtype} {list(codes.shape)} with scales {list(scale.shape)}; MXFP4 of [{N}, {K}] "
-                f"needs uint8 {[N, groups * 16]} and {[N, groups]}"
-            )
-        return Mxfp4Groups(codes, np.ascontiguousarray(scale, dtype=np.uint8), K)
+        return self._checked(fp4.mxfp4_packed, codes, scale, dtype, *self.shape(projection), where)
+
+    @staticmethod
+    def _checked(read: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """``read(*args)``, its ValueError a CheckpointError."""
+        try:
+            return read(*args, **kwargs)
+        except ValueError as error:
+            raise CheckpointError(str(error)) from None
+
+    def _nvfp4(self, name: str, packed: str, projection: str, why: str) -> Nvfp4Groups:
+        """An NVFP4 weight: ModelOpt's (``packed`` "": ``{name}``, ``_scale``, ``_scale_2``) or
+        compressed-tensors' (``_packed``, ``_scale``, ``_global_scale``), checkpoints/nvfp4.py."""
+        f, codes = self._tensor(name + packed, why)
+        scale_file, scale = self._tensor(name + "_scale", f"the scales of {name}")
+        tensor_name = name + (fp4.GLOBAL_SCALE if packed else fp4.SCALE_2)
+        _, tensor_scale = self._tensor(tensor_name, f"the tensor scale of {name}")
+        where = f"{f.path}: tensor {shown(name + packed)}"
+        dtype = scale_file.info(name + "_scale").dtype
+        return self._checked(
+            fp4.nvfp4_groups, codes, scale, dtype, tensor_scale, *self.shape(projection), where, inverse=bool(packed)
+        )
 
     def _gptq_awq(self, base: str, projection: str, why: str) -> Int4Groups:
         """One linear layer's GPTQ or AWQ tensors ({base}.qweight, .qzeros, .scales, .g_idx), as int4z
@@ -545,36 +538,28 @@ class Checkpoint:
         return next((c for c in candidates if c in self.weight_map), candidates[0])
 
     def _fp4_packed(self, name: str, projection: str, where: str, w: Array) -> Mxfp4Groups:
-        """DeepSeek-V4-Flash's FP4 experts: I8 [N, K / 2], two E2M1 codes a byte (even k low), with
-        E8M0 scales [N, K / 32]: mxfp4's portable layout as it is."""
-        N, K = self.shape(projection)
+        """DeepSeek-V4-Flash's FP4 experts: I8 codes with F8_E8M0 scales (checkpoints/fp4.py)."""
         scale_name = self._scale_name(name)
         scale_file, scale = self._tensor(scale_name, f"the scales of {name}")
-        groups = -(-K // 32)
-        if w.shape != (N, groups * 16) or scale.shape != (N, groups) or scale_file.info(scale_name).dtype != "F8_E8M0":
-            raise CheckpointError(
-                f"{where} is FP4-packed {list(w.shape)} with {scale_file.info(scale_name).dtype} scales "
-                f"{list(scale.shape)}; [{N}, {K}] needs I8 {[N, groups * 16]} and F8_E8M0 {[N, groups]}"
-            )
-        return Mxfp4Groups(np.ascontiguousarray(w).view(np.uint8), np.ascontiguousarray(scale, dtype=np.uint8), K)
+        dtype = scale_file.info(scale_name).dtype
+        if dtype != "F8_E8M0" or w.dtype != np.int8:
+            raise CheckpointError(f"{where} is FP4-packed {w.dtype} with {dtype} scales; DeepSeek-V4's: I8, F8_E8M0")
+        return self._checked(fp4.mxfp4_packed, w, scale, dtype, *self.shape(projection), where)
 
-    def _fp8_blocks(self, name: str, where: str, w: Array) -> Fp8Blocks:
+    def _microscaled(self, name: str, N: int, K: int) -> bool:
+        """Whether FP8 weight ``name`` [N, K] has MXFP8's scales: an E8M0 code (U8, as MiniMax-M3 and
+        compressed-tensors store them, or F8_E8M0) per row and 32 values."""
         scale_name = self._scale_name(name)
+        if scale_name not in self.weight_map:
+            return False
+        info = self._open(self.weight_map[scale_name]).info(scale_name)
+        return info.dtype in ("U8", "F8_E8M0") and tuple(info.shape) == (N, -(-K // 32))
+
+    def _fp8_blocks(self, name: str, where: str, w: Array) -> Fp8Blocks | Mxfp8Groups:
+        scale_name = self._scale_name(name)
+        if self._microscaled(name, *w.shape):  # E4M3 codes with E8M0 scales per 32: MXFP8, as it is
+            _, e8m0 = self._tensor(scale_name, f"the MXFP8 scales of {name}")
+            return self._checked(fp8.microscaled, w, e8m0, f"{where} (MXFP8)", scale_name)
         scale_file, scale = self._tensor(scale_name, f"the block scales of {name}")
-        if scale_file.info(scale_name).dtype == "F8_E8M0":  # DeepSeek-V4's ue8m0 scales: 2^(e - 127)
-            scale = np.ldexp(np.float32(1), scale.astype(np.int32) - 127).astype(np.float32)
-        (bn, bk), (N, K) = self.fp8_block, w.shape
-        if scale.shape == (N, 1):  # one scale per output channel
-            bn, bk = 1, K
-        elif scale.size == 1:  # one for the tensor
-            bn, bk, scale = N, K, scale.reshape(1, 1)
-        blocks = (-(-N // bn), -(-K // bk))
-        if scale.shape != blocks:
-            raise CheckpointError(
-                f"{where}: {scale_name} has shape {list(scale.shape)}; "
-                f"{bn}x{bk} blocks of [{N}, {K}] need {list(blocks)}"
-            )
-        s = np.ascontiguousarray(scale, dtype=np.float32)
-        if not np.isfinite(s).all():
-            raise CheckpointError(f"{where}: {scale_name} contains NaN or infinite values")
-        return Fp8Blocks(w.view(np.uint8), s, (bn, bk))
+        dtype = scale_file.info(scale_name).dtype
+        return self._checked(fp8.blocks, w, scale, dtype, self.fp8_block, f"{where}: {scale_name}")

@@ -555,9 +555,7 @@ def load_layer(
             if verify and hashlib.sha256(f.raw(name)).hexdigest() != expected["sha256"]:
                 raise ConversionError(f"{path}: tensor {shown(name)} does not match its checksum (the file is corrupt)")
             arrays[name] = f.get(name)
-    projections = {
-        p: Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale"), arrays.get(f"{p}.zero")) for p in PROJECTIONS
-    }
+    projections = {p: Quantized.named(arrays, p) for p in PROJECTIONS}
     if manifest.get("biases") and not all(name in arrays for name in BIASES):
         raise ConversionError(f"{path}: the manifest says the experts have biases; the layer holds none")
     biases = (arrays["gate.bias"], arrays["up.bias"], arrays["down.bias"]) if manifest.get("biases") else None

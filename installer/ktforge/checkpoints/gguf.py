@@ -201,9 +201,33 @@ class GgufCheckpoint:
         return served
 
     def quantized(self, layer: int, projection: str) -> Quantized:
-        """One projection's experts in their format's portable layout, the file's values."""
+        """One projection's experts in their format's portable layout, the file's values: with
+        NVFP4, each expert's ``.scale`` (ModelOpt's weight_scale_2, which llama.cpp multiplies the
+        expert's output by) as the tensor scale of its rows."""
+        from dataclasses import replace
+
         info = self.model.tensors[self.tensor_name(layer, projection)]
-        return gguf_blocks.REPACK[info.type.name](self.model.data(info.name))
+        q = gguf_blocks.REPACK[info.type.name](self.model.data(info.name))
+        scale = self._expert_scales(layer, projection)
+        if q.global_scale is not None:
+            return q if scale is None else replace(q, global_scale=q.global_scale * scale[:, None])
+        if scale is not None and not (scale == 1).all():
+            raise GgufError(
+                f"{self.path}: {self.tensor_name(layer, projection, 'scale')} scales the outputs of "
+                f"{info.type.name} experts; ktforge applies such per-expert scales to NVFP4 experts only"
+            )
+        return q
+
+    def _expert_scales(self, layer: int, projection: str) -> np.ndarray[Any, Any] | None:
+        """The ``blk.{L}.ffn_{p}_exps.scale`` tensor (F32, one value an expert), None where absent."""
+        name = self.tensor_name(layer, projection, "scale")
+        info = self.model.tensors.get(name)
+        if info is None:
+            return None
+        scale = np.array(self.model.data(name)).view(np.float32).reshape(-1) if info.type.name == "F32" else None
+        if scale is None or scale.shape != (self.experts,) or not np.isfinite(scale).all():
+            raise GgufError(f"{self.path}: {name} is not {self.experts} finite F32 values (one an expert)")
+        return scale
 
     def biases(self, layer: int) -> tuple[np.ndarray[Any, Any], ...] | None:
         """gpt-oss's expert biases (float32 [E, I], [E, I], [E, H]); None for the others."""

@@ -15,7 +15,8 @@ import numpy as np
 
 from ktforge import formats
 from ktforge.checkpoints.gguf_file import ggml_types
-from ktforge.formats.quantize import LATTICE_BLOCK_BYTES, Quantized
+from ktforge.formats.lattice_values import LATTICE_BLOCK_BYTES
+from ktforge.formats.quantize import Quantized
 
 Array = np.ndarray[Any, Any]
 
@@ -96,6 +97,20 @@ def mxfp4(data: Array) -> Quantized:
     blocks = _blocks(data, 17)
     codes = _split_halves(blocks[..., 1:]).reshape(*blocks.shape[:-2], -1)
     return Quantized(_pairs(codes), np.ascontiguousarray(blocks[..., 0]))
+
+
+def nvfp4(data: Array) -> Quantized:
+    """NVFP4 (per 64 values 4 UE4M3 bytes, then per 16 values 8 bytes: byte j value j low, j + 8
+    high) -> nvfp4: the codes, the UE4M3 codes as ggml reads them (0x7F is 0; the sign bit, which
+    llama.cpp's converter clears, is not read) and a tensor scale of 1 (the file's ``.scale``
+    tensor, per expert, is GgufCheckpoint's)."""
+    blocks = _blocks(data, 36)
+    sub = blocks[..., 4:].reshape(*blocks.shape[:-1], 4, 8)
+    codes = np.concatenate([sub & 0x0F, sub >> 4], axis=-1).reshape(*blocks.shape[:-2], -1)
+    d = blocks[..., :4].reshape(*blocks.shape[:-2], -1)
+    # 0xFF, which ggml reads as 480 (beyond UE4M3), stays 0x7F: the packer refuses it, naming it
+    scale = np.where(d == 0x7F, 0, np.where(d == 0xFF, 0x7F, d & 0x7F)).astype(np.uint8)
+    return Quantized(_pairs(codes), scale, global_scale=np.ones(data.shape[:-1], np.float32))
 
 
 def _q4k_record(blocks: Array) -> Array:
@@ -232,6 +247,7 @@ REPACK: dict[str, Callable[[Array], Quantized]] = {
     "Q5_1": q5_1,
     "Q8_0": q8_0,
     "MXFP4": mxfp4,
+    "NVFP4": nvfp4,
     "Q4_K": q4_k,
     "Q5_K": q5_k,
     "Q6_K": q6_k,

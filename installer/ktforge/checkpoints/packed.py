@@ -7,9 +7,11 @@
   byte, int4's portable layout (two a byte, even k in the low nibble, q + 8).
 - ``mxfp4-pack-quantized``: ``_packed`` uint8 ``[N, K / 2]``, two E2M1 codes a byte (even k low),
   ``_scale`` uint8 ``[N, K / 32]`` E8M0 codes: mxfp4's portable layout as it is.
+- ``nvfp4-pack-quantized``: the same codes, ``_scale`` F8_E4M3 ``[N, K / 16]`` and
+  ``_global_scale``: nvfp4's (checkpoints/nvfp4.py reads them).
 
 The scheme is the ``quantization_config``'s: 4-bit ``int`` (or ``float``, MXFP4) weights of
-strategy ``group``.
+strategy ``group`` (NVFP4's ``tensor_group``: groups and a tensor scale).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ SUFFIXES = (PACKED, SCALE, SHAPE, ZERO_POINT)
 
 @dataclass(frozen=True)
 class Scheme:
-    """The weights' packed scheme: "int4" or "mxfp4", the group size (0: per channel) and whether
+    """The weights' packed scheme: "int4", "mxfp4" or "nvfp4", the group size (0: per channel) and whether
     it has zero points."""
 
     method: str
@@ -36,7 +38,11 @@ class Scheme:
     symmetric: bool
 
 
-LAYOUTS = {"pack-quantized": ("int", "int4"), "mxfp4-pack-quantized": ("float", "mxfp4")}
+LAYOUTS = {
+    "pack-quantized": ("int", "int4"),
+    "mxfp4-pack-quantized": ("float", "mxfp4"),
+    "nvfp4-pack-quantized": ("float", "nvfp4"),
+}
 
 
 def scheme_of(quantization: dict[str, Any], where: str) -> Scheme | None:
@@ -60,7 +66,10 @@ def scheme_of(quantization: dict[str, Any], where: str) -> Scheme | None:
         strategy, size = weights.get("strategy"), weights.get("group_size")
         if strategy == "channel" and method == "int4":
             return Scheme(method, 0, bool(weights.get("symmetric", True)))
-        if strategy != "group" or not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 2**31:
+        grouped = strategy == "group" or (
+            strategy == "tensor_group" and method == "nvfp4"
+        )  # NVFP4's, with its tensor scale
+        if not grouped or not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 2**31:
             raise ValueError(
                 f"{where}: {layout} strategy {shown(strategy)} with group_size {shown(size)}; expected group"
             )

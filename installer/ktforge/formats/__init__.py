@@ -43,6 +43,8 @@ ELEMENTS = (
     "q51",
     "f16",
     "f32",
+    "nvfp4",
+    "mxfp8",
 )  # the packed value families the SIMD kernels compute
 KERNELS = "kernels"  # the provider that is the selected backend's kernel table
 
@@ -80,6 +82,7 @@ class Format:
     checkpoint: CheckpointNames
     super_block: SuperBlock | None = None
     activation_block: str | int | None = None  # int8 activations: "group", "super_block", "row" or values
+    global_scale: Scale | None = None  # a scale over the whole tensor, kept per row (nvfp4's)
 
     def activation_values(self, group_size: int, kp: int) -> int:
         """Values of K one int8 activation scale covers, at a group size and a K (padded here)."""
@@ -111,13 +114,13 @@ class Format:
 
 
 def _type_bytes(name: str) -> float:
-    return {"f32": 4, "f16": 2, "bf16": 2, "e8m0": 1, "u16": 2, "u8": 1, "i8": 1, "u4": 0.5}[name]
+    return {"f32": 4, "f16": 2, "bf16": 2, "e8m0": 1, "ue4m3": 1, "u16": 2, "u8": 1, "i8": 1, "u4": 0.5}[name]
 
 
 def _format(row: dict[str, object]) -> Format:
     fields = dict(row)
-    for key in ("scale", "zero_point"):
-        part = fields[key]
+    for key in ("scale", "zero_point", "global_scale"):
+        part = fields.get(key)
         fields[key] = Scale(**part) if isinstance(part, dict) else None
     checkpoint = dict(fields["checkpoint"])  # type: ignore[call-overload]
     fields["checkpoint"] = CheckpointNames(**{**checkpoint, "names": tuple(checkpoint["names"])})

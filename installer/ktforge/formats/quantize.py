@@ -27,6 +27,16 @@ Hugging Face checkpoints):
   and compressed-tensors' bytes), ``scale`` uint8 ``[..., N, Kg / 32]``, E8M0 codes (2^(e - 127)).
   Quantized here per group: the least power of two 2^s with max|w| / 2^s <= 6, each value the
   E2M1 code nearest w / 2^s (ties to even).
+- nvfp4: NVIDIA's NVFP4, K zero-padded to a multiple of 16: ``weight`` uint8 ``[..., N, Kg / 2]``,
+  mxfp4's E2M1 code pairs, ``scale`` uint8 ``[..., N, Kg / 16]``, UE4M3 codes (FP8 E4M3 without
+  its sign), and ``global_scale`` float32 ``[..., N]``, the tensor's scale (ModelOpt's
+  ``weight_scale_2``) for each row: ``w = e2m1 * ue4m3 * global``. Quantized here a row at a time as
+  ModelOpt quantizes a tensor: global = max|w| / (6 * 448), per 16 values the UE4M3 of their
+  max|w| / 6 / global, each value the E2M1 code nearest.
+- mxfp8: OCP MXFP8 (MiniMax-M3's release, compressed-tensors' ``mxfp8-quantized``, ModelOpt's
+  MXFP8): ``weight`` float8_e4m3fn ``[..., N, K]``, ``scale`` uint8 ``[..., N, Kg / 32]``, E8M0 codes
+  (2^(e - 127)). Quantized here per group: the least power of two 2^s with max|w| / 2^s <= 448, the
+  codes E4M3 of w / 2^s (round to nearest even).
 - int4z: asymmetric INT4 (GPTQ, AWQ, compressed-tensors' asymmetric schemes), K zero-padded to
   ``Kg``: ``weight`` uint8 ``[..., N, Kg / 2]``, unsigned codes q in [0, 15] two a byte (even k
   low), ``scale`` float32 and ``zero`` uint8 (in [0, 15]) ``[..., N, Kg / group]``: ``w = (q -
@@ -87,14 +97,13 @@ bfloat16 holds them exactly, are int4's. :class:`Int4Groups` repacks it bit for 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ktforge import formats
-from ktforge.formats import lattice
+from ktforge.formats.lattice_values import LATTICE_BLOCK_BYTES, lattice_values
 
 METHODS = formats.names()
 # E2M1 (MXFP4's element): sign, two exponent bits, one mantissa bit
@@ -116,11 +125,23 @@ class Quantized:
     # the input each column of ``weight`` takes (GPTQ's act-order, groups made contiguous); None:
     # column k is input k. Not a stored part: the layer takes its inputs in that order.
     order: Array | None = None
+    global_scale: Array | None = None  # nvfp4's tensor scale, one a row
 
     def parts(self) -> dict[str, Array]:
-        """``{"weight": ..., "scale": ..., "zero": ...}``, without the parts the format does not have."""
-        named = {"weight": self.weight, "scale": self.scale, "zero": self.zero}
+        """``{"weight": ..., "scale": ..., "zero": ..., "global_scale": ...}``, without the parts the
+        format does not have."""
+        named = {"weight": self.weight, "scale": self.scale, "zero": self.zero, "global_scale": self.global_scale}
         return {name: part for name, part in named.items() if part is not None}
+
+    @classmethod
+    def named(cls, arrays: dict[str, Array], prefix: str) -> Quantized:
+        """The parts ``{prefix}.weight``, ``.scale``, ... of a dict of arrays (what parts() wrote)."""
+        return cls(
+            arrays[f"{prefix}.weight"],
+            arrays.get(f"{prefix}.scale"),
+            arrays.get(f"{prefix}.zero"),
+            global_scale=arrays.get(f"{prefix}.global_scale"),
+        )
 
 
 @dataclass(frozen=True)
@@ -227,15 +248,69 @@ class Mxfp4Groups:
     scale: Array
     K: int
 
+    KIND: ClassVar[tuple[str, str]] = ("MXFP4", "fp4")  # the format's name, the element serving it
+
     def to_float32(self) -> Array:
         return dequantize(Quantized(self.codes, self.scale), "mxfp4", self.K)
 
     def as_mxfp4(self) -> Quantized:
         return Quantized(self.codes, self.scale)
 
+    def portable(self) -> Quantized:
+        return self.as_mxfp4()
+
+
+def ue4m3_values(codes: Array) -> Array:
+    """UE4M3 codes (FP8 E4M3 without its sign bit: NVFP4's group scales) as float32, exactly."""
+    exponent, mantissa = (codes >> 3) & 0xF, (codes & 7).astype(np.float32)
+    normal = (8 + mantissa) * np.exp2(exponent.astype(np.float32) - 10)
+    values: Array = np.where(exponent == 0, mantissa * np.float32(2.0**-9), normal).astype(np.float32)
+    return values
+
+
+@dataclass(frozen=True)
+class Nvfp4Groups:
+    """NVFP4 weights ``[N, K]`` as a checkpoint stores them: ``codes`` uint8 ``[N, ceil(K / 16) *
+    8]``, two E2M1 codes a byte (even k low), ``scale`` uint8 ``[N, ceil(K / 16)]`` UE4M3 codes, and
+    ``global_scale`` float32 ``[N]``, the tensor's scale for each row (ModelOpt's ``weight_scale_2``;
+    compressed-tensors' ``1 / weight_global_scale``): nvfp4's portable layout."""
+
+    codes: Array
+    scale: Array
+    global_scale: Array
+    K: int
+
+    KIND: ClassVar[tuple[str, str]] = ("NVFP4", "nvfp4")
+
+    def to_float32(self) -> Array:
+        return dequantize(self.portable(), "nvfp4", self.K)
+
+    def portable(self) -> Quantized:
+        return Quantized(self.codes, self.scale, global_scale=self.global_scale)
+
+
+@dataclass(frozen=True)
+class Mxfp8Groups:
+    """MXFP8 weights ``[N, K]`` as a checkpoint stores them: E4M3 ``codes`` uint8 ``[N, K]`` and an
+    E8M0 ``scale`` code uint8 ``[N, ceil(K / 32)]`` for each row's 32 values: mxfp8's portable layout."""
+
+    codes: Array
+    scale: Array
+    K: int
+
+    KIND: ClassVar[tuple[str, str]] = ("MXFP8", "mxfp8")
+
+    def to_float32(self) -> Array:
+        return dequantize(self.portable(), "mxfp8", self.K)
+
+    def portable(self) -> Quantized:
+        import ml_dtypes
+
+        return Quantized(self.codes.view(ml_dtypes.float8_e4m3fn), self.scale)
+
 
 # What a checkpoint's expert projection reads as: float weights, or a quantized format as stored
-Stored = Array | Fp8Blocks | Int4Groups | Mxfp4Groups
+Stored = Array | Fp8Blocks | Int4Groups | Mxfp4Groups | Nvfp4Groups | Mxfp8Groups
 
 
 def stored_rows(w: Stored, pick: Any) -> Array:
@@ -253,6 +328,10 @@ def stored_rows(w: Stored, pick: Any) -> Array:
         ).to_float32()
     if isinstance(w, Mxfp4Groups):
         return Mxfp4Groups(w.codes[rows], w.scale[rows], w.K).to_float32()
+    if isinstance(w, Nvfp4Groups):
+        return Nvfp4Groups(w.codes[rows], w.scale[rows], w.global_scale[rows], w.K).to_float32()
+    if isinstance(w, Mxfp8Groups):
+        return Mxfp8Groups(w.codes[rows], w.scale[rows], w.K).to_float32()
     return np.asarray(w[rows], dtype=np.float32)
 
 
@@ -269,11 +348,12 @@ def quantize(w: Stored, method: str, group_size: int = 128, *, exact: bool = Fal
 
     element = formats.by_name(method).element
     formats.check_group(method, group_size)
-    if isinstance(w, Mxfp4Groups):
-        if element == "fp4":
-            return w.as_mxfp4()
+    if isinstance(w, Mxfp4Groups | Nvfp4Groups | Mxfp8Groups):  # the microscaling formats, each its own
+        kind, served_as = w.KIND
+        if element == served_as:
+            return w.portable()
         if exact:
-            raise ValueError(f"the checkpoint's MXFP4 is served as method mxfp4, not {method}")
+            raise ValueError(f"the checkpoint's {kind} is served as method {kind.lower()}, not {method}")
         w = w.to_float32()
     if isinstance(w, Int4Groups):
         if element == "int4z" and w.group == group_size:
@@ -295,7 +375,7 @@ def quantize(w: Stored, method: str, group_size: int = 128, *, exact: bool = Fal
             )
         return w.per_row(group_size)
     if isinstance(w, Fp8Blocks):
-        if element != "bf16":
+        if element not in ("bf16", "nvfp4", "mxfp8") and element not in LATTICE_BLOCK_BYTES:
             q, scale = _native.quantize_weights(w.codes, method, group_size, w.scale, *w.block)
             return Quantized(q, _scale_dtype(scale, method))
         w = w.to_float32()
@@ -314,8 +394,12 @@ def quantize(w: Stored, method: str, group_size: int = 128, *, exact: bool = Fal
             np.uint16
         )
         return Quantized(rounded.view(bf16), None)
-    q, scale = _native.quantize_weights(w.view(np.uint16) if w.dtype == bf16 else w, method, group_size)
-    return Quantized(q, _scale_dtype(scale, method))
+    quantized = _native.quantize_weights(w.view(np.uint16) if w.dtype == bf16 else w, method, group_size)
+    if element == "nvfp4":  # the codes, the UE4M3 codes, each row's tensor scale
+        return Quantized(quantized[0], quantized[1], global_scale=quantized[2])
+    if element == "mxfp8":  # E4M3 codes, an E8M0 code a group
+        return Quantized(quantized[0].view(ml_dtypes.float8_e4m3fn), quantized[1])
+    return Quantized(quantized[0], _scale_dtype(quantized[1], method))
 
 
 def _scale_dtype(scale: Array, method: str) -> Array:
@@ -336,6 +420,14 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     assert q.scale is not None
     if element == "int8":
         return q.weight.astype(np.float32) * q.scale[..., None]
+    if element == "mxfp8":  # E4M3 times 2^(e - 127): exact in float32
+        import ml_dtypes
+
+        e4m3 = np.asarray(q.weight).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        scale = np.ldexp(np.float32(1), q.scale.astype(np.int32) - 127).astype(np.float32)
+        per_value = np.repeat(scale, 32, axis=-1)[..., :K]
+        mx: Array = e4m3 * per_value
+        return mx
     if element in ("int8g", "int8h", "fp8"):
         # the group is the size whose count over K the scales have (any, when there is one group)
         groups = q.scale.shape[-1]
@@ -381,6 +473,11 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     elif element == "fp4":
         values = FP4_VALUES[codes]
         scale = np.ldexp(np.float32(1), q.scale.astype(np.int32) - 127).astype(np.float32)
+    elif element == "nvfp4":  # code times UE4M3 exactly, then times the tensor's scale
+        assert q.global_scale is not None
+        exact = FP4_VALUES[codes].reshape(*codes.shape[:-1], groups, -1) * ue4m3_values(q.scale)[..., None]
+        scaled: Array = exact.reshape(codes.shape) * q.global_scale.astype(np.float32)[..., None]
+        return scaled[..., :K]
     elif element == "int4z":
         assert q.zero is not None
         values = (codes.astype(np.float32).reshape(*codes.shape[:-1], groups, -1) - q.zero[..., None]).reshape(
@@ -392,65 +489,6 @@ def dequantize(q: Quantized, method: str, K: int) -> Array:
     grouped = values.reshape(*values.shape[:-1], groups, -1) * scale[..., None]
     result: Array = grouped.reshape(values.shape)[..., :K]
     return result
-
-
-# GGUF's i-quants: a block's bytes, its float16 d first (portable: ``weight`` the blocks less d,
-# ``scale`` the d)
-LATTICE_BLOCK_BYTES = {"iq2xxs": 66, "iq2xs": 74, "iq3xxs": 98, "iq1s": 50}
-
-
-@functools.cache
-def _grid(name: str) -> Array:
-    return np.array(lattice.grid(name), dtype=np.float32)
-
-
-def _bits(values: Array, shifts: Array, width: int) -> Array:
-    """``values[..., None] >> shifts`` masked to ``width`` bits."""
-    return (values[..., None] >> shifts) & ((1 << width) - 1)
-
-
-def lattice_values(element: str, codes: Array, d: Array) -> Array:
-    """An i-quant's float32 weights ``[..., N, Kp]`` from its blocks less d ``[..., N, S * (bytes - 2)]``
-    and their d ``[..., N, S]`` (float16), as ggml-quants.c's dequantize_row_iq* define them."""
-    blocks = codes.reshape(*codes.shape[:-1], -1, LATTICE_BLOCK_BYTES[element] - 2)  # [..., S, bytes]
-    d32 = np.asarray(d).view(np.float16).astype(np.float32)[..., None, None]  # [..., S, 1, 1]
-    lines = np.arange(4, dtype=np.uint32)
-    if element == "iq1s":
-        qs = blocks[..., :32].reshape(*blocks.shape[:-1], 8, 4).astype(np.uint32)  # [..., S, ib, line]
-        qh = np.ascontiguousarray(blocks[..., 32:48]).view("<u2").astype(np.uint32)  # [..., S, ib]
-        index = qs | (_bits(qh, 3 * lines, 3) << 8)
-        scale = d32 * (2 * ((qh >> 12) & 7) + 1).astype(np.float32)[..., None]
-        shift = np.where(qh & 0x8000, np.float32(-0.125), np.float32(0.125))[..., None, None]
-        values: Array = scale[..., None] * (_grid("iq1s")[index] + shift)  # [..., S, ib, line, 8]
-        return values.reshape(*codes.shape[:-1], -1)
-    if element == "iq2xs":
-        q16 = np.ascontiguousarray(blocks[..., :64]).view("<u2").reshape(*blocks.shape[:-1], 8, 4).astype(np.uint32)
-        index, s7 = q16 & 511, q16 >> 9
-        sc = blocks[..., 64:72].astype(np.uint32)  # [..., S, ib]: lines 0-1 low nibble, 2-3 high
-        ls = _bits(sc, np.array([0, 0, 4, 4], dtype=np.uint32), 4)
-        grid = _grid("iq2xs")[index]
-        factor = np.float32(0.25)
-    else:
-        per_ib = blocks[..., :64].reshape(*blocks.shape[:-1], 8, 8)  # [..., S, ib, 8 bytes]
-        if element == "iq2xxs":
-            index = per_ib[..., :4].astype(np.uint32)
-            aux = np.ascontiguousarray(per_ib[..., 4:]).view("<u4")[..., 0]
-            grid = _grid("iq2xxs")[index]
-            factor = np.float32(0.25)
-        else:  # iq3xxs: two indices a line, 4 values each
-            index = per_ib.reshape(*per_ib.shape[:-1], 4, 2).astype(np.uint32)
-            aux = np.ascontiguousarray(blocks[..., 64:96]).view("<u4")  # [..., S, ib]
-            grid = _grid("iq3xxs")[index].reshape(*index.shape[:-1], 8)
-            factor = np.float32(0.5)
-        s7 = _bits(aux.astype(np.uint32), 7 * lines, 7)
-        ls = np.repeat((aux.astype(np.uint32) >> 28)[..., None], 4, axis=-1)
-    parity = np.zeros_like(s7)
-    for bit in range(7):
-        parity ^= (s7 >> bit) & 1
-    signs = _bits(s7 | (parity << 7), np.arange(8, dtype=np.uint32), 1)  # [..., S, ib, line, 8]
-    scale = d32 * (np.float32(0.5) + ls.astype(np.float32)) * factor  # as gguf-py: d * (0.5 + ls) * f
-    signed: Array = scale[..., None] * grid * np.where(signs == 1, np.float32(-1), np.float32(1))
-    return signed.reshape(*codes.shape[:-1], -1)
 
 
 Q4K_RECORD = 20  # bytes of q4_k's portable record: d, dmin (float16), sc[8], m[8]
@@ -528,8 +566,14 @@ def shapes(method: str, N: int, K: int, group_size: int) -> dict[str, tuple[tupl
             "weight": ((N, groups * group_size // (1 if f.bits == 5 else 2)), weight),
             "scale": ((N, groups, 2) if with_min else (N, groups), scale or "F16"),
         }
-    if f.element in ("int8g", "int8h", "fp8"):
+    if f.element in ("int8g", "int8h", "fp8", "mxfp8"):
         return {"weight": ((N, K), weight), "scale": ((N, groups), scale or "F32")}
+    if f.element == "nvfp4":
+        return {
+            "weight": ((N, groups * group_size // 2), weight),
+            "scale": ((N, groups), scale or "U8"),
+            "global_scale": ((N,), "F32"),
+        }
     parts: dict[str, tuple[tuple[int, ...], str]] = {
         "weight": ((N, groups * group_size // 2), weight),
         "scale": ((N, groups), scale or "F32"),

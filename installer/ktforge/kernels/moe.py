@@ -405,12 +405,7 @@ class MoE:
         input_order = (
             stored_formats.act_order(arrays, orders, checkpoint.experts, checkpoint.hidden) if orders else None
         )
-        moe.load_quantized(
-            *(
-                Quantized(arrays[f"{p}.weight"], arrays.get(f"{p}.scale"), arrays.get(f"{p}.zero"))
-                for p in ("gate", "up", "down")
-            )
-        )
+        moe.load_quantized(*(Quantized.named(arrays, p) for p in ("gate", "up", "down")))
         if biases is not None:
             moe.load_biases(*biases)
         if input_order is not None:
@@ -498,9 +493,10 @@ class MoE:
         if self.method == self.down_method == "bf16":
             self.load_weights(*(parts[p]["weight"].view(bf16_dtype()) for p in parts))
             return
-        zeros = {f"{p}_zero": parts[p]["zero"] for p in parts if "zero" in parts[p]}
+        extra = {f"{p}_zero": parts[p]["zero"] for p in parts if "zero" in parts[p]}
+        extra.update({f"{p}_global": parts[p]["global_scale"] for p in parts if "global_scale" in parts[p]})
         self._layer.load_quantized(
-            *(array for p in parts for array in (parts[p]["weight"], parts[p]["scale"])), **zeros
+            *(array for p in parts for array in (parts[p]["weight"], parts[p]["scale"])), **extra
         )
         self._loaded = True
 

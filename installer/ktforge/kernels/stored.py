@@ -13,7 +13,7 @@ from ktforge import formats
 def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]]) -> None:
     """A projection's scales (and zero points) checked, FP8 codes viewed as their bytes in place.
     int4's scales carry the sign of each group's largest value; a checkpoint's FP8 block of zeros
-    (or an int4z group) may have any finite scale; an E8M0 code of 255 is NaN."""
+    (or an int4z group) may have any finite scale; an E8M0 code of 255 is NaN, a UE4M3 code of 127."""
     f = formats.by_name(method)
     element = f.element
     if f.super_block is not None:  # their records' d (and dmin): the extension checks them as float16
@@ -22,18 +22,30 @@ def check_scales(method: str, name: str, parts: dict[str, np.ndarray[Any, Any]])
     ok = np.isfinite(scale)
     if element == "fp4":
         ok &= parts["scale"] != 255
+    elif element == "mxfp8":
+        ok &= parts["scale"] <= 190  # past 2^63: beyond what fp8's kernels scale sums by (kernels/types.hpp)
+    elif element == "nvfp4":
+        ok &= parts["scale"] <= 0x7E
     elif element == "int4":
         ok &= scale != 0
     elif element not in ("fp8", "int4z", "int8h", "iq4nl", "q40", "q41", "q50", "q51"):
         ok &= scale > 0
     if not ok.all():
-        wanted = {"int4": "nonzero and finite", "fp4": "E8M0 codes other than 255 (NaN)", "fp8": "finite"}
+        wanted = {
+            "int4": "nonzero and finite",
+            "fp4": "E8M0 codes other than 255 (NaN)",
+            "nvfp4": "UE4M3 codes up to 126 (127 is NaN; the sign bit is not theirs)",
+            "fp8": "finite",
+            "mxfp8": "E8M0 codes up to 190 (2^63; 255 is NaN)",
+        }
         signed = ("int4z", "int8h", "iq4nl", "q40", "q41", "q50", "q51")  # any finite scale
         expected = wanted.get(element, "finite" if element in signed else "positive and finite")
         raise ValueError(f"{name}.scale holds values that are not {expected}")
+    if "global_scale" in parts and not np.isfinite(parts["global_scale"]).all():
+        raise ValueError(f"{name}.global_scale holds values that are not finite")
     if "zero" in parts and (parts["zero"] > 15).any():
         raise ValueError(f"{name}.zero holds zero points above 15")
-    if element == "fp8":
+    if element in ("fp8", "mxfp8"):
         parts["weight"] = parts["weight"].view(np.uint8)  # E4M3 codes as their bytes
 
 

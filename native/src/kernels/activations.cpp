@@ -27,10 +27,10 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
     if (act.bf16.size() < total) act.bf16.resize(total);
     act.f32_ld = Kp + 16;
     if (widen && act.f32.size() < static_cast<std::size_t>(rows * act.f32_ld)) act.f32.resize(rows * act.f32_ld);
-  } else if (method == Element::fp8 || floats(method)) {
+  } else if (fp8_codes(method) || floats(method)) {
     act.f32_ld = Kp + 16;
     if (act.f32.size() < static_cast<std::size_t>(rows * act.f32_ld)) act.f32.resize(rows * act.f32_ld);
-    if (method == Element::fp8 && act.bf16.size() < total) act.bf16.resize(total);
+    if (fp8_codes(method) && act.bf16.size() < total) act.bf16.resize(total);
   } else {
     if (act.q.size() < total) act.q.resize(total);
     if (act.q_u8.size() < total) act.q_u8.resize(total);
@@ -68,17 +68,17 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
       row = widened.data();
     }
     bool finite = true;
-    if (method == Element::fp8 || floats(method)) {
+    if (fp8_codes(method) || floats(method)) {
       // exact fp32 (fp8: scaled by a power of two, kFp8ActivationScale) for the fp32 kernels;
       // fp8's bf16 too, for the bf16 dot products of prefill
-      const float factor = method == Element::fp8 ? kFp8ActivationScale : 1.f;
+      const float factor = fp8_codes(method) ? kFp8ActivationScale : 1.f;
       float* dst = act.f32.data() + r * act.f32_ld;
       for (int k = 0; k < K; ++k) {
         dst[k] = row[k] * factor;
         finite &= std::fabs(dst[k]) <= std::numeric_limits<float>::max();
       }
       std::fill(dst + K, dst + Kp, 0.f);
-      if (method == Element::fp8) finite &= ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
+      if (fp8_codes(method)) finite &= ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
     } else if (method == Element::bf16) {
       finite = ops.to_bf16_row(row, K, Kp, act.bf16.data() + r * Kp);
       if (widen) widen_row(r);
@@ -97,7 +97,7 @@ void prepare_activations(const KernelTable& ops, Activations& act, Element metho
     for (int64_t r = 0; r < rows; ++r) convert_row(r, 0);
   if (bad_row >= 0)
     throw std::invalid_argument(std::string(what) + " contains NaN or infinite values" +
-                                (method == Element::fp8 ? " (or of magnitude 2^64 or more)" : "") + " (row " +
+                                (fp8_codes(method) ? " (or of magnitude 2^64 or more)" : "") + " (row " +
                                 std::to_string(bad_row.load()) + ")");
 }
 

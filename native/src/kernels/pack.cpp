@@ -42,7 +42,7 @@ void shape(PackedMatrix& out, Element method, int group, int N, int K) {
 }
 
 constexpr uint16_t kBf16One = 0x3F80, kF16One = 0x3C00;
-constexpr uint8_t kE8m0One = 127;
+constexpr uint8_t kE8m0One = 127, kUe4m3One = 0x38;
 
 // Row n's int4z scales and zero points, one a group, into its blocks' records.
 void put_int4z_meta(PackedMatrix& out, int n, const float* scales, const uint8_t* zeros) {
@@ -61,8 +61,12 @@ void begin_quantized(PackedMatrix& out) {
   } else if (out.element == Element::fp8) {
     out.scale.assign(out.Np, 1.f);
     out.block_scale.assign(static_cast<std::size_t>(out.blocks()) * out.groups(), 1.f);
-  } else if (out.element == Element::fp4) {
+  } else if (out.element == Element::mxfp8) {
     out.group_e8m0.assign(static_cast<std::size_t>(out.Np) * out.groups(), kE8m0One);
+  } else if (out.element == Element::fp4 || out.element == Element::nvfp4) {
+    const bool nvfp4 = out.element == Element::nvfp4;
+    out.group_e8m0.assign(static_cast<std::size_t>(out.Np) * out.groups(), nvfp4 ? kUe4m3One : kE8m0One);
+    if (nvfp4) out.scale.assign(out.Np, 1.f);
   } else if (legacy(out.element)) {
     begin_legacy(out);
   } else if (k_quant(out.element) || lattice(out.element)) {
@@ -112,11 +116,25 @@ void put_int4_row(PackedMatrix& out, int n, const int8_t* q, const uint16_t* sca
   put_nibbles(out, n, q, 8);
 }
 
-// Row n of an fp4 matrix: Kp E2M1 codes and one E8M0 code per group.
+// Row n of an fp4 (nvfp4) matrix: Kp E2M1 codes and one E8M0 (UE4M3) code per group.
 void put_fp4_row(PackedMatrix& out, int n, const int8_t* codes, const uint8_t* e8m0) {
   const int G = out.groups();
   for (int g = 0; g < G; ++g) out.group_e8m0[(static_cast<int64_t>(n / 16) * G + g) * 16 + n % 16] = e8m0[g];
   put_nibbles(out, n, codes, 0);
+}
+
+// Row n of a checkpoint's nvfp4 matrix: its codes, a UE4M3 code a group and the tensor's scale,
+// each checked (the scale codes unsigned and not NaN, the tensor's scale finite).
+void put_nvfp4_row(PackedMatrix& out, int n, const int8_t* codes, const uint8_t* scale_codes, const float* global) {
+  for (int g = 0; g < out.groups(); ++g)
+    if (scale_codes[g] > 0x7E)
+      throw std::invalid_argument("nvfp4 scale of row " + std::to_string(n) + ", group " + std::to_string(g) +
+                                  " is UE4M3 code " + std::to_string(scale_codes[g]) +
+                                  ": NaN or signed (the codes are 0-126)");
+  if (global == nullptr || !std::isfinite(*global))
+    throw std::invalid_argument("nvfp4 global scale of row " + std::to_string(n) + " is missing or not finite");
+  put_fp4_row(out, n, codes, scale_codes);
+  out.scale[n] = *global;
 }
 
 // Row n of an int4z matrix: Kp unsigned codes in [0, 15], a float32 scale and a zero point per group.
@@ -221,6 +239,20 @@ void put_fp8_row(PackedMatrix& out, int n, const uint8_t* codes) {
   for (int k = 0; k < out.K; ++k) panel[k * 16 + n % 16] = codes[k];
 }
 
+// f16, f32 ([N/16][Kp][16]; f16 rounded to nearest even, load_weights checks its range) and bf16
+// (pairs of K: [N/16][Kp/2][16][2]) from floats.
+void pack_plain_floats(PackedMatrix& out, const std::function<float(int, int)>& value) {
+  auto* halves = reinterpret_cast<uint16_t*>(out.values);
+  for (int n = 0; n < out.Np; ++n)
+    for (int k = 0; k < out.Kp; ++k) {
+      const float v = value(n, k);
+      const std::size_t at = (static_cast<std::size_t>(n / 16) * out.Kp + k) * 16 + n % 16;
+      if (out.element == Element::f32) std::memcpy(out.values + 4 * at, &v, 4);
+      else if (out.element == Element::f16) halves[at] = f32_to_f16(v);
+      else halves[((static_cast<int64_t>(n / 16) * (out.Kp / 2) + k / 2) * 16 + n % 16) * 2 + k % 2] = f32_to_bf16(v);
+    }
+}
+
 // ktforge's own FP8 quantization (load_weights): per 16-row block and group of K, scale =
 // max|w| / 448 (1 for a block of zeros), code = E4M3 of w / scale.
 void pack_fp8_floats(PackedMatrix& out, const std::function<float(int, int)>& value) {
@@ -241,6 +273,41 @@ void pack_fp8_floats(PackedMatrix& out, const std::function<float(int, int)>& va
           panel[k * 16 + n] = f32_to_fp8_e4m3(value(b * 16 + n, k) / scale);
     }
   drop_unit_row_scales(out);
+}
+
+// mxfp8's rows: K E4M3 codes and an E8M0 code a group each (from `row`: a checkpoint's, checked;
+// else quantized from the floats `value` gives: per group the least power of two 2^s with
+// max|w| / 2^s <= 448, 1 for a group of zeros, the codes E4M3 of w / 2^s).
+void pack_mxfp8(PackedMatrix& out, const std::function<float(int, int)>& value, const QuantizedRow* rows, int N) {
+  begin_quantized(out);
+  const int G = out.groups();
+  std::vector<uint8_t> codes(out.K), scales(G);
+  for (int n = 0; n < N; ++n) {
+    if (rows != nullptr && !rows[n].values) continue;
+    if (rows != nullptr) {
+      std::memcpy(codes.data(), rows[n].values, out.K), std::memcpy(scales.data(), rows[n].scales, G);
+      for (int g = 0; g < G; ++g)
+        if (scales[g] > kMxfp8MaxScale)
+          throw std::invalid_argument("mxfp8 scale of row " + std::to_string(n) + ", group " + std::to_string(g) +
+                                      " is E8M0 code " + std::to_string(scales[g]) + ": NaN or beyond 2^63");
+      for (int k = 0; k < out.K; ++k)
+        if (fp8_nan(codes[k]))
+          throw std::invalid_argument("mxfp8 weights hold a NaN code (row " + std::to_string(n) + ", column " +
+                                      std::to_string(k) + ")");
+    } else {
+      for (int g = 0; g < G; ++g) {
+        float max_abs = 0.f;
+        for (int k = g * out.group; k < std::min(out.K, (g + 1) * out.group); ++k) max_abs = std::max(max_abs, std::fabs(value(n, k)));
+        int exponent = 0;
+        const double mantissa = max_abs > 0.f ? std::frexp(static_cast<double>(max_abs) / 448.0, &exponent) : 0.0;
+        scales[g] = max_abs > 0.f ? static_cast<uint8_t>(std::clamp((mantissa == 0.5 ? exponent - 1 : exponent) + 127, 0, 254)) : kE8m0One;
+        const float scale = e8m0_to_f32(scales[g]);
+        for (int k = g * out.group; k < std::min(out.K, (g + 1) * out.group); ++k) codes[k] = f32_to_fp8_e4m3(value(n, k) / scale);
+      }
+    }
+    put_fp8_row(out, n, codes.data());
+    for (int g = 0; g < G; ++g) out.group_e8m0[(static_cast<std::size_t>(n / 16) * G + g) * 16 + n % 16] = scales[g];
+  }
 }
 
 // A checkpoint's FP8 rows: K codes and one float scale per group of the row. Within a 16-row
@@ -286,6 +353,25 @@ void pack_fp8_rows(PackedMatrix& out, const std::vector<QuantizedRow>& rows) {
 }
 
 }  // namespace
+
+// NVFP4 of one row, as NVIDIA ModelOpt quantizes a tensor, with the row as the tensor: the global
+// scale max|w| / (6 * 448) (1 for a row of zeros), per 16 values the UE4M3 code of max|w| / 6 /
+// global (saturating at 448), each value the E2M1 code nearest w / (that scale * global).
+bool quantize_nvfp4_row(const float* w, int K, int8_t* q, uint8_t* scale_codes, float* global) {
+  float max_abs = 0.f;
+  bool finite = true;
+  for (int k = 0; k < K; ++k) finite &= std::isfinite(w[k]), max_abs = std::max(max_abs, std::fabs(w[k]));
+  *global = finite && max_abs >= std::numeric_limits<float>::min() ? max_abs / (6.f * 448.f) : 1.f;
+  for (int g0 = 0; g0 < K; g0 += kNvfp4Group) {
+    float group_max = 0.f;
+    for (int k = g0; k < g0 + kNvfp4Group; ++k) group_max = std::max(group_max, std::fabs(w[k]));
+    const uint8_t code = finite ? f32_to_fp8_e4m3(group_max / 6.f / *global) : 0;
+    scale_codes[g0 / kNvfp4Group] = code;
+    const float scale = ue4m3_to_f32(code) * *global;
+    for (int k = g0; k < g0 + kNvfp4Group; ++k) q[k] = scale > 0.f ? fp4_code(w[k] / scale) : 0;
+  }
+  return finite;
+}
 
 // Cloned for AVX-512/AVX2 with a run-time pick (this file has no ISA flags): converting a
 // whole checkpoint runs through here. |w| is maximised on its bit pattern, which orders
@@ -382,24 +468,8 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
   };
 
   if (method == Element::fp8) return pack_fp8_floats(out, value);
-  if (floats(method)) {  // [N/16][Kp][16]: f16 rounded to nearest even (load_weights checks its range)
-    for (int n = 0; n < out.Np; ++n)
-      for (int k = 0; k < out.Kp; ++k) {
-        const float v = value(n, k);
-        const std::size_t at = (static_cast<std::size_t>(n / 16) * out.Kp + k) * 16 + n % 16;
-        if (method == Element::f32) std::memcpy(out.values + 4 * at, &v, 4);
-        else reinterpret_cast<uint16_t*>(out.values)[at] = f32_to_f16(v);
-      }
-    return;
-  }
-  if (method == Element::bf16) {
-    auto* dst = reinterpret_cast<uint16_t*>(out.values);
-    for (int n = 0; n < out.Np; ++n)
-      for (int k = 0; k < out.Kp; ++k)
-        dst[((static_cast<int64_t>(n / 16) * (out.Kp / 2) + k / 2) * 16 + n % 16) * 2 + k % 2] =
-            f32_to_bf16(value(n, k));
-    return;
-  }
+  if (method == Element::mxfp8) return pack_mxfp8(out, value, nullptr, N);
+  if (floats(method) || method == Element::bf16) return pack_plain_floats(out, value);
   // each row widened to Kp floats (zeros past K), then quantized as quantize_weight_row does
   std::vector<float> row(out.Kp);
   std::vector<int8_t> q(out.Kp);
@@ -425,6 +495,12 @@ void pack_rows(PackedMatrix& out, Element method, int group, const std::vector<c
       quantize_iq4_row(row.data(), out.Kp, method == Element::iq4xs, q.data(), bits.data(), records.data());
       method == Element::iq4xs ? put_signed_records(out, n, records.data(), kQ4kGroupsPerSuper, kIq4xsSuperBytes) : put_group_scales(out, n, bits.data());
       put_nibbles(out, n, q.data(), 0);
+      continue;
+    }
+    if (method == Element::nvfp4) {
+      std::vector<uint8_t> codes(out.groups());
+      quantize_nvfp4_row(row.data(), out.Kp, q.data(), codes.data(), &out.scale[n]);
+      put_fp4_row(out, n, q.data(), codes.data());
       continue;
     }
     quantize_weight_row(method, group, row.data(), out.Kp, q.data(), scales.data());
@@ -457,6 +533,7 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
   const int N = static_cast<int>(rows.size());
   shape(out, method, group, N, K);
   if (method == Element::fp8) return pack_fp8_rows(out, rows);
+  if (method == Element::mxfp8) return pack_mxfp8(out, {}, rows.data(), N);
   if (floats(method)) {  // portable f16, f32: K values a row, as the file has them
     const std::size_t bytes = method == Element::f32 ? 4 : 2;
     for (int n = 0; n < N; ++n)
@@ -504,6 +581,8 @@ void pack_quantized_rows(PackedMatrix& out, Element method, int group, const std
                                  : put_group_scales(out, n, static_cast<const uint16_t*>(row.scales));
         put_nibbles(out, n, q.data(), 0);
       }
+    } else if (method == Element::nvfp4) {  // portable nvfp4: fp4's bytes, UE4M3 codes, the tensor's scale
+      if (row.values) put_nvfp4_row(out, n, q.data(), static_cast<const uint8_t*>(row.scales), row.global_scale);
     } else if (method == Element::fp4) {
       // portable fp4: int4's byte order, the nibbles E2M1 codes; one E8M0 code per group
       put_fp4_row(out, n, q.data(), row.values ? static_cast<const uint8_t*>(row.scales) : unit_e8m0.data());

@@ -37,12 +37,20 @@ bool decode_fp8_row(const uint8_t* codes, int64_t K, const float* block_scales, 
 // per byte (even k in the low nibble), each stored as q + 8 with q in [-8, 7], and one bf16
 // scale per group. fp4: int4's bytes holding E2M1 codes, and one E8M0 code (uint8) per group.
 // int4z: int4's bytes holding unsigned codes q in [0, 15], a float32 scale and a uint8 zero point
-// per group: w = (q - zero) * scale.
+// per group: w = (q - zero) * scale. nvfp4: fp4's bytes, a UE4M3 code per 16 values and the
+// tensor's float32 scale.
 struct QuantizedRow {
   const void* values = nullptr;
-  const void* scales = nullptr;  // int8: a float; int8g, int4: uint16_t bf16 bits; fp4: uint8 E8M0; int4z: floats
+  const void* scales = nullptr;  // int8: a float; int8g, int4: uint16_t bf16 bits; fp4: uint8 E8M0; nvfp4: uint8
+                                 // UE4M3; int4z: floats
   const void* zeros = nullptr;   // int4z: uint8 zero points, one a group
+  const float* global_scale = nullptr;  // nvfp4: the tensor's scale (w = code * group scale * it)
 };
+
+// NVFP4 of one row of K values (K a multiple of 16), ModelOpt's way with the row as its tensor:
+// the global scale max|w| / (6 * 448), per 16 values a UE4M3 scale code, E2M1 codes (fp4's) in q.
+// False if the row holds NaN or infinity.
+bool quantize_nvfp4_row(const float* w, int K, int8_t* q, uint8_t* scale_codes, float* global);
 
 // Packs quantized rows into the same layout pack_rows produces from the float weights they
 // were quantized from (so both give identical results).

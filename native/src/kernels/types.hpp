@@ -82,13 +82,13 @@ inline int legacy_offset(Element m) { return m == Element::q40 ? 8 : m == Elemen
 
 // Elements with a scale per group of K values (int4, int8g, fp8, fp4); the others have none or one a row.
 inline bool grouped(Element m) {
-  return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::fp4 || m == Element::int4z ||
-         m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m) || lattice(m);
+  return m == Element::int4 || m == Element::int8g || m == Element::fp8 || m == Element::mxfp8 || m == Element::fp4 ||
+         m == Element::nvfp4 || m == Element::int4z || m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m) || lattice(m);
 }
 // Elements whose activations are int8 (Activations::q); grouped ones also carry per-group sums.
 inline bool int8_activations(Element m) {
-  return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::int4z ||
-         m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m) || lattice(m);
+  return m == Element::int8 || m == Element::int4 || m == Element::int8g || m == Element::fp4 || m == Element::nvfp4 ||
+         m == Element::int4z || m == Element::int8h || m == Element::iq4nl || k_quant(m) || legacy(m) || lattice(m);
 }
 // GGUF's IQ4_NL and IQ4_XS: int4's nibbles, each a code of a fixed non-linear grid (llama.cpp's
 // kvalues_iq4nl), w = scale * kIq4Values[code]. IQ4_NL: a float16 scale per 32 (int8h's scales);
@@ -118,7 +118,8 @@ inline int activation_block(Element m, int group, int Kp) {
 
 // Nibble elements: int4's panel layout, two values a byte.
 inline bool nibbles(Element m) {
-  return m == Element::int4 || m == Element::fp4 || m == Element::int4z || m == Element::q4k || iq4(m);
+  return m == Element::int4 || m == Element::fp4 || m == Element::nvfp4 || m == Element::int4z || m == Element::q4k ||
+         iq4(m);
 }
 // int8g's layout and kernels, its scales bfloat16 (int8g) or float16 (int8h)
 inline bool int8_groups(Element m) { return m == Element::int8g || m == Element::int8h; }
@@ -306,6 +307,27 @@ inline uint8_t f32_to_e8m0(float f) {
   return static_cast<uint8_t>(bits >= (1u << 23) ? bits >> 23 : 0);
 }
 
+// NVFP4 (NVIDIA's): mxfp4's E2M1 codes, looked up the same way, with per 16 values an unsigned FP8
+// scale (UE4M3: 4 exponent bits, bias 7, 3 mantissa bits; 0x7F, NaN, is refused at load) and a
+// float32 scale over the whole tensor (ModelOpt's weight_scale_2), kept per row in `scale` and
+// applied to each output column after the GEMM (the kernels provider). A UE4M3 code shifted left
+// by 7 is the float16 of its value times 2^-8, exactly, subnormals included: the SIMD kernels widen
+// it with one shift and vcvtph2ps, and kNvfp4Final undoes the 2^-8 and the doubling.
+constexpr float kNvfp4Final = 128.f;
+constexpr int kNvfp4Group = 16;
+inline float ue4m3_to_f32(uint8_t code) {
+  const int exponent = (code >> 3) & 0xF, mantissa = code & 7;
+  return exponent == 0 ? static_cast<float>(mantissa) * 0x1p-9f
+                        : (1.f + static_cast<float>(mantissa) / 8.f) * static_cast<float>(1 << exponent) * 0x1p-7f;
+}
+
+// MXFP8 (OCP microscaling, MiniMax-M3's release): fp8's E4M3 codes in fp8's panels, with per 32
+// values of each row an E8M0 scale (fp4's group_e8m0 layout): fp8's kernels, each group's sums
+// scaled by its 16 columns' scales (kE8m0MinBits's float bits) instead of the block's one. Codes
+// above 190 (2^63, past what fp8's 2^56 sum scale leaves of float's range) are refused at load.
+inline bool fp8_codes(Element m) { return m == Element::fp8 || m == Element::mxfp8; }
+constexpr uint8_t kMxfp8MaxScale = 190;
+
 // FP8 E4M3 in the kernels. A code's bits moved into a float's (sign to bit 31, exponent and
 // mantissa to bits 26..20) are its value times 2^-120, exactly, subnormals included: two integer
 // instructions, no table. The activations are stored times 2^64 (exact), so each product is the
@@ -339,7 +361,7 @@ struct PackedMatrix {
   enum MetaKind { kRowScale, kGroupScale, kColsum, kE8m0, kGroupMeta, kBlockScale, kMetaKinds };
   std::vector<std::array<const uint8_t*, kMetaKinds>> meta_at;
   std::size_t placed_meta_bytes = 0;
-  // int8, fp8: scale[n].
+  // int8, fp8: scale[n]; nvfp4: the tensor's scale, one a row.
   aligned_vector<float> scale;
   // int4, int8g: bf16 group_scale[block][group][16] (16 consecutive columns per group; int8h:
   // float16, Q8_0's): 16-bit
@@ -347,7 +369,8 @@ struct PackedMatrix {
   // fp16) for its range.
   aligned_vector<uint16_t> group_scale;
   // fp4: the E8M0 scale codes, uint8 group_e8m0[block][group][16] (int4's order): the file's byte
-  // a group, so MXFP4 packs into its own bytes.
+  // a group, so MXFP4 packs into its own bytes; nvfp4: its UE4M3 codes, likewise; mxfp8: its E8M0
+  // codes of each row's groups.
   aligned_vector<uint8_t> group_e8m0;
   // int4z: group_meta[block][group][kInt4zGroupBytes]; q41, q51: [block][group][kLegacyGroupBytes];
   // q4k, q5k, q6k, q3k, q2k: group_meta[block][super][k*SuperBytes]

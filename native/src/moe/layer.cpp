@@ -216,7 +216,8 @@ void MoeLayer::load_quantized(const QuantizedWeights& gate, const QuantizedWeigh
   auto row = [&](const QuantizedWeights& w, int64_t index) {
     return QuantizedRow{static_cast<const char*>(w.values) + index * w.row_bytes,
                         static_cast<const char*>(w.scales) + index * w.row_scale_bytes,
-                        w.zeros ? static_cast<const char*>(w.zeros) + index * w.row_zero_bytes : nullptr};
+                        w.zeros ? static_cast<const char*>(w.zeros) + index * w.row_zero_bytes : nullptr,
+                        w.global_scales ? w.global_scales + index : nullptr};
   };
   pack_experts<QuantizedRow>(
       [&](int64_t e, int n, bool is_up) { return row(is_up ? up : gate, e * I + n); },

@@ -60,6 +60,7 @@ class MoeLayer {
     int64_t row_scale_bytes;
     const void* zeros = nullptr;  // int4z's zero points, uint8, a row's groups row_zero_bytes apart
     int64_t row_zero_bytes = 0;
+    const float* global_scales = nullptr;  // nvfp4's tensor scale, one a row
   };
   void load_quantized(const QuantizedWeights& gate, const QuantizedWeights& up, const QuantizedWeights& down);
   bool loaded() const { return loaded_; }

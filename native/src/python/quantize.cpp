@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <vector>
 
 #include "kernels/lattice.hpp"
@@ -47,6 +48,72 @@ py::tuple quantize_lattice_weights(const py::array& w, Element method) {
   return py::make_tuple(codes, d);
 }
 
+// Weights [..., K] float32 -> nvfp4's portable layout (K padded to 16): E2M1 code pairs (uint8
+// [..., Kp / 2], even k low), a UE4M3 scale code per 16 (uint8 [..., Kp / 16]) and each row's
+// tensor scale (float32 [...]): each row quantized as ModelOpt quantizes a tensor.
+py::tuple quantize_nvfp4_weights(const py::array& w) {
+  if (w.ndim() < 1) throw std::invalid_argument("weights need at least one dimension");
+  if (!(w.flags() & py::array::c_style)) throw std::invalid_argument("weights must be C-contiguous");
+  const DType dtype = dtype_of(w, "weights");
+  const py::ssize_t K = w.shape(w.ndim() - 1), rows = K ? w.size() / K : 0;
+  const py::ssize_t Kp = (K + kNvfp4Group - 1) / kNvfp4Group * kNvfp4Group;
+  std::vector<py::ssize_t> q_shape(w.shape(), w.shape() + w.ndim()), s_shape = q_shape;
+  q_shape.back() = Kp / 2, s_shape.back() = Kp / kNvfp4Group;
+  py::array_t<uint8_t> codes(q_shape), scales(s_shape);
+  py::array_t<float> global(std::vector<py::ssize_t>(q_shape.begin(), q_shape.end() - 1));
+  const auto* src = static_cast<const char*>(w.data());
+  const std::size_t elem = dtype == DType::f32 ? 4 : 2;
+  int64_t bad_row = -1;
+  {
+    py::gil_scoped_release release;
+    std::vector<float> row(Kp, 0.f);
+    std::vector<int8_t> q(Kp);
+    for (py::ssize_t r = 0; r < rows && bad_row < 0; ++r) {
+      for (py::ssize_t k = 0; k < K; ++k)
+        row[k] = dtype == DType::f32 ? reinterpret_cast<const float*>(src + r * K * elem)[k]
+                                     : bf16_to_f32(reinterpret_cast<const uint16_t*>(src + r * K * elem)[k]);
+      if (!quantize_nvfp4_row(row.data(), static_cast<int>(Kp), q.data(), scales.mutable_data() + r * (Kp / kNvfp4Group),
+                              global.mutable_data() + r))
+        bad_row = r;
+      uint8_t* bytes = codes.mutable_data() + r * (Kp / 2);
+      for (py::ssize_t j = 0; j < Kp / 2; ++j) bytes[j] = static_cast<uint8_t>(q[2 * j] | (q[2 * j + 1] << 4));
+    }
+  }
+  if (bad_row >= 0) throw std::invalid_argument("weights contain NaN or infinite values (row " + std::to_string(bad_row) + ")");
+  return py::make_tuple(codes, scales, global);
+}
+
+// Weights [..., K] float32 -> mxfp8's portable layout: E4M3 codes (uint8 [..., K]) and an E8M0 code
+// per 32 values (uint8 [..., ceil(K / 32)]), as MoE.load_weights packs them (kernels/pack.cpp).
+py::tuple quantize_mxfp8_weights(const py::array& w, int group) {
+  if (w.ndim() < 1) throw std::invalid_argument("weights need at least one dimension");
+  if (!(w.flags() & py::array::c_style)) throw std::invalid_argument("weights must be C-contiguous");
+  const DType dtype = dtype_of(w, "weights");
+  const py::ssize_t K = w.shape(w.ndim() - 1), rows = K ? w.size() / K : 0, groups = (K + group - 1) / group;
+  std::vector<py::ssize_t> q_shape(w.shape(), w.shape() + w.ndim()), s_shape = q_shape;
+  s_shape.back() = groups;
+  py::array_t<uint8_t> codes(q_shape), scales(s_shape);
+  const auto* src = static_cast<const char*>(w.data());
+  int64_t bad_row = -1;
+  {
+    py::gil_scoped_release release;
+    std::vector<const void*> one(1);
+    for (py::ssize_t r = 0; r < rows && bad_row < 0; ++r) {
+      one[0] = src + r * K * (dtype == DType::f32 ? 4 : 2);
+      for (py::ssize_t k = 0; k < K && bad_row < 0; ++k)
+        if (!std::isfinite(dtype == DType::f32 ? static_cast<const float*>(one[0])[k]
+                                               : bf16_to_f32(static_cast<const uint16_t*>(one[0])[k])))
+          bad_row = r;
+      PackedMatrix packed;  // one row, packed as load_weights packs it, read back in the portable order
+      pack_rows(packed, Element::mxfp8, group, one, dtype, static_cast<int>(K));
+      for (py::ssize_t k = 0; k < K; ++k) codes.mutable_data()[r * K + k] = packed.values[k * 16];
+      for (py::ssize_t g = 0; g < groups; ++g) scales.mutable_data()[r * groups + g] = packed.group_e8m0[g * 16];
+    }
+  }
+  if (bad_row >= 0) throw std::invalid_argument("weights contain NaN or infinite values (row " + std::to_string(bad_row) + ")");
+  return py::make_tuple(codes, scales);
+}
+
 }  // namespace
 
 // Weights [..., K] float32 -> the portable layout of ktforge.formats.quantize: int8 values and one
@@ -65,6 +132,11 @@ py::tuple quantize_weights(const py::array& w, const std::string& method_name, i
     throw std::invalid_argument("q8_0 serves GGUF Q8_0 tensors as they are (or packs floats in load_weights); "
                                 "kt convert writes int8g, its bfloat16-scaled peer");
   if (lattice(method)) return quantize_lattice_weights(w, method);
+  if (method == Element::nvfp4) return quantize_nvfp4_weights(w);
+  if (method == Element::mxfp8) {
+    if (!takes_group(format, group)) throw std::invalid_argument("group_size must be " + group_sizes_text(format));
+    return quantize_mxfp8_weights(w, group);
+  }
   if (k_quant(method) || iq4(method) || legacy(method) || floats(method)) {
     std::string ggml = method_name;  // the ggml type's name: q4_k -> Q4_K
     std::transform(ggml.begin(), ggml.end(), ggml.begin(), [](unsigned char c) { return std::toupper(c); });

@@ -401,43 +401,16 @@ def load_checkpoint(model: Any, path: str | Path) -> list[int]:
     The checkpoint must hold this model's weights: sketches of sampled rows of every expert
     are compared with the module's own (up to bf16 rounding). Returns the layers loaded;
     raises ValueError naming what differs."""
-    import torch
-
-    from ktforge.checkpoints import fingerprint, gguf
-    from ktforge.checkpoints.checkpoint import Checkpoint
-    from ktforge.formats.quantize import stored_rows
+    from ktforge.checkpoints import gguf
 
     directory = Path(path)
     if gguf.is_gguf(directory):
         from ktforge.engines.transformers.gguf import load_gguf
 
         return load_gguf(model, directory)
-    layers: list[tuple[Any, ktforge.MoE, int]] = []
-    with Checkpoint(directory) as checkpoint:
-        sizes = (checkpoint.experts, 2 * checkpoint.intermediate, checkpoint.hidden)
-        for name, module, index in _modules_of_layers(
-            model, set(checkpoint.moe_layers), directory, sizes, "the checkpoint"
-        ):
+    from ktforge.engines.transformers.release import load_release
 
-            def rows_of(expert: int, projection: str, index: int = index) -> Any:
-                return stored_rows(checkpoint.expert(index, expert, projection), fingerprint.sampled)
-
-            _check_fingerprint(
-                directory, fingerprint.record(checkpoint.experts, rows_of), name, module, "load that checkpoint"
-            )
-            native = checkpoint.stored_method(index) is not None
-            layer = ktforge.MoE.from_pretrained(
-                directory,
-                index,
-                method=None if native else _settings.method,
-                group_size=None if native else _settings.group_size,
-                backend=_settings.backend,
-                threads=_settings.threads or torch.get_num_threads(),
-                activation=activation_of(module),
-            )
-            _load_module_biases(module, layer)
-            layers.append((module, layer, index))
-    return _install_loaded(model, layers, release=True)
+    return load_release(model, directory)
 
 
 def _modules_of_layers(
@@ -490,7 +463,11 @@ def _install_loaded(model: Any, layers: list[tuple[Any, ktforge.MoE, int]], rele
     return sorted({index for _, _, index in layers})
 
 
-def _check_fingerprint(directory: Path, recorded: dict[str, Any], name: str, module: Any, remedy: str) -> None:
+def _check_fingerprint(
+    directory: Path, recorded: dict[str, Any] | list[dict[str, Any]], name: str, module: Any, remedy: str
+) -> None:
+    """The module's weights are the ones a fingerprint was recorded from (any of several), or a
+    ValueError saying where the first differs."""
     from ktforge.checkpoints import fingerprint
 
     projections = dict(zip(fingerprint.PROJECTIONS, _projections(module), strict=True))
@@ -499,12 +476,17 @@ def _check_fingerprint(directory: Path, recorded: dict[str, Any], name: str, mod
         weights = projections[projection][expert]
         return weights[fingerprint.sampled(weights.shape[0])].float().numpy()
 
-    why = fingerprint.mismatch(recorded, projections["gate"].shape[0], rows_of)
+    reasons = [fingerprint.mismatch(r, projections["gate"].shape[0], rows_of) for r in _as_list(recorded)]
+    why = reasons[0] if None not in reasons else None
     if why is not None:
         raise ValueError(
             f"{directory} does not hold this model's weights: {name}: {why} (another model of the same sizes, or "
             f"weights changed since; {remedy})"
         )
+
+
+def _as_list(recorded: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return recorded if isinstance(recorded, list) else [recorded]
 
 
 def _layer_for(module: Any, hidden_states: Any, top_k: int) -> int | None:

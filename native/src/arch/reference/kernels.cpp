@@ -106,6 +106,10 @@ int fp4_doubled(const uint8_t* block, int c, int k) {
 float e8m0_group_scale(const PackedMatrix& w, int block, int g, int c) {
   return e8m0_to_f32(w.block_e8m0(block)[g * 16 + c]);
 }
+// nvfp4: fp4's codes, a UE4M3 scale per group (its tensor scale: the kernels provider's, after)
+float ue4m3_group_scale(const PackedMatrix& w, int block, int g, int c) {
+  return ue4m3_to_f32(w.block_e8m0(block)[g * 16 + c]);
+}
 
 // int4z: unsigned nibbles in int4's order, a float32 scale and a zero point per group (its record
 // of kernels/types.hpp): per group sum(q * x) - zero * sum(x), exact in int32
@@ -198,7 +202,8 @@ int lattice_code(const uint8_t* block, int c, int k) {
 }
 
 // fp8: per group, the sum of code * 2^-120 times x * 2^64 over the group (fp32, in k order, as
-// the SIMD kernels), times block scale * 2^56; the row's scale at the end.
+// the SIMD kernels), times block scale (mxfp8: the column's E8M0 scale) * 2^56; the row's scale at
+// the end.
 void gemm_fp8(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
   const int G = w.groups(), group = w.group;
@@ -210,7 +215,8 @@ void gemm_fp8(const GemmArgs& a) {
       for (int g = 0; g < G; ++g) {
         float s = 0.f;
         for (int k = g * group; k < (g + 1) * group; ++k) s += fp8_code_times_2_120(panel[k * 16]) * x[k];
-        acc += s * (w.fp8_block_scales(n / 16)[g] * kFp8SumScale);
+        const float scale = w.element == Element::mxfp8 ? e8m0_group_scale(w, n / 16, g, n % 16) : w.fp8_block_scales(n / 16)[g];
+        acc += s * (scale * kFp8SumScale);
       }
       const float* row_scale = w.fp8_row_scales(n / 16);
       a.out[i * a.ld_out + (n - a.n0)] = row_scale ? acc * row_scale[n % 16] : acc;
@@ -240,7 +246,8 @@ void gemm_floats(const GemmArgs& a) {
 
 void gemm(const GemmArgs& a) {
   switch (a.w->element) {
-    case Element::fp8: return gemm_fp8(a);
+    case Element::fp8:
+    case Element::mxfp8: return gemm_fp8(a);
     case Element::bf16: return gemm_bf16(a);
     case Element::f16:
     case Element::f32: return gemm_floats(a);
@@ -249,6 +256,7 @@ void gemm(const GemmArgs& a) {
     case Element::int8g: return gemm_grouped(a, int8g_code);
     case Element::int8h: return gemm_grouped(a, int8g_code, f16_group_scale);
     case Element::fp4: return gemm_grouped(a, fp4_doubled, e8m0_group_scale, 0.5f);
+    case Element::nvfp4: return gemm_grouped(a, fp4_doubled, ue4m3_group_scale, 0.5f);
     case Element::int4z: return gemm_grouped(a, nibble_code, int4z_scale, 1.f, int4z_zero);
     case Element::q4k: return gemm_grouped(a, nibble_code, q4k_scale, 1.f, no_zero, q4k_min);
     case Element::q6k: return gemm_grouped(a, plane_code<Q6kLine>, q6k_scale, 1.f, q6k_zero);
@@ -273,7 +281,9 @@ std::string describe(Element m) {
          : floats(m)          ? "scalar fp32 dot"
          : m == Element::int8 ? "scalar int32 dot"
          : m == Element::fp8  ? "scalar fp32 dot of fp8 per block"
+         : m == Element::mxfp8 ? "scalar fp32 dot of fp8 per group, E8M0 scales"
          : m == Element::fp4  ? "scalar int32 dot of doubled fp4 per group"
+         : m == Element::nvfp4 ? "scalar int32 dot of doubled fp4 per group of 16, UE4M3 scales"
          : m == Element::int4z ? "scalar int32 dot per group, less zero points"
          : q4k_records(m)     ? "scalar int32 dot per group, less mins"
          : iq4(m)             ? "scalar int32 dot per group of IQ4 grid values"

@@ -220,9 +220,21 @@ struct Int8gTiles {
 // group sums wait in `out`.
 constexpr int kFp8Rows = 3;
 
+// A group's scales of half h's 8 columns, times 2^56: fp8's one for the block, or mxfp8's E8M0 code
+// of each column (their float bits, kernels/types.hpp)
+inline __m256 fp8_group_scale(const float* block_scales, int g, int) {
+  return _mm256_set1_ps(block_scales[g] * kFp8SumScale);
+}
+inline __m256 fp8_group_scale(const uint8_t* e8m0, int g, int h) {
+  const __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e8m0 + g * 16 + h * 8)));
+  const __m256i bits = _mm256_max_epu32(_mm256_slli_epi32(codes, 23), _mm256_set1_epi32(static_cast<int>(kE8m0MinBits)));
+  return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(kFp8SumScale));
+}
+
 template <int M, int NB>
 struct Fp8Tile {
-  static void run(const float* const* x, const uint8_t* panel, const float* b_scale, const float* row_scale, int groups,
+  template <typename Scale>
+  static void run(const float* const* x, const uint8_t* panel, const Scale* b_scale, const float* row_scale, int groups,
                   int group, float* out, int64_t ld) {
     for (int i = 0; i < M; ++i)
       for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * ld + h * 8, _mm256_setzero_ps());
@@ -246,11 +258,11 @@ struct Fp8Tile {
           }
         }
       }
-      const __m256 scale = _mm256_set1_ps(b_scale[g] * kFp8SumScale);
+      const __m256 scale[2] = {fp8_group_scale(b_scale, g, 0), fp8_group_scale(b_scale, g, 1)};
       for (int i = 0; i < M; ++i)
         for (int h = 0; h < 2; ++h) {
           float* o = out + i * ld + h * 8;
-          _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_add_ps(acc[i][h][0], acc[i][h][1]), scale, _mm256_loadu_ps(o)));
+          _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_add_ps(acc[i][h][0], acc[i][h][1]), scale[h], _mm256_loadu_ps(o)));
         }
     }
     if (row_scale == nullptr) return;  // every row's is 1
@@ -266,9 +278,13 @@ void gemm_fp8_block(const GemmArgs& a, int blk) {
     const int m = std::min(kFp8Rows, a.m - i0);
     const float* x[kFp8Rows];
     for (int i = 0; i < m; ++i) x[i] = a.act->f32.data() + a.rows[i0 + i] * a.act->f32_ld;
-    dispatch<kFp8Rows, 1, Fp8Tile>(m, 1, static_cast<const float* const*>(x), w.block(blk), w.fp8_block_scales(blk),
-                                   w.fp8_row_scales(blk), w.groups(), w.group,
-                                   a.out + i0 * a.ld_out + (blk * 16 - a.n0), a.ld_out);
+    float* out = a.out + i0 * a.ld_out + (blk * 16 - a.n0);
+    if (w.element == Element::mxfp8)
+      dispatch<kFp8Rows, 1, Fp8Tile>(m, 1, static_cast<const float* const*>(x), w.block(blk), w.block_e8m0(blk),
+                                     w.fp8_row_scales(blk), w.groups(), w.group, out, a.ld_out);
+    else
+      dispatch<kFp8Rows, 1, Fp8Tile>(m, 1, static_cast<const float* const*>(x), w.block(blk), w.fp8_block_scales(blk),
+                                     w.fp8_row_scales(blk), w.groups(), w.group, out, a.ld_out);
   }
 }
 
@@ -294,6 +310,7 @@ void nibble_rows(Element e, int m, const int8_t* const* rows, const int32_t* con
                    : e == Element::iq4nl ? nibble_rows_of<Iq4nlCodes>
                    : e == Element::iq4xs ? nibble_rows_of<Iq4xsCodes>
                    : e == Element::fp4   ? nibble_rows_of<Fp4Codes>
+                   : e == Element::nvfp4 ? nibble_rows_of<Nvfp4Codes>
                                          : nibble_rows_of<Int4Codes>;
   run(m, rows, sums, xs, w, blk, out, ld);
 }
@@ -307,7 +324,7 @@ void gemm(const GemmArgs& a) {
       gemm_bf16_block(a, blk);
       continue;
     }
-    if (w.element == Element::fp8) {
+    if (fp8_codes(w.element)) {
       gemm_fp8_block(a, blk);
       continue;
     }
@@ -353,12 +370,14 @@ void gemm(const GemmArgs& a) {
 std::string describe(Element m) {
   return m == Element::bf16 ? "avx2 fp32 fma (exact vdpbf16ps emulation)"
          : m == Element::fp8   ? "avx2 fp32 fma on fp8 decoded in registers"
+         : m == Element::mxfp8 ? "avx2 fp32 fma on fp8 decoded in registers, E8M0 scales per column and 32"
          : m == Element::f16   ? "avx2 fp32 fma on float16 widened in registers"
          : m == Element::f32   ? "avx2 fp32 fma"
          : m == Element::int8  ? "avx2 maddubs, sign on the weights"
          : m == Element::int8g ? "avx2 maddubs, sign on the weights, per group"
          : m == Element::int8h ? "avx2 maddubs, sign on the weights, per group, float16 scales"
          : m == Element::fp4   ? "avx2 maddubs on fp4 looked up as doubled int8"
+         : m == Element::nvfp4 ? "avx2 maddubs on fp4 looked up as doubled int8, UE4M3 scales per 16"
          : m == Element::int4z ? "avx2 maddubs on unpacked nibbles, less zero points"
          : m == Element::q4k   ? "avx2 maddubs on unpacked nibbles, Q4_K's scales and mins per group"
          : iq4(m)              ? "avx2 maddubs on the IQ4 grid's values looked up, sign on the weights, per group"

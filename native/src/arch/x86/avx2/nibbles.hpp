@@ -86,6 +86,23 @@ struct Fp4Codes : OffsetThenScale<Fp4Codes> {
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
 };
 
+// nvfp4: fp4's codes and sums; its UE4M3 scales widened exactly through float16 (kernels/types.hpp),
+// the 2^-8 that leaves and the doubling undone at the end (the tensor's scale: the kernels provider's).
+struct Nvfp4Codes : OffsetThenScale<Nvfp4Codes> {
+  using Scale = uint8_t;
+  static constexpr int kSteps16 = Fp4Codes::kSteps16;
+  static constexpr float kFinal = kNvfp4Final;
+  static __m256i table() { return Fp4Codes::table(); }
+  static __m256i decode(__m256i nibbles, __m256i table) { return _mm256_shuffle_epi8(table, nibbles); }
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
+  static __m256 scales(const Scale* e, int h) {
+    const __m128i codes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e + h * 8)));
+    return _mm256_cvtph_ps(_mm_slli_epi16(codes, 7));
+  }
+  static __m256i offset(const Scale*, int, int32_t x_sum) { return _mm256_set1_epi32(kFp4Offset * x_sum); }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
+};
+
 // q4k (GGUF's Q4_K): unsigned nibbles as int4z's; each group's sums scaled by d * sc_j and its
 // activation sum times dmin * m_j taken off, both from the super-block's record (types.hpp).
 struct Q4kCodes {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 
 #include "arch/common/dispatch.hpp"
 #include "kernels/types.hpp"
@@ -27,12 +28,29 @@ inline __m512 fp8_times_2_120(const uint8_t* codes) {
   return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(static_cast<int>(kFp8BitsMask))));
 }
 
-// out[i][j] += acc[i][j] * (block j's scale of group g) * factor: a group's sums, at its end
-template <int M, int NB>
-inline void add_group_sums(const __m512 (&acc)[M][NB], const float* const* b_scale, int g, float factor, float* out,
+// Block j's scales of group g times factor: fp8's one for the block's 16 columns, or mxfp8's E8M0
+// code of each column (their float bits, kernels/types.hpp; times factor, exactly: a power of two)
+inline __m512 group_scale(const float* block_scales, int g, float factor) {
+  return _mm512_set1_ps(block_scales[g] * factor);
+}
+inline __m512 group_scale(const uint8_t* e8m0, int g, float factor) {
+  const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e8m0 + g * 16)));
+  const __m512i bits = _mm512_max_epu32(_mm512_slli_epi32(codes, 23), _mm512_set1_epi32(static_cast<int>(kE8m0MinBits)));
+  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(factor));
+}
+// The per-group scales a block of an fp8-code matrix has: fp8's float per block, mxfp8's E8M0 per column
+template <typename Scale>
+const Scale* group_scales_of(const PackedMatrix& w, int b) {
+  if constexpr (std::is_same_v<Scale, float>) return w.fp8_block_scales(b);
+  else return w.block_e8m0(b);
+}
+
+// out[i][j] += acc[i][j] * (block j's scales of group g) * factor: a group's sums, at its end
+template <int M, int NB, typename Scale>
+inline void add_group_sums(const __m512 (&acc)[M][NB], const Scale* const* b_scale, int g, float factor, float* out,
                            int64_t ld) {
   for (int j = 0; j < NB; ++j) {
-    const __m512 scale = _mm512_set1_ps(b_scale[j][g] * factor);
+    const __m512 scale = group_scale(b_scale[j], g, factor);
     for (int i = 0; i < M; ++i) {
       float* o = out + i * ld + j * 16;
       _mm512_storeu_ps(o, _mm512_fmadd_ps(acc[i][j], scale, _mm512_loadu_ps(o)));
@@ -50,11 +68,11 @@ inline void scale_rows(const float* row_scale, float* out, int64_t ld) {
                        _mm512_mul_ps(_mm512_loadu_ps(out + i * ld + j * 16), _mm512_loadu_ps(row_scale + j * 16)));
 }
 
-// x: rows times 2^64 (Activations::f32); b_scale[j]: block j's scale per group; row_scale: the
-// NB blocks' 16 row scales each, consecutive, or nullptr (all 1).
-template <int M, int NB>
+// x: rows times 2^64 (Activations::f32); b_scale[j]: block j's scales per group (group_scale);
+// row_scale: the NB blocks' 16 row scales each, consecutive, or nullptr (all 1).
+template <int M, int NB, typename Scale>
 // noinline: register allocation in isolation keeps every accumulator in a register
-__attribute__((noinline)) void fp8_tile(const float* const* x, const uint8_t* const* panel, const float* const* b_scale,
+__attribute__((noinline)) void fp8_tile(const float* const* x, const uint8_t* const* panel, const Scale* const* b_scale,
                                         const float* row_scale, int groups, int group, float* out, int64_t ld) {
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(out + i * ld + j * 16, _mm512_setzero_ps());
@@ -75,7 +93,7 @@ __attribute__((noinline)) void fp8_tile(const float* const* x, const uint8_t* co
         }
       }
     }
-    add_group_sums<M, NB>(acc, b_scale, g, kFp8SumScale, out, ld);
+    add_group_sums<M, NB, Scale>(acc, b_scale, g, kFp8SumScale, out, ld);
   }
   scale_rows<M, NB>(row_scale, out, ld);
 }
@@ -112,9 +130,9 @@ void fp8_panel_to_bf16(const uint8_t* panel, int kp, uint16_t* out) {
 
 // x: bf16 rows; panel[j]: block j converted; sums per group scaled by block_scale (true values
 // on both sides: no power-of-two factors).
-template <int M, int NB>
+template <int M, int NB, typename Scale>
 __attribute__((noinline)) void fp8_bf16_tile(const uint16_t* const* x, const uint16_t* const* panel,
-                                             const float* const* b_scale, const float* row_scale, int groups, int group,
+                                             const Scale* const* b_scale, const float* row_scale, int groups, int group,
                                              float* out, int64_t ld) {
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(out + i * ld + j * 16, _mm512_setzero_ps());
@@ -131,7 +149,7 @@ __attribute__((noinline)) void fp8_bf16_tile(const uint16_t* const* x, const uin
         for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
       }
     }
-    add_group_sums<M, NB>(acc, b_scale, g, 1.f, out, ld);
+    add_group_sums<M, NB, Scale>(acc, b_scale, g, 1.f, out, ld);
   }
   scale_rows<M, NB>(row_scale, out, ld);
 }
@@ -142,6 +160,7 @@ struct Fp8Bf16Tile {
   static void run(A... a) { fp8_bf16_tile<M, NB>(a...); }
 };
 
+template <typename Scale>
 void gemm_fp8_bf16(const GemmArgs& a) {
   const PackedMatrix& w = *a.w;
   thread_local aligned_vector<uint16_t> converted;
@@ -149,12 +168,12 @@ void gemm_fp8_bf16(const GemmArgs& a) {
   for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += kFp8Bf16Blocks) {
     const int nb = std::min(kFp8Bf16Blocks, a.n1 / 16 - b0);
     const uint16_t* panel[kFp8Bf16Blocks];
-    const float* bs[kFp8Bf16Blocks];
+    const Scale* bs[kFp8Bf16Blocks];
     for (int j = 0; j < nb; ++j) {
       uint16_t* dst = converted.data() + static_cast<std::size_t>(j) * w.Kp * 16;
       fp8_panel_to_bf16(w.block(b0 + j), w.Kp, dst);
       panel[j] = dst;
-      bs[j] = w.fp8_block_scales(b0 + j);
+      bs[j] = group_scales_of<Scale>(w, b0 + j);
     }
     for (int i0 = 0; i0 < a.m; i0 += kFp8Bf16Rows) {
       const int m = std::min(kFp8Bf16Rows, a.m - i0);
@@ -162,17 +181,19 @@ void gemm_fp8_bf16(const GemmArgs& a) {
       for (int i = 0; i < m; ++i) x[i] = a.act->bf16.data() + static_cast<int64_t>(a.rows[i0 + i]) * a.act->Kp;
       dispatch<kFp8Bf16Rows, kFp8Bf16Blocks, Fp8Bf16Tile>(
           m, nb, static_cast<const uint16_t* const*>(x), static_cast<const uint16_t* const*>(panel),
-          static_cast<const float* const*>(bs), w.fp8_row_scales(b0), w.groups(), w.group,
+          static_cast<const Scale* const*>(bs), w.fp8_row_scales(b0), w.groups(), w.group,
           a.out + i0 * a.ld_out + (b0 * 16 - a.n0), a.ld_out);
     }
   }
 }
 #endif
 
-// Decode: more blocks at once (more memory streams in flight), as gemm_grouped.
-void gemm_fp8(const GemmArgs& a) {
+// Decode: more blocks at once (more memory streams in flight), as gemm_grouped. Scale: fp8's
+// float block scales, or mxfp8's E8M0 codes (group_scale).
+template <typename Scale>
+void gemm_fp8_scaled(const GemmArgs& a) {
 #ifdef __AVX512BF16__
-  if (a.m >= kFp8Bf16MinRows) return gemm_fp8_bf16(a);
+  if (a.m >= kFp8Bf16MinRows) return gemm_fp8_bf16<Scale>(a);
 #endif
   const PackedMatrix& w = *a.w;
   const bool decode = a.m <= kDecodeRows;
@@ -180,10 +201,10 @@ void gemm_fp8(const GemmArgs& a) {
   for (int b0 = a.n0 / 16; b0 < a.n1 / 16; b0 += blocks) {
     const int nb = std::min(blocks, a.n1 / 16 - b0);
     const uint8_t* panel[kFp8DecodeBlocks];
-    const float* bs[kFp8DecodeBlocks];
+    const Scale* bs[kFp8DecodeBlocks];
     for (int j = 0; j < nb; ++j) {
       panel[j] = w.block(b0 + j);
-      bs[j] = w.fp8_block_scales(b0 + j);
+      bs[j] = group_scales_of<Scale>(w, b0 + j);
     }
     for (int i0 = 0; i0 < a.m; i0 += kFp8Rows) {
       const int m = std::min(kFp8Rows, a.m - i0);
@@ -191,7 +212,7 @@ void gemm_fp8(const GemmArgs& a) {
       for (int i = 0; i < m; ++i) x[i] = a.act->f32.data() + a.rows[i0 + i] * a.act->f32_ld;
       float* out = a.out + i0 * a.ld_out + (b0 * 16 - a.n0);
       const auto args = std::make_tuple(static_cast<const float* const*>(x), static_cast<const uint8_t* const*>(panel),
-                                        static_cast<const float* const*>(bs), w.fp8_row_scales(b0), w.groups(),
+                                        static_cast<const Scale* const*>(bs), w.fp8_row_scales(b0), w.groups(),
                                         w.group, out, a.ld_out);
       if (decode)
         std::apply([&](auto... v) { dispatch<kDecodeRows, kFp8DecodeBlocks, Fp8Tile>(m, nb, v...); }, args);
@@ -199,6 +220,10 @@ void gemm_fp8(const GemmArgs& a) {
         std::apply([&](auto... v) { dispatch<kFp8Rows, kFp8Blocks, Fp8Tile>(m, nb, v...); }, args);
     }
   }
+}
+
+void gemm_fp8(const GemmArgs& a) {
+  return a.w->element == Element::mxfp8 ? gemm_fp8_scaled<uint8_t>(a) : gemm_fp8_scaled<float>(a);
 }
 
 }  // namespace

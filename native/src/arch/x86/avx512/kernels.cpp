@@ -319,13 +319,15 @@ void gemm_int8h(const GemmArgs& a) {
 void gemm(const GemmArgs& a) {
   switch (a.w->element) {
     case Element::bf16: return gemm_bf16(a);
-    case Element::fp8: return gemm_fp8(a);
+    case Element::fp8:
+    case Element::mxfp8: return gemm_fp8(a);
     case Element::f16: return gemm_floats<Element::f16>(a);
     case Element::f32: return gemm_floats<Element::f32>(a);
 #ifdef __AVX512VNNI__
     case Element::int8: return gemm_int8(a);
     case Element::int4: return gemm_nibbles<Int4Codes>(a);
     case Element::fp4: return gemm_nibbles<Fp4Codes>(a);
+    case Element::nvfp4: return gemm_nibbles<Nvfp4Codes>(a);
     case Element::int4z: return gemm_nibbles<Int4zCodes>(a);
     case Element::q4k: return gemm_nibbles<Q4kCodes>(a);
     case Element::q6k: return gemm_nibbles<Q6kCodes>(a);
@@ -369,12 +371,13 @@ std::string describe(Element m) {
   const std::string iq4_grid = " on the IQ4 grid's values looked up, sign on the weights, per group";
   const std::string lattice_grid = " on the i-quant grid's values gathered, sign on the activations, per group";
 #endif
+  const std::string e8m0 = m == Element::mxfp8 ? ", E8M0 scales per column and 32" : "";
 #ifdef __AVX512BF16__
-  if (m == Element::fp8)
+  if (fp8_codes(m))
     return "avx512 vdpbf16ps on fp8 converted to bf16 for >= " + std::to_string(kFp8Bf16MinRows) +
-           " tokens per expert, else fp32 fma on fp8 decoded in registers";
+           " tokens per expert, else fp32 fma on fp8 decoded in registers" + e8m0;
 #else
-  if (m == Element::fp8) return "avx512 fp32 fma on fp8 decoded in registers";
+  if (fp8_codes(m)) return "avx512 fp32 fma on fp8 decoded in registers" + e8m0;
 #endif
   if (m == Element::bf16) return bf16;
   if (floats(m)) return m == Element::f16 ? "avx512 fp32 fma on float16 widened in registers" : "avx512 fp32 fma";
@@ -382,6 +385,7 @@ std::string describe(Element m) {
                            : m == Element::int8g ? " per group"
                            : m == Element::int8h ? " per group, float16 scales"
                            : m == Element::fp4   ? " on fp4 looked up as doubled int8"
+                           : m == Element::nvfp4 ? " on fp4 looked up as doubled int8, UE4M3 scales per 16"
                            : m == Element::int4z ? " on unpacked nibbles, less zero points"
                            : m == Element::q4k   ? " on unpacked nibbles, Q4_K's scales and mins per group"
                            : m == Element::q5k   ? " on 5-bit codes (nibbles and high bits), Q5_K's scales and mins per group"

@@ -84,6 +84,23 @@ struct Fp4Codes : OffsetThenScale<Fp4Codes> {
   static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
 };
 
+// nvfp4: fp4's codes; its UE4M3 scales widened exactly through float16 (kernels/types.hpp), the
+// 2^-8 that leaves and the doubling undone at the end (the tensor's scale: the kernels provider's).
+struct Nvfp4Codes : OffsetThenScale<Nvfp4Codes> {
+  using Scale = uint8_t;
+  static constexpr int kOffset = kFp4Offset;
+  static constexpr float kFinal = kNvfp4Final;
+  static __m512i table() { return Fp4Codes::table(); }
+  static __m512i decode(__m512i nibbles, __m512i table) { return _mm512_shuffle_epi8(table, nibbles); }
+  static const Scale* group(const Scale* block, int g) { return block + g * 16; }
+  static __m512 scales(const Scale* e) {
+    const __m256i halves = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e))), 7);
+    return _mm512_cvtph_ps(halves);
+  }
+  static __m512i offset(const Scale*, int32_t x_sum) { return _mm512_set1_epi32(kFp4Offset * x_sum); }
+  static const Scale* scales_of(const PackedMatrix& w, int b) { return w.block_e8m0(b); }
+};
+
 // q4k (GGUF's Q4_K): unsigned nibbles as int4z's; each group's sums scaled by d * sc_j and its
 // activation sum times dmin * m_j taken off, both from the super-block's record (types.hpp).
 struct Q4kCodes {
