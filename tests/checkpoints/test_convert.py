@@ -14,6 +14,7 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 import ktforge
+from ktforge import formats
 from ktforge.checkpoints import convert
 from ktforge.checkpoints.checkpoint import Checkpoint, CheckpointError
 from ktforge.cli import commands as cli
@@ -124,7 +125,7 @@ def test_quantize_refuses_non_finite_weights() -> None:
         quantize(w, "int8")
 
 
-@pytest.mark.parametrize("method", ["bf16", "int8", "int8g", "int4"])
+@pytest.mark.parametrize("method", ["bf16", "int8", "int8g", "int4", "nvfp4", "mxfp8"])
 @pytest.mark.parametrize("backend", host.tested_backends())
 def test_load_quantized_gives_exactly_the_results_of_load_weights(method: str, backend: str) -> None:
     E, k, H, I = 5, 2, 88, 72
@@ -132,10 +133,11 @@ def test_load_quantized_gives_exactly_the_results_of_load_weights(method: str, b
     gate, up = (rng.standard_normal((E, I, H)).astype(np.float32) for _ in range(2))
     down = rng.standard_normal((E, H, I)).astype(np.float32)
     x, ids, w = inputs(H, E, k)
-    a = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=32)
+    group = formats.group_for(method, 32)  # nvfp4's 16
+    a = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group)
     a.load_weights(gate, up, down)
-    b = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=32)
-    b.load_quantized(*(quantize(p, method, 32) for p in (gate, up, down)))
+    b = ktforge.MoE(E, k, H, I, method=method, backend=backend, group_size=group)
+    b.load_quantized(*(quantize(p, method, group) for p in (gate, up, down)))
     assert np.array_equal(a.forward(x, ids, w), b.forward(x, ids, w))
 
 

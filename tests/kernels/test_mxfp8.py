@@ -93,21 +93,6 @@ def test_the_extreme_scale_codes_are_exact(scales: tuple[int, int], x_scale: flo
         assert rel_err(moe.forward(x, ids, w), reference) < 1e-4, backend
 
 
-@pytest.mark.parametrize("backend", ALL_BACKENDS)
-def test_load_quantized_gives_exactly_the_results_of_load_weights(backend: str) -> None:
-    E, k, H, I = 5, 2, 88, 72
-    rng = np.random.default_rng(1)
-    gate, up = (rng.standard_normal((E, I, H)).astype(np.float32) for _ in range(2))
-    down = rng.standard_normal((E, H, I)).astype(np.float32)
-    ids, w = routing(30, E, k, seed=3)
-    x = rng.standard_normal((30, H)).astype(np.float32)
-    a = ktforge.MoE(E, k, H, I, method="mxfp8", backend=backend)
-    a.load_weights(gate, up, down)
-    b = ktforge.MoE(E, k, H, I, method="mxfp8", backend=backend)
-    b.load_quantized(*(quantize(p, "mxfp8", 32) for p in (gate, up, down)))
-    assert np.array_equal(a.forward(x, ids, w), b.forward(x, ids, w))
-
-
 def test_bad_codes_and_scales_are_refused_in_one_line() -> None:
     E, k, H, I = 2, 1, 64, 32
     good = _random_layer(E, H, I, seed=9)

@@ -135,21 +135,6 @@ def test_the_largest_products_sum_exactly(sign: float) -> None:
         assert int8_layer_error(moe.forward(x, ids, w), reference) < BOUND, backend
 
 
-@pytest.mark.parametrize("backend", ALL_BACKENDS)
-def test_load_quantized_gives_exactly_the_results_of_load_weights(backend: str) -> None:
-    E, k, H, I = 5, 2, 88, 72
-    rng = np.random.default_rng(1)
-    gate, up = (rng.standard_normal((E, I, H)).astype(np.float32) for _ in range(2))
-    down = rng.standard_normal((E, H, I)).astype(np.float32)
-    ids, w = routing(30, E, k, seed=3)
-    x = rng.standard_normal((30, H)).astype(np.float32)
-    a = ktforge.MoE(E, k, H, I, method="nvfp4", backend=backend)
-    a.load_weights(gate, up, down)
-    b = ktforge.MoE(E, k, H, I, method="nvfp4", backend=backend)
-    b.load_quantized(*(quantize(p, "nvfp4", 16) for p in (gate, up, down)))
-    assert np.array_equal(a.forward(x, ids, w), b.forward(x, ids, w))  # at nvfp4's only group, 16
-
-
 def test_bad_scales_are_refused_in_one_line_naming_the_part() -> None:
     E, k, H, I = 2, 1, 64, 32
     good = _random_layer(E, H, I, seed=9, scales=(0, 127))

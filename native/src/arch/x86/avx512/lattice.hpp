@@ -25,11 +25,13 @@ namespace {
 #ifdef __AVX512VNNI__
 
 // Each column's sign byte (7 bits in dword bits 0-6, their parity added as bit 7) tested for
-// values 0-3 (lo) and 4-7 (hi), each dword's 4 bytes one value.
+// values 0-3 (lo) and 4-7 (hi), each dword's 4 bytes one value. The parity: bits 0-3 xor bits 4-6
+// (a nibble), looked up as 0x80 or 0 (vpshufb reads an index byte's low 4 bits; bit 7 is clear).
 inline void lattice_sign_masks(__m512i s7, __mmask64& lo, __mmask64& hi) {
-  const __m512i folded = _mm512_and_si512(_mm512_xor_si512(s7, _mm512_srli_epi32(s7, 4)), _mm512_set1_epi32(15));
-  const __m512i parity = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(0x6996), folded), _mm512_set1_epi32(1));
-  const __m512i signs = _mm512_or_si512(s7, _mm512_slli_epi32(parity, 7));
+  const __m512i parity_of_nibble = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0));
+  const __m512i folded = _mm512_xor_si512(s7, _mm512_srli_epi32(s7, 4));
+  const __m512i signs = _mm512_or_si512(s7, _mm512_shuffle_epi8(parity_of_nibble, folded));
   const __m512i spread = _mm512_shuffle_epi8(
       signs, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12)));
   lo = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x08040201));
