@@ -296,13 +296,15 @@ void pack_mxfp8(PackedMatrix& out, const std::function<float(int, int)>& value, 
                                       std::to_string(k) + ")");
     } else {
       for (int g = 0; g < G; ++g) {
+        const int k0 = g * out.group, k1 = std::min(out.K, (g + 1) * out.group);
         float max_abs = 0.f;
-        for (int k = g * out.group; k < std::min(out.K, (g + 1) * out.group); ++k) max_abs = std::max(max_abs, std::fabs(value(n, k)));
+        for (int k = k0; k < k1; ++k) max_abs = std::max(max_abs, std::fabs(value(n, k)));
         int exponent = 0;
         const double mantissa = max_abs > 0.f ? std::frexp(static_cast<double>(max_abs) / 448.0, &exponent) : 0.0;
-        scales[g] = max_abs > 0.f ? static_cast<uint8_t>(std::clamp((mantissa == 0.5 ? exponent - 1 : exponent) + 127, 0, 254)) : kE8m0One;
+        const int e = (mantissa == 0.5 ? exponent - 1 : exponent) + 127;  // past 2^63: saturated codes
+        scales[g] = max_abs > 0.f ? static_cast<uint8_t>(std::clamp(e, 0, static_cast<int>(kMxfp8MaxScale))) : kE8m0One;
         const float scale = e8m0_to_f32(scales[g]);
-        for (int k = g * out.group; k < std::min(out.K, (g + 1) * out.group); ++k) codes[k] = f32_to_fp8_e4m3(value(n, k) / scale);
+        for (int k = k0; k < k1; ++k) codes[k] = f32_to_fp8_e4m3(value(n, k) / scale);
       }
     }
     put_fp8_row(out, n, codes.data());

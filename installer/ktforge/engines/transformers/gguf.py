@@ -43,6 +43,7 @@ def load_gguf(model: Any, path: Path) -> list[int]:
                     q.weight[expert][rows],
                     None if q.scale is None else q.scale[expert][rows],
                     None if q.zero is None else q.zero[expert][rows],
+                    global_scale=None if q.global_scale is None else q.global_scale[expert][rows],
                 )
                 K = checkpoint.intermediate if projection == "down" else checkpoint.hidden
                 return np.asarray(dequantize(one, served[projection][0], K), dtype=np.float32)
